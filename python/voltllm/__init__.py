@@ -1,0 +1,1 @@
+"""voltllm: an OpenAI-compatible LLM inference server for NVIDIA Volta and newer GPUs."""

@@ -1,0 +1,82 @@
+"""Engine configuration: small dataclasses, one per concern, built once from user arguments.
+
+`EngineConfig` bundles them; components take only the part they need.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+
+
+@dataclass
+class ModelConfig:
+    """What to load and how. `model=None` means the embedded default model (SmolLM2-135M-Instruct)."""
+
+    model: str | None = None
+    dtype: str = "auto"  # "auto": fp16 on CUDA (Volta has no bf16 tensor cores), fp32 on CPU
+    max_model_len: int | None = None  # None: the model's own limit
+    load_format: str = "auto"
+    seed: int = 0
+    served_model_name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+
+
+@dataclass
+class CacheConfig:
+    """Paged KV cache sizing. On CUDA the size comes from `gpu_memory_utilization` after a profiling
+    run; on CPU from `num_kv_blocks` or `kv_cache_memory_bytes` (default 1 GiB)."""
+
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    num_kv_blocks: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+        if self.block_size <= 0 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+
+
+@dataclass
+class SchedulerConfig:
+    """Per-step limits. `max_num_batched_tokens` is the token budget shared by prefills and decodes."""
+
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    enable_chunked_prefill: bool = True
+    policy: str = "fcfs"  # or "priority"
+
+    def __post_init__(self) -> None:
+        if self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens must be >= 1")
+        if self.max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be >= 1")
+        if self.policy not in ("fcfs", "priority"):
+            raise ValueError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
+
+
+@dataclass
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    device: str = "auto"  # "auto": cuda when available, else cpu
+    attention_backend: str = "auto"  # "auto": sm70 kernels on CUDA, torch reference on CPU
+    enforce_eager: bool = False  # no CUDA graphs
+    tensor_parallel_size: int = 1
