@@ -55,28 +55,50 @@ def vectors() -> dict[str, tuple[p.MessageType, object]]:
         "add_greedy": (p.MessageType.ADD, p.EngineCoreRequest("req-0", [1, 2, 3], greedy, 1700000000.25)),
         "add_full": (
             p.MessageType.ADD,
-            p.EngineCoreRequest("chatcmpl-é中-1", [0, 127, 128, 255, 256, 65535, 65536, 2**31 - 1],
-                                full, 1700000001.5, priority=-3),
+            p.EngineCoreRequest(
+                "chatcmpl-é中-1",
+                [0, 127, 128, 255, 256, 65535, 65536, 2**31 - 1],
+                full,
+                1700000001.5,
+                priority=-3,
+            ),
         ),
         "abort": (p.MessageType.ABORT, ["req-0", "chatcmpl-é中-1"]),
         "utility": (p.MessageType.UTILITY, p.UtilityCall(call_id=7, method="reset_prefix_cache", args=[])),
         "ready": (
             p.MessageType.READY,
-            p.EngineReady(engine_index=0, pid=4242, model_name="SmolLM2-135M-Instruct", max_model_len=8192,
-                          vocab_size=49152, eos_token_ids=[2], num_kv_blocks=4096, block_size=16,
-                          dtype="float32", max_num_seqs=256),
+            p.EngineReady(
+                engine_index=0,
+                pid=4242,
+                model_name="SmolLM2-135M-Instruct",
+                max_model_len=8192,
+                vocab_size=49152,
+                eos_token_ids=[2],
+                num_kv_blocks=4096,
+                block_size=16,
+                dtype="float32",
+                max_num_seqs=256,
+            ),
         ),
         "outputs": (
             p.MessageType.OUTPUTS,
             p.EngineCoreOutputs(
                 engine_index=1,
                 outputs=[
-                    p.EngineCoreOutput("req-0", [42], queued_ts=1700000000.5, scheduled_ts=1700000000.625,
-                                       first_token_ts=1700000000.75),
                     p.EngineCoreOutput(
-                        "req-1", [7, 8],
-                        new_logprobs=[p.Logprob([7, 7, 9], [-0.5, -0.5, -1.25], 1),
-                                      p.Logprob([8, 3, 8], [-2.0, -0.125, -2.0], 2)],
+                        "req-0",
+                        [42],
+                        queued_ts=1700000000.5,
+                        scheduled_ts=1700000000.625,
+                        first_token_ts=1700000000.75,
+                    ),
+                    p.EngineCoreOutput(
+                        "req-1",
+                        [7, 8],
+                        new_logprobs=[
+                            p.Logprob([7, 7, 9], [-0.5, -0.5, -1.25], 1),
+                            p.Logprob([8, 3, 8], [-2.0, -0.125, -2.0], 2),
+                        ],
                         num_cached_tokens=32,
                     ),
                     p.EngineCoreOutput("req-2", [2], finish_reason="stop", stop_reason=2),
@@ -89,13 +111,18 @@ def vectors() -> dict[str, tuple[p.MessageType, object]]:
             ),
         ),
         "outputs_empty": (
-            p.MessageType.OUTPUTS, p.EngineCoreOutputs(engine_index=0, outputs=[], timestamp=0.0)
+            p.MessageType.OUTPUTS,
+            p.EngineCoreOutputs(engine_index=0, outputs=[], timestamp=0.0),
         ),
         "utility_result": (p.MessageType.UTILITY_RESULT, p.UtilityResult(call_id=7, ok=True, result=True)),
-        "error": (p.MessageType.ERROR, p.EngineError(engine_index=0, request_id=None,
-                                                      message="malformed ADD payload")),
-        "dead": (p.MessageType.DEAD, p.EngineError(engine_index=0, request_id=None,
-                                                    message="engine core failed: CUDA out of memory")),
+        "error": (
+            p.MessageType.ERROR,
+            p.EngineError(engine_index=0, request_id=None, message="malformed ADD payload"),
+        ),
+        "dead": (
+            p.MessageType.DEAD,
+            p.EngineError(engine_index=0, request_id=None, message="engine core failed: CUDA out of memory"),
+        ),
     }
 
 

@@ -27,15 +27,23 @@ class CliError(Exception):
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """Model and engine flags shared by serve, generate, chat and engine."""
-    p.add_argument("model", nargs="?", default=None,
-                   help="model folder, .gguf file, or nothing for the embedded SmolLM2-135M-Instruct")
+    p.add_argument(
+        "model",
+        nargs="?",
+        default=None,
+        help="model folder, .gguf file, or nothing for the embedded SmolLM2-135M-Instruct",
+    )
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    p.add_argument("--num-kv-blocks", type=int, default=None,
-                   help="KV cache size in blocks (default: from memory, 1 GiB on the CPU)")
+    p.add_argument(
+        "--num-kv-blocks",
+        type=int,
+        default=None,
+        help="KV cache size in blocks (default: from memory, 1 GiB on the CPU)",
+    )
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--enforce-eager", action="store_true", help="do not capture CUDA graphs")
     p.add_argument("--seed", type=int, default=0)
@@ -58,10 +66,23 @@ def resolve_model(model: str | None) -> Path:
 
 def engine_argv(args: argparse.Namespace, model_dir: Path) -> list[str]:
     """Command-line flags that start an EngineCore process with these settings."""
-    argv = [str(model_dir), "--dtype", args.dtype, "--max-num-seqs", str(args.max_num_seqs),
-            "--max-num-batched-tokens", str(args.max_num_batched_tokens),
-            "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--seed", str(args.seed),
-            "--load-format", args.load_format, "--device", args.device]
+    argv = [
+        str(model_dir),
+        "--dtype",
+        args.dtype,
+        "--max-num-seqs",
+        str(args.max_num_seqs),
+        "--max-num-batched-tokens",
+        str(args.max_num_batched_tokens),
+        "--gpu-memory-utilization",
+        str(args.gpu_memory_utilization),
+        "--seed",
+        str(args.seed),
+        "--load-format",
+        args.load_format,
+        "--device",
+        args.device,
+    ]
     if args.max_model_len is not None:
         argv += ["--max-model-len", str(args.max_model_len)]
     if args.num_kv_blocks is not None:
@@ -76,12 +97,21 @@ def engine_argv(args: argparse.Namespace, model_dir: Path) -> list[str]:
 def make_llm(args: argparse.Namespace):  # -> LLM (imported lazily: torch is slow to import)
     from voltllm.entrypoints.llm import LLM
 
-    return LLM(str(resolve_model(args.model)), dtype=args.dtype, max_model_len=args.max_model_len,
-               gpu_memory_utilization=args.gpu_memory_utilization,
-               tensor_parallel_size=args.tensor_parallel_size, seed=args.seed, load_format=args.load_format,
-               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-               enforce_eager=args.enforce_eager, num_kv_blocks=args.num_kv_blocks,
-               enable_prefix_caching=args.enable_prefix_caching, device=args.device)
+    return LLM(
+        str(resolve_model(args.model)),
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        tensor_parallel_size=args.tensor_parallel_size,
+        seed=args.seed,
+        load_format=args.load_format,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        enforce_eager=args.enforce_eager,
+        num_kv_blocks=args.num_kv_blocks,
+        enable_prefix_caching=args.enable_prefix_caching,
+        device=args.device,
+    )
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -96,8 +126,17 @@ def cmd_engine(args: argparse.Namespace) -> int:
     if not args.headless:
         raise CliError("voltllm engine runs an EngineCore without a front end: pass --headless")
     model_dir = resolve_model(args.model)
-    return engine_main([*engine_argv(args, model_dir), "--input-address", args.input_address,
-                        "--output-address", args.output_address, "--engine-index", str(args.engine_index)])
+    return engine_main(
+        [
+            *engine_argv(args, model_dir),
+            "--input-address",
+            args.input_address,
+            "--output-address",
+            args.output_address,
+            "--engine-index",
+            str(args.engine_index),
+        ]
+    )
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -157,8 +196,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     chat = sub.add_parser("chat", help="interactive chat in the terminal (Ctrl-D to leave)")
     add_engine_args(chat)
-    chat.add_argument("--url", default=None, help="a running server's base URL, e.g. http://127.0.0.1:8000/v1;"
-                      " without it the model runs in this process")
+    chat.add_argument(
+        "--url",
+        default=None,
+        help="a running server's base URL, e.g. http://127.0.0.1:8000/v1;"
+        " without it the model runs in this process",
+    )
     chat.add_argument("--api-key", default=os.environ.get("VOLTLLM_API_KEY"))
     chat.add_argument("--system", default=None, help="system prompt")
     chat.add_argument("--temperature", type=float, default=0.7)

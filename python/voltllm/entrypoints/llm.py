@@ -62,7 +62,7 @@ def _logprob_dict(
 ) -> dict[int, Logprob]:
     """vLLM's per-position shape: the sampled token (with its rank) and the top-N alternatives."""
     entries: dict[int, Logprob] = {}
-    for k, (token_id, logprob) in enumerate(zip(token_ids, logprobs)):
+    for k, (token_id, logprob) in enumerate(zip(token_ids, logprobs, strict=True)):
         if token_id not in entries:
             entries[token_id] = Logprob(
                 logprob=logprob, rank=rank if k == 0 else k, decoded_token=tokenizer.decode([token_id], False)
@@ -104,7 +104,9 @@ class LLM:
                 num_kv_blocks=num_kv_blocks,
                 enable_prefix_caching=enable_prefix_caching,
             ),
-            scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs),
+            scheduler=SchedulerConfig(
+                max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs
+            ),
             device=device,
             enforce_eager=enforce_eager,
             tensor_parallel_size=tensor_parallel_size,
@@ -170,10 +172,11 @@ class LLM:
     ) -> list[RequestOutput]:
         results: list[RequestOutput] = []
         live: dict[str, tuple[RequestOutput, _Sequence]] = {}
-        for (text, token_ids), sp in zip(prompts, params):
+        for (text, token_ids), sp in zip(prompts, params, strict=True):
             self._check_prompt_length(token_ids)
-            result = RequestOutput(request_id=str(next(self._request_counter)), prompt=text,
-                                   prompt_token_ids=token_ids)
+            result = RequestOutput(
+                request_id=str(next(self._request_counter)), prompt=text, prompt_token_ids=token_ids
+            )
             results.append(result)
             for index in range(sp.n):
                 live.update(self._add_sequence(result, index, token_ids, sp))
