@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,21 +141,57 @@ class LLM:
         tools: list[dict[str, Any]] | None = None,
     ) -> list[RequestOutput]:
         """Apply the model's chat template to each conversation, then generate."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        tokenized = self._render_chat(conversations, chat_template_kwargs, add_generation_prompt, tools)
+        return self._run(tokenized, _per_prompt(sampling_params, len(tokenized)), use_tqdm)
+
+    def _render_chat(
+        self,
+        conversations: list[Conversation],
+        chat_template_kwargs: dict[str, Any] | None,
+        add_generation_prompt: bool,
+        tools: list[dict[str, Any]] | None,
+    ) -> list[tuple[str, list[int]]]:
         if self.chat_template is None:
             raise ValueError("this model has no chat template; use generate() with a plain prompt")
-        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        prompts = [
-            self.chat_template.render(
+        rendered = []
+        for conv in conversations:
+            text = self.chat_template.render(
                 conv,
                 add_generation_prompt=add_generation_prompt,
                 tools=tools,
                 kwargs=chat_template_kwargs or {},
             )
-            for conv in conversations
-        ]
-        # Chat templates already carry the special tokens (BOS included): tokenize without adding more.
-        tokenized = [(text, self.tokenizer.encode(text, False)) for text in prompts]
-        return self._run(tokenized, _per_prompt(sampling_params, len(prompts)), use_tqdm)
+            # Chat templates already carry the special tokens (BOS included): add no more.
+            rendered.append((text, self.tokenizer.encode(text, False)))
+        return rendered
+
+    def chat_stream(
+        self,
+        messages: Conversation,
+        sampling_params: SamplingParams | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> Iterator[str]:
+        """Answer one conversation, yielding the text as it is generated (a voltllm extension)."""
+        [(text, token_ids)] = self._render_chat([messages], chat_template_kwargs, True, None)
+        sp = sampling_params or SamplingParams()
+        self._check_prompt_length(token_ids)
+        result = RequestOutput(
+            request_id=str(next(self._request_counter)), prompt=text, prompt_token_ids=token_ids
+        )
+        [(request_id, (_, seq))] = self._add_sequence(result, 0, token_ids, sp).items()
+        try:
+            while seq.output.finish_reason is None:
+                for out in self.engine.step():
+                    if out.request_id != request_id:
+                        continue
+                    before = len(seq.output.text)
+                    if seq.add(out, self.tokenizer):
+                        self.engine.abort_requests([request_id])
+                    yield seq.output.text[before:]
+        finally:
+            if seq.output.finish_reason is None:
+                self.engine.abort_requests([request_id])
 
     def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):

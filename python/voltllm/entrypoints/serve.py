@@ -1,0 +1,59 @@
+"""`voltllm serve`: start the EngineCore process, then run the Rust HTTP front end in this process.
+
+The front end binds the two ZeroMQ sockets and waits for the engine's READY; it watches the engine's
+process id, so an engine that dies turns `/health` to 503 and makes the server exit non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from voltllm import _core
+from voltllm.entrypoints.cli import engine_argv
+
+
+def serve(args: argparse.Namespace, model_dir: Path) -> int:
+    """Run until interrupted; returns the process exit status."""
+    run_dir = Path(tempfile.mkdtemp(prefix="voltllm-"))
+    input_address = f"ipc://{run_dir}/input"
+    output_address = f"ipc://{run_dir}/output"
+    engine_cmd = [
+        sys.executable, "-m", "voltllm.engine.core_proc", *engine_argv(args, model_dir),
+        "--input-address", input_address, "--output-address", output_address, "--engine-index", "0",
+    ]  # fmt: skip
+    engine = subprocess.Popen(engine_cmd)
+    try:
+        _core.serve(
+            model_dir=str(model_dir),
+            engine_input_address=input_address,
+            engine_output_address=output_address,
+            engine_pids=[engine.pid],
+            host=args.host,
+            port=args.port,
+            api_key=args.api_key,
+            served_model_name=args.served_model_name,
+            max_waiting_requests=args.max_waiting_requests,
+        )
+        return 0
+    except RuntimeError as e:
+        print(f"voltllm serve: error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        _stop(engine)
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _stop(engine: subprocess.Popen) -> None:
+    if engine.poll() is not None:
+        return
+    engine.terminate()
+    try:
+        engine.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        engine.kill()
+        engine.wait()
