@@ -1,0 +1,108 @@
+"""Rotary position embedding (RoPE), NeoX / Hugging Face style (rotate the two halves of each head).
+
+The frequencies come from the config's RoPE parameters (`rope_parameters` in transformers >= 5, or the
+older `rope_theta` + `rope_scaling`). Supported scaling types: `default`, `linear`, `llama3`. cos/sin are
+computed per step from the positions in fp32, so any position works and no table has to be sized.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+def rope_parameters_of(hf_config: Any) -> dict[str, Any]:
+    """The config's RoPE parameters as one flat dict with at least `rope_type` and `rope_theta`."""
+    params = getattr(hf_config, "rope_parameters", None)
+    if params is None:  # transformers < 5 keeps theta and scaling apart
+        params = dict(getattr(hf_config, "rope_scaling", None) or {})
+        params.setdefault("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+    params = dict(params)
+    if params and all(isinstance(v, dict) for v in params.values()):
+        raise ValueError("per-layer-type RoPE parameters are not supported by this model family")
+    params.setdefault("rope_type", params.get("type", "default"))
+    params.setdefault("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+    return params
+
+
+def _default_inv_freq(rotary_dim: int, base: float) -> torch.Tensor:
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
+    return 1.0 / (base**exponents)
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, params: dict[str, Any]) -> torch.Tensor:
+    """Llama 3.1 scaling: long wavelengths divided by `factor`, short ones kept, a smooth ramp between."""
+    factor = float(params["factor"])
+    low_freq_factor = float(params["low_freq_factor"])
+    high_freq_factor = float(params["high_freq_factor"])
+    old_context_len = float(params["original_max_position_embeddings"])
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def compute_inv_freq(rotary_dim: int, params: dict[str, Any], max_position_embeddings: int) -> torch.Tensor:
+    """Inverse frequencies `[rotary_dim // 2]` (fp32) for the given RoPE parameters."""
+    rope_type = params["rope_type"]
+    inv_freq = _default_inv_freq(rotary_dim, float(params["rope_theta"]))
+    if rope_type == "default":
+        return inv_freq
+    if rope_type == "linear":
+        return inv_freq / float(params["factor"])
+    if rope_type == "llama3":
+        params = dict(params)
+        params.setdefault("original_max_position_embeddings", max_position_embeddings)
+        return _llama3_inv_freq(inv_freq, params)
+    raise ValueError(
+        f"unsupported RoPE scaling type {rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
+    )
+
+
+def apply_rotary(positions: torch.Tensor, x: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Rotate `x: [num_tokens, num_heads, head_size]` by angle `position * inv_freq` (NeoX halves)."""
+    freqs = positions.float()[:, None] * inv_freq[None, :]  # [T, rotary_dim / 2]
+    cos = freqs.cos()[:, None, :]
+    sin = freqs.sin()[:, None, :]
+    x1, x2 = x.float().chunk(2, dim=-1)
+    rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return rotated.to(x.dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """Applies RoPE to queries and keys given each token's position."""
+
+    def __init__(self, head_size: int, params: dict[str, Any], max_position_embeddings: int) -> None:
+        super().__init__()
+        if head_size % 2:
+            raise ValueError(f"RoPE needs an even head size, got {head_size}")
+        if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
+            raise ValueError("partial rotary embeddings are not supported by this model family")
+        self.head_size = head_size
+        self.rope_type = params["rope_type"]
+        # Kept in fp32 whatever the model dtype: rounding the frequencies would shift long-range angles.
+        self.register_buffer(
+            "inv_freq", compute_inv_freq(head_size, params, max_position_embeddings), persistent=False
+        )
+
+    def _apply(self, fn: Any, recurse: bool = True) -> RotaryEmbedding:
+        # `model.to(dtype)` must not cast inv_freq; only device moves apply to it.
+        inv_freq = self.inv_freq
+        super()._apply(fn, recurse)
+        self.inv_freq = inv_freq.to(self.inv_freq.device)
+        return self
+
+    def forward(
+        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return apply_rotary(positions, query, self.inv_freq), apply_rotary(positions, key, self.inv_freq)

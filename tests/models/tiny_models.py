@@ -1,0 +1,85 @@
+"""Test helper: tiny random Hugging Face checkpoints of each supported architecture."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    MistralConfig,
+    PretrainedConfig,
+    Qwen2Config,
+    Qwen3Config,
+)
+
+COMMON = dict(
+    vocab_size=200,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-6,
+)
+
+
+def tiny_config(arch: str) -> PretrainedConfig:
+    """2 layers, hidden 64, GQA 4:2, with each architecture's distinguishing feature switched on."""
+    if arch == "LlamaForCausalLM":
+        return LlamaConfig(
+            **COMMON,
+            tie_word_embeddings=True,
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        )
+    if arch == "MistralForCausalLM":
+        return MistralConfig(**COMMON, sliding_window=8, tie_word_embeddings=False)
+    if arch == "Qwen2ForCausalLM":
+        return Qwen2Config(**COMMON, tie_word_embeddings=False, rope_parameters={"rope_theta": 1e6})
+    if arch == "Qwen3ForCausalLM":
+        # head_dim 32 != hidden / heads (16): the explicit head_dim must win.
+        return Qwen3Config(**COMMON, head_dim=32, tie_word_embeddings=True)
+    raise ValueError(arch)
+
+
+def randomize_(model: torch.nn.Module, seed: int) -> None:
+    """Weights far from the defaults (norms != 1, biases != 0) so every switch shows in the logits."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=gen)
+            if "norm" in name:
+                param.copy_(1.0 + 0.3 * noise)
+            else:
+                param.copy_(0.1 * noise)
+
+
+def save_tiny_model(arch: str, out_dir: Path, seed: int = 0, **save_kwargs: object) -> PretrainedConfig:
+    """Write a random checkpoint of `arch` to `out_dir` (safetensors) and return its config."""
+    config = tiny_config(arch)
+    config.architectures = [arch]
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    randomize_(model, seed)
+    model.save_pretrained(out_dir, **save_kwargs)
+    return config
+
+
+def load_hf_reference(model_dir: Path) -> torch.nn.Module:
+    """The checkpoint in transformers (eager attention, fp32): the oracle."""
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
+
+
+def hf_logits(hf_model: torch.nn.Module, token_ids: list[int]) -> torch.Tensor:
+    """Reference logits `[len, vocab]` for one unpadded sequence."""
+    with torch.no_grad():
+        return hf_model(torch.tensor([token_ids])).logits[0].float()
