@@ -52,16 +52,21 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
 
 
-def resolve_model(model: str | None) -> Path:
+def resolve_model(model: str | None, load_format: str = "auto") -> Path:
     """The model folder the engine will load: the default model, an HF folder, or an imported GGUF."""
-    from voltllm.loader import resolve_model_dir
+    from voltllm.config import ModelConfig
+    from voltllm.loader.loader import resolve_model_source
 
-    if model is not None and not Path(model).exists():
-        raise CliError(f"model not found: {model} (give a model folder or a .gguf file)")
     try:
-        return resolve_model_dir(model)
-    except (FileNotFoundError, ValueError) as e:
+        model_dir, _ = resolve_model_source(ModelConfig(model=model, load_format=load_format))
+    except (FileNotFoundError, ValueError, RuntimeError) as e:
         raise CliError(str(e)) from None
+    return model_dir
+
+
+def folder_load_format(load_format: str) -> str:
+    """How to load the already resolved (GGUF-imported) folder: dummy stays dummy, all else is read."""
+    return "dummy" if load_format == "dummy" else "auto"
 
 
 def engine_argv(args: argparse.Namespace, model_dir: Path) -> list[str]:
@@ -79,7 +84,7 @@ def engine_argv(args: argparse.Namespace, model_dir: Path) -> list[str]:
         "--seed",
         str(args.seed),
         "--load-format",
-        args.load_format,
+        folder_load_format(args.load_format),
         "--device",
         args.device,
     ]
@@ -98,13 +103,13 @@ def make_llm(args: argparse.Namespace):  # -> LLM (imported lazily: torch is slo
     from voltllm.entrypoints.llm import LLM
 
     return LLM(
-        str(resolve_model(args.model)),
+        str(resolve_model(args.model, args.load_format)),
         dtype=args.dtype,
         max_model_len=args.max_model_len,
         gpu_memory_utilization=args.gpu_memory_utilization,
         tensor_parallel_size=args.tensor_parallel_size,
         seed=args.seed,
-        load_format=args.load_format,
+        load_format=folder_load_format(args.load_format),
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         enforce_eager=args.enforce_eager,
@@ -117,7 +122,7 @@ def make_llm(args: argparse.Namespace):  # -> LLM (imported lazily: torch is slo
 def cmd_serve(args: argparse.Namespace) -> int:
     from voltllm.entrypoints.serve import serve
 
-    return serve(args, resolve_model(args.model))
+    return serve(args, resolve_model(args.model, args.load_format))
 
 
 def cmd_engine(args: argparse.Namespace) -> int:
@@ -125,7 +130,7 @@ def cmd_engine(args: argparse.Namespace) -> int:
 
     if not args.headless:
         raise CliError("voltllm engine runs an EngineCore without a front end: pass --headless")
-    model_dir = resolve_model(args.model)
+    model_dir = resolve_model(args.model, args.load_format)
     return engine_main(
         [
             *engine_argv(args, model_dir),

@@ -1,0 +1,17 @@
+//! `voltllm._core`: the Rust halves of voltllm, exposed to Python.
+//!
+//! One implementation of text handling serves HTTP and Python alike: the offline `LLM` API tokenizes,
+//! renders chat templates and detokenizes through these classes, exactly as the server does.
+
+mod text;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<text::Tokenizer>()?;
+    m.add_class::<text::ChatTemplate>()?;
+    m.add_class::<text::Detokenizer>()?;
+    Ok(())
+}
