@@ -1,0 +1,157 @@
+"""Paged attention ops: KV-cache write, decode attention, prefill / chunked-prefill attention.
+
+Each op runs the CUDA kernel for CUDA tensors and its plain-torch reference (`*_ref`, the test oracle)
+elsewhere. KV cache layout (see `voltllm.layers.attention.backend`):
+`kv_cache: [2, num_blocks, block_size=16, num_kv_heads, head_size]`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from voltllm.ops._dispatch import kernel_ops, use_kernels
+
+BLOCK_SIZE = 16  # tokens per KV block the kernels are written for
+PREFILL_BLOCK_M = 64  # query rows per prefill thread block (PrefillTraits::kBlockM)
+
+
+def kv_cache_write_ref(
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
+    value: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_size]
+    slot_mapping: torch.Tensor,  # [num_tokens] int64, -1 = skip
+) -> None:
+    """Reference: store each token's key/value at its flat slot; slot -1 is skipped."""
+    num_kv_heads, head_size = kv_cache.shape[-2:]
+    valid = slot_mapping >= 0
+    slots = slot_mapping[valid]
+    kv_cache[0].view(-1, num_kv_heads, head_size)[slots] = key[valid].to(kv_cache.dtype)
+    kv_cache[1].view(-1, num_kv_heads, head_size)[slots] = value[valid].to(kv_cache.dtype)
+
+
+def kv_cache_write(
+    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Store the step's keys/values into their cache slots (slot -1 = padding, not written).
+
+    The kernel skips slots past the end of the cache instead of writing out of bounds.
+    """
+    if not use_kernels(kv_cache):
+        kv_cache_write_ref(key, value, kv_cache, slot_mapping)
+        return
+    kernel_ops().kv_cache_write(key, value, kv_cache, slot_mapping)
+
+
+def paged_attention_ref(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_size]
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_size]
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
+    query_lens: Sequence[int],
+    seq_lens: Sequence[int],
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:  # [num_tokens, num_heads, head_size], fp32
+    """Reference attention in fp32: each sequence's query tokens are the last `query_len` positions of
+    its `seq_len`-token context and attend causally (within `sliding_window`, if given)."""
+    _, _, block_size, num_kv_heads, head_size = kv_cache.shape
+    num_heads = query.shape[1]
+    group = num_heads // num_kv_heads
+    out = torch.empty(query.shape, dtype=torch.float32, device=query.device)
+    start = 0
+    for i, (q_len, s_len) in enumerate(zip(query_lens, seq_lens, strict=True)):
+        blocks = block_tables[i, : -(-s_len // block_size)].long()
+        keys = kv_cache[0, blocks].reshape(-1, num_kv_heads, head_size)[:s_len].float()
+        values = kv_cache[1, blocks].reshape(-1, num_kv_heads, head_size)[:s_len].float()
+        q = query[start : start + q_len].float().view(q_len, num_kv_heads, group, head_size)
+        scores = torch.einsum("qkgd,skd->kgqs", q, keys) * scale
+        q_pos = torch.arange(s_len - q_len, s_len, device=query.device)[:, None]
+        k_pos = torch.arange(s_len, device=query.device)[None, :]
+        allowed = k_pos <= q_pos
+        if sliding_window is not None:
+            allowed &= k_pos > q_pos - sliding_window
+        probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+        o = torch.einsum("kgqs,skd->qkgd", probs, values)
+        out[start : start + q_len] = o.reshape(q_len, num_heads, head_size)
+        start += q_len
+    return out
+
+
+def _window(sliding_window: int | None) -> int:
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"sliding_window must be >= 1 or None, got {sliding_window}")
+    return sliding_window or 0
+
+
+def paged_decode_attention(
+    query: torch.Tensor,  # [num_seqs, num_heads, head_size]: one query token per sequence
+    kv_cache: torch.Tensor,  # [2, num_blocks, 16, num_kv_heads, head_size]
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
+    seq_lens: torch.Tensor,  # [num_seqs] int32, context length including the query token
+    seq_lens_cpu: Sequence[int],
+    scale: float,
+    sliding_window: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:  # [num_seqs, num_heads, head_size]
+    """Attention of each sequence's newest token over its whole paged context (split-K on long ones)."""
+    window = _window(sliding_window)
+    if not use_kernels(query):
+        result = paged_attention_ref(
+            query, kv_cache, block_tables, [1] * len(seq_lens_cpu), seq_lens_cpu, scale, sliding_window
+        ).to(query.dtype)
+        if out is None:
+            return result
+        out.copy_(result)
+        return out
+    if out is None:
+        out = torch.empty_like(query)
+    max_seq_len = max(seq_lens_cpu, default=1)
+    kernel_ops().paged_decode_attention(
+        out, query, kv_cache, block_tables, seq_lens, max_seq_len, scale, window
+    )
+    return out
+
+
+def prefill_row_tiles(query_lens: Sequence[int]) -> int:
+    """Thread blocks (per head) the prefill kernel needs for these query lengths."""
+    return sum(-(-q // PREFILL_BLOCK_M) for q in query_lens)
+
+
+def paged_prefill_attention(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_size]
+    kv_cache: torch.Tensor,  # [2, num_blocks, 16, num_kv_heads, head_size]
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
+    seq_lens: torch.Tensor,  # [num_seqs] int32, context length after this step
+    query_start_loc: torch.Tensor,  # [num_seqs + 1] int32
+    query_lens_cpu: Sequence[int],
+    seq_lens_cpu: Sequence[int],
+    scale: float,
+    sliding_window: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:  # [num_tokens, num_heads, head_size]
+    """Causal attention of a mixed batch (prefills, chunked prefills with a cached prefix, decodes)
+    over the paged cache. The step's keys/values must already be in the cache (`kv_cache_write`)."""
+    window = _window(sliding_window)
+    if not use_kernels(query):
+        result = paged_attention_ref(
+            query, kv_cache, block_tables, query_lens_cpu, seq_lens_cpu, scale, sliding_window
+        ).to(query.dtype)
+        if out is None:
+            return result
+        out.copy_(result)
+        return out
+    if out is None:
+        out = torch.empty_like(query)
+    kernel_ops().paged_prefill_attention(
+        out,
+        query,
+        kv_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        prefill_row_tiles(query_lens_cpu),
+        scale,
+        window,
+    )
+    return out

@@ -1,0 +1,97 @@
+// Shared device helpers for the voltllm kernels: dtype traits, 16-byte vectors, warp reductions.
+//
+// Kernel sources include only CUDA headers (no torch/ATen/c10/pybind), so each one also compiles on
+// its own with NVRTC for compute_70 (tools/sm70_gate.py does exactly that).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace voltllm {
+
+// The KV cache block size every attention kernel is written for (tokens per paged block).
+constexpr int kBlockSize = 16;
+
+template <class A, class B>
+struct is_same {
+  static constexpr bool value = false;
+};
+template <class A>
+struct is_same<A, A> {
+  static constexpr bool value = true;
+};
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
+// Per-dtype conversions. Arithmetic is always done in fp32; only loads and stores are 16-bit.
+template <typename T>
+struct DType;
+
+template <>
+struct DType<__half> {
+  using T2 = __half2;
+  static __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+  static __device__ __forceinline__ __half from_float(float v) { return __float2half_rn(v); }
+  static __device__ __forceinline__ float2 to_float2(__half2 v) { return __half22float2(v); }
+  static __device__ __forceinline__ __half2 from_float2(float2 v) { return __float22half2_rn(v); }
+};
+
+template <>
+struct DType<__nv_bfloat16> {
+  using T2 = __nv_bfloat162;
+  static __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+  static __device__ __forceinline__ __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
+  static __device__ __forceinline__ float2 to_float2(__nv_bfloat162 v) { return __bfloat1622float2(v); }
+  static __device__ __forceinline__ __nv_bfloat162 from_float2(float2 v) {
+    return __floats2bfloat162_rn(v.x, v.y);
+  }
+};
+
+// Eight 16-bit elements moved as one 16-byte access (ld.global.v4.u32).
+template <typename T>
+union Vec8 {
+  uint4 raw;
+  typename DType<T>::T2 pair[4];
+};
+
+template <typename T>
+__device__ __forceinline__ void load_floats(const T* ptr, float (&v)[8]) {
+  Vec8<T> vec;
+  vec.raw = *reinterpret_cast<const uint4*>(ptr);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float2 f = DType<T>::to_float2(vec.pair[i]);
+    v[2 * i] = f.x;
+    v[2 * i + 1] = f.y;
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void store_floats(T* ptr, const float (&v)[8]) {
+  Vec8<T> vec;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) vec.pair[i] = DType<T>::from_float2(make_float2(v[2 * i], v[2 * i + 1]));
+  *reinterpret_cast<uint4*>(ptr) = vec.raw;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Sum over the whole thread block; `scratch` holds one float per warp. Every thread gets the result.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int num_warps = (blockDim.x + 31) >> 5;
+  v = warp_sum(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float total = 0.f;
+  for (int w = 0; w < num_warps; ++w) total += scratch[w];
+  __syncthreads();  // scratch may be reused right after
+  return total;
+}
+
+}  // namespace voltllm

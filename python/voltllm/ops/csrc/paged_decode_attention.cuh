@@ -1,0 +1,292 @@
+// Paged decode attention: one query token per sequence against its paged KV cache.
+//
+// GQA-aware: one thread block serves one (sequence, kv head, context split) and all of that kv
+// head's query heads at once, so every key/value byte is read from memory exactly once. The query
+// heads of the group are the rows of a 16-row tensor-core tile (rows past the group size are zero),
+// so QK^T and PV run as WMMA m16n16k16 fp16 products with fp32 accumulation.
+//
+// Each warp walks its own KV blocks (one 16-token block per step) with its own online softmax; the
+// next block's keys/values are loaded into registers while the current one is computed (Volta has
+// no cp.async). Warps merge at the end of the split. Long contexts are split over the grid's z
+// dimension; the reduce kernel then merges the splits (log-sum-exp weighting).
+#pragma once
+
+#include "attention_common.cuh"
+
+namespace voltllm {
+
+struct DecodeParams {
+  void* out;                    // [num_seqs, num_heads, head_size], rows out_stride apart
+  const void* query;            // [num_seqs, num_heads, head_size], rows query_stride apart
+  const void* key_cache;        // [num_blocks, block_size, num_kv_heads, head_size]
+  const void* value_cache;      // [num_blocks, block_size, num_kv_heads, head_size]
+  const int* block_tables;      // [num_seqs, max_blocks_per_seq]
+  const int* seq_lens;          // [num_seqs] context length including the new token
+  float* partial_out;           // [num_seqs, num_heads, max_splits, head_size] (max_splits > 1)
+  float* partial_max;           // [num_seqs, num_heads, max_splits] running max, log2 units
+  float* partial_sum;           // [num_seqs, num_heads, max_splits] softmax denominators
+  long long query_stride;       // elements between sequences of query
+  long long out_stride;         // elements between sequences of out
+  int num_heads;                // query heads
+  int num_kv_heads;             // kv heads; num_heads / num_kv_heads <= 16
+  int max_blocks_per_seq;       // row length of block_tables
+  int max_splits;               // grid z; splits past a sequence's own count exit at once
+  int partition_size;           // tokens per split, a multiple of kBlockSize
+  int sliding_window;           // attend to the last `sliding_window` positions; 0 = unlimited
+  float scale_log2;             // softmax scale * log2(e): scores are kept in log2 units
+};
+
+// Tile geometry and shared-memory layout of one decode block, in one place.
+template <int HEAD>
+struct DecodeTraits {
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kRows = 16;  // query heads per group, padded to the MMA's M
+  static constexpr int kLdKV = HEAD + 8;  // padded smem row (halves): spreads rows over banks
+  static constexpr int kLdS = 20;         // fp32 score row
+  static constexpr int kLdP = 24;         // 16-bit probability row
+  static constexpr int kLdO = HEAD + 4;   // fp32 output row when warps merge
+  // Registers hold the next block while the current one is computed; at head 256 that would cost
+  // 128 more registers on top of the 128 the accumulators take, so it is off there.
+  static constexpr bool kPrefetch = HEAD <= 128;
+  static constexpr int kChunks = kBlockSize * HEAD / 8 / 32;  // 16-byte chunks per lane per block
+  static constexpr int kQBytes = kRows * kLdKV * 2;
+  static constexpr int kKVBytes = kBlockSize * kLdKV * 2;  // one of K or V, per warp
+  static constexpr int kSBytes = kRows * kLdS * 4;
+  static constexpr int kPBytes = kRows * kLdP * 2;
+  static constexpr int kWarpBytes = 2 * kKVBytes + kSBytes + kPBytes + kRows * 4;
+  static constexpr int kStatBytes = 2 * kWarps * kRows * 4;
+  static constexpr int kSmemBytes = kQBytes + kWarps * kWarpBytes + kStatBytes;
+  static_assert(HEAD == 64 || HEAD == 128 || HEAD == 256, "head sizes 64, 128, 256");
+  static_assert(kRows * kLdO * 4 <= 2 * kKVBytes, "merged output must fit in a warp's K/V area");
+  static_assert(kKVBytes % 32 == 0 && kSBytes % 32 == 0 && kPBytes % 32 == 0, "WMMA wants 32B alignment");
+  static_assert(kSmemBytes <= 96 * 1024, "Volta allows at most 96 KB of shared memory per block");
+};
+
+template <typename T, int HEAD>
+__device__ __forceinline__ void paged_decode_attention_block(const DecodeParams& p) {
+  using Tr = DecodeTraits<HEAD>;
+  using namespace nvcuda;
+  using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major>;
+  using FragBc = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major>;
+  using FragBr = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major>;
+  using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+  constexpr int kDTiles = HEAD / 16;
+  constexpr int kChunksPerRow = HEAD / 8;
+
+  const int kv_head = blockIdx.x;
+  const int seq = blockIdx.y;
+  const int split = blockIdx.z;
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int group = p.num_heads / p.num_kv_heads;
+
+  const int seq_len = p.seq_lens[seq];
+  // With a sliding window the splits cover only the blocks that hold visible positions.
+  const int first_pos = p.sliding_window > 0 ? max(0, seq_len - p.sliding_window) : 0;
+  const int base = (first_pos / kBlockSize) * kBlockSize;
+  const int start = base + split * p.partition_size;
+  if (start >= seq_len) return;
+  const int end = min(start + p.partition_size, seq_len);
+  const int num_splits = (seq_len - base + p.partition_size - 1) / p.partition_size;
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* q_s = reinterpret_cast<T*>(smem);  // [16][kLdKV]
+  unsigned char* warp_base = smem + Tr::kQBytes + warp * Tr::kWarpBytes;
+  T* k_s = reinterpret_cast<T*>(warp_base);                                 // [16][kLdKV]
+  T* v_s = reinterpret_cast<T*>(warp_base + Tr::kKVBytes);                  // [16][kLdKV]
+  float* s_s = reinterpret_cast<float*>(warp_base + 2 * Tr::kKVBytes);      // [16][kLdS]
+  T* p_s = reinterpret_cast<T*>(warp_base + 2 * Tr::kKVBytes + Tr::kSBytes);  // [16][kLdP]
+  float* alpha_s = reinterpret_cast<float*>(warp_base + 2 * Tr::kKVBytes + Tr::kSBytes + Tr::kPBytes);
+  float* stat_max = reinterpret_cast<float*>(smem + Tr::kQBytes + Tr::kWarps * Tr::kWarpBytes);
+  float* stat_sum = stat_max + Tr::kWarps * Tr::kRows;
+
+  // Query rows of this group; rows past the group stay zero so their scores are finite.
+  const T* query = static_cast<const T*>(p.query) + seq * p.query_stride + kv_head * group * HEAD;
+  for (int c = threadIdx.x; c < Tr::kRows * kChunksPerRow; c += Tr::kThreads) {
+    const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r < group) v = *reinterpret_cast<const uint4*>(query + r * HEAD + col);
+    *reinterpret_cast<uint4*>(q_s + r * Tr::kLdKV + col) = v;
+  }
+
+  int acc_rows[FragC::num_elements];
+  fragment_rows<FragC>(s_s, Tr::kLdS, acc_rows);
+
+  const long long token_stride = static_cast<long long>(p.num_kv_heads) * HEAD;
+  const T* k_cache = static_cast<const T*>(p.key_cache) + kv_head * HEAD;
+  const T* v_cache = static_cast<const T*>(p.value_cache) + kv_head * HEAD;
+  const int* block_table = p.block_tables + static_cast<long long>(seq) * p.max_blocks_per_seq;
+
+  uint4 k_reg[Tr::kChunks], v_reg[Tr::kChunks];
+  auto load_block = [&](int logical_block) {
+    const long long block_base = static_cast<long long>(block_table[logical_block]) * kBlockSize;
+#pragma unroll
+    for (int i = 0; i < Tr::kChunks; ++i) {
+      const int c = lane + 32 * i;
+      const long long off = (block_base + c / kChunksPerRow) * token_stride + (c % kChunksPerRow) * 8;
+      k_reg[i] = *reinterpret_cast<const uint4*>(k_cache + off);
+      v_reg[i] = *reinterpret_cast<const uint4*>(v_cache + off);
+    }
+  };
+
+  FragC o_acc[kDTiles];
+#pragma unroll
+  for (int j = 0; j < kDTiles; ++j) wmma::fill_fragment(o_acc[j], 0.f);
+  // Lanes 2r and 2r+1 own row r's softmax state: each handles 8 of the block's 16 columns.
+  const int my_row = lane >> 1;
+  const int my_col = (lane & 1) * 8;
+  float row_max = neg_inf();
+  float row_sum = 0.f;
+
+  __syncthreads();  // q_s complete
+
+  const int first_block = start / kBlockSize + warp;
+  const int last_block = (end - 1) / kBlockSize;  // inclusive
+  if (Tr::kPrefetch && first_block <= last_block) load_block(first_block);
+  for (int b = first_block; b <= last_block; b += Tr::kWarps) {
+    if (!Tr::kPrefetch) load_block(b);
+#pragma unroll
+    for (int i = 0; i < Tr::kChunks; ++i) {
+      const int c = lane + 32 * i;
+      const int off = (c / kChunksPerRow) * Tr::kLdKV + (c % kChunksPerRow) * 8;
+      *reinterpret_cast<uint4*>(k_s + off) = k_reg[i];
+      *reinterpret_cast<uint4*>(v_s + off) = v_reg[i];
+    }
+    __syncwarp();
+    if (Tr::kPrefetch && b + Tr::kWarps <= last_block) load_block(b + Tr::kWarps);
+
+    // S = Q K^T over this block's 16 tokens.
+    FragC s_acc;
+    wmma::fill_fragment(s_acc, 0.f);
+#pragma unroll
+    for (int k = 0; k < kDTiles; ++k) {
+      FragA a;
+      FragBc bk;
+      wmma::load_matrix_sync(a, q_s + k * 16, Tr::kLdKV);
+      wmma::load_matrix_sync(bk, k_s + k * 16, Tr::kLdKV);
+      wmma::mma_sync(s_acc, a, bk, s_acc);
+    }
+    wmma::store_matrix_sync(s_s, s_acc, Tr::kLdS, wmma::mem_row_major);
+    __syncwarp();
+
+    // Online softmax over the 16 columns of each row (two lanes per row).
+    float s[8];
+    float block_max = neg_inf();
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int pos = b * kBlockSize + my_col + i;
+      const bool visible = pos >= first_pos && pos >= start && pos < end;
+      s[i] = visible ? s_s[my_row * Tr::kLdS + my_col + i] * p.scale_log2 : neg_inf();
+      block_max = fmaxf(block_max, s[i]);
+    }
+    block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffu, block_max, 1));
+    const float new_max = fmaxf(row_max, block_max);
+    const float ref = new_max == neg_inf() ? 0.f : new_max;  // a fully masked row stays all-zero
+    float block_sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float e = exp2f(s[i] - ref);
+      block_sum += e;
+      p_s[my_row * Tr::kLdP + my_col + i] = DType<T>::from_float(e);
+    }
+    block_sum += __shfl_xor_sync(0xffffffffu, block_sum, 1);
+    const float alpha = exp2f(row_max - ref);
+    row_sum = row_sum * alpha + block_sum;
+    row_max = new_max;
+    if ((lane & 1) == 0) alpha_s[my_row] = alpha;
+    __syncwarp();
+
+    // O = O * alpha + P V.
+    FragA pa;
+    wmma::load_matrix_sync(pa, p_s, Tr::kLdP);
+#pragma unroll
+    for (int j = 0; j < kDTiles; ++j) {
+#pragma unroll
+      for (int i = 0; i < FragC::num_elements; ++i) o_acc[j].x[i] *= alpha_s[acc_rows[i]];
+      FragBr bv;
+      wmma::load_matrix_sync(bv, v_s + j * 16, Tr::kLdKV);
+      wmma::mma_sync(o_acc[j], pa, bv, o_acc[j]);
+    }
+    __syncwarp();  // k_s/v_s/p_s are overwritten next step
+  }
+
+  // Merge the warps: each parks its unnormalised output (in its K/V area) and its row statistics.
+  if ((lane & 1) == 0) {
+    stat_max[warp * Tr::kRows + my_row] = row_max;
+    stat_sum[warp * Tr::kRows + my_row] = row_sum;
+  }
+  float* o_s = reinterpret_cast<float*>(warp_base);  // [16][kLdO]
+#pragma unroll
+  for (int j = 0; j < kDTiles; ++j) wmma::store_matrix_sync(o_s + j * 16, o_acc[j], Tr::kLdO, wmma::mem_row_major);
+  __syncthreads();
+
+  const long long head0 = static_cast<long long>(seq) * p.num_heads + kv_head * group;
+  for (int e = threadIdx.x; e < group * HEAD; e += Tr::kThreads) {
+    const int r = e / HEAD, d = e % HEAD;
+    float m = neg_inf();
+#pragma unroll
+    for (int w = 0; w < Tr::kWarps; ++w) m = fmaxf(m, stat_max[w * Tr::kRows + r]);
+    float l = 0.f, o = 0.f;
+#pragma unroll
+    for (int w = 0; w < Tr::kWarps; ++w) {
+      const float wm = stat_max[w * Tr::kRows + r];
+      const float scale = wm == neg_inf() ? 0.f : exp2f(wm - m);  // warps with no tokens add nothing
+      l += stat_sum[w * Tr::kRows + r] * scale;
+      o += reinterpret_cast<const float*>(smem + Tr::kQBytes + w * Tr::kWarpBytes)[r * Tr::kLdO + d] * scale;
+    }
+    if (num_splits == 1) {
+      T* out = static_cast<T*>(p.out) + seq * p.out_stride + (kv_head * group + r) * HEAD;
+      out[d] = DType<T>::from_float(o / l);
+    } else {
+      const long long idx = (head0 + r) * p.max_splits + split;
+      p.partial_out[idx * HEAD + d] = o / l;
+      if (d == 0) {
+        p.partial_max[idx] = m;
+        p.partial_sum[idx] = l;
+      }
+    }
+  }
+}
+
+// grid: (num_kv_heads, num_seqs, max_splits), block: DecodeTraits::kThreads,
+// dynamic shared memory: DecodeTraits::kSmemBytes.
+template <typename T, int HEAD>
+__global__ void __launch_bounds__(DecodeTraits<HEAD>::kThreads)
+    paged_decode_attention_kernel(DecodeParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  // bf16 tensor-core math exists from SM80 on; the host wrapper never launches this variant there.
+  if constexpr (is_same<T, __nv_bfloat16>::value) {
+    __trap();
+  } else
+#endif
+  {
+    paged_decode_attention_block<T, HEAD>(p);
+  }
+}
+
+// Merges the splits of sequences whose context was split. grid: (num_heads, num_seqs),
+// block: HEAD threads (one per output element).
+template <typename T, int HEAD>
+__global__ void __launch_bounds__(HEAD) paged_decode_reduce_kernel(DecodeParams p) {
+  const int head = blockIdx.x;
+  const int seq = blockIdx.y;
+  const int seq_len = p.seq_lens[seq];
+  const int first_pos = p.sliding_window > 0 ? max(0, seq_len - p.sliding_window) : 0;
+  const int base = (first_pos / kBlockSize) * kBlockSize;
+  const int num_splits = (seq_len - base + p.partition_size - 1) / p.partition_size;
+  if (num_splits <= 1) return;  // the attention kernel wrote the output directly
+  const long long idx0 = (static_cast<long long>(seq) * p.num_heads + head) * p.max_splits;
+  float m = neg_inf();
+  for (int s = 0; s < num_splits; ++s) m = fmaxf(m, p.partial_max[idx0 + s]);
+  float l = 0.f, o = 0.f;
+  for (int s = 0; s < num_splits; ++s) {
+    const float w = p.partial_sum[idx0 + s] * exp2f(p.partial_max[idx0 + s] - m);
+    l += w;
+    o += w * p.partial_out[(idx0 + s) * HEAD + threadIdx.x];
+  }
+  T* out = static_cast<T*>(p.out) + seq * p.out_stride + head * HEAD;
+  out[threadIdx.x] = DType<T>::from_float(o / l);
+}
+
+}  // namespace voltllm

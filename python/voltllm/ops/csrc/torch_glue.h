@@ -1,0 +1,123 @@
+// Helpers shared by the torch glue files: checks and dtype / head-size dispatch.
+#pragma once
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/all.h>
+
+#include <type_traits>
+
+#include "common.cuh"
+
+namespace voltllm {
+namespace glue {
+
+// Calls fn with a T of the tensor's dtype; every other dtype is an error.
+template <typename Fn>
+void dispatch_dtype(at::ScalarType dtype, const char* op, Fn&& fn) {
+  switch (dtype) {
+    case at::ScalarType::Half:
+      fn(__half{});
+      break;
+    case at::ScalarType::BFloat16:
+      fn(__nv_bfloat16{});
+      break;
+    default:
+      TORCH_CHECK(false, op, ": unsupported dtype ", dtype, " (float16 or bfloat16)");
+  }
+}
+
+template <typename Fn>
+void dispatch_head_size(int64_t head_size, const char* op, Fn&& fn) {
+  switch (head_size) {
+    case 64:
+      fn(std::integral_constant<int, 64>{});
+      break;
+    case 128:
+      fn(std::integral_constant<int, 128>{});
+      break;
+    case 256:
+      fn(std::integral_constant<int, 256>{});
+      break;
+    default:
+      TORCH_CHECK(false, op, ": unsupported head_size ", head_size, " (64, 128 or 256)");
+  }
+}
+
+inline void check_cuda(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor");
+}
+
+// Rows of a [rows, ...] tensor: the trailing dims must be contiguous and 16-byte aligned.
+inline void check_rows(const at::Tensor& t, const char* name) {
+  check_cuda(t, name);
+  TORCH_CHECK(t.dim() >= 2, name, " must have at least 2 dims");
+  for (int64_t d = t.dim() - 1, expect = 1; d >= 1; --d) {
+    TORCH_CHECK(t.size(d) == 1 || t.stride(d) == expect, name, " must be contiguous past its first dim");
+    expect *= t.size(d);
+  }
+}
+
+inline bool vec8_ok(const at::Tensor& t, int64_t width) {
+  return width % 8 == 0 && t.stride(0) % 8 == 0 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
+inline void check_same_dtype(const at::Tensor& a, const at::Tensor& b, const char* what) {
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(), what, ": dtypes differ (", a.scalar_type(), " vs ",
+              b.scalar_type(), ")");
+}
+
+inline void check_tensor_core_dtype(at::ScalarType dtype, const char* op) {
+  if (dtype != at::ScalarType::BFloat16) return;
+  const auto* prop = at::cuda::getCurrentDeviceProperties();
+  TORCH_CHECK(prop->major >= 8, op, ": bfloat16 attention needs SM80 or newer (this GPU is SM", prop->major,
+              prop->minor, "); use float16");
+}
+
+inline void check_kv_cache(const at::Tensor& kv_cache, int64_t head_size) {
+  check_cuda(kv_cache, "kv_cache");
+  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2,
+              "kv_cache must be [2, num_blocks, block_size, num_kv_heads, head_size]");
+  TORCH_CHECK(kv_cache.is_contiguous(), "kv_cache must be contiguous");
+  TORCH_CHECK(kv_cache.size(2) == kBlockSize, "kv_cache block_size must be ", kBlockSize, ", got ",
+              kv_cache.size(2));
+  TORCH_CHECK(kv_cache.size(4) == head_size, "kv_cache head_size ", kv_cache.size(4), " != ", head_size);
+}
+
+// Above 48 KB a kernel must opt in to dynamic shared memory. Cheap (no stream work), and legal
+// during CUDA graph capture, so it is simply done before every launch: per device, no cache to go stale.
+template <typename Kernel>
+void set_smem(Kernel kernel, int bytes) {
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+}
+
+struct AttentionShape {
+  int64_t num_heads, num_kv_heads, head_size;
+};
+
+inline AttentionShape check_attention(const at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
+                               const at::Tensor& block_tables, const at::Tensor& seq_lens, const char* op) {
+  check_rows(query, "query");
+  check_rows(out, "out");
+  TORCH_CHECK(query.dim() == 3, op, ": query must be [num_tokens, num_heads, head_size]");
+  TORCH_CHECK(out.sizes() == query.sizes(), op, ": out must have the shape of query");
+  check_same_dtype(query, out, op);
+  check_same_dtype(query, kv_cache, op);
+  check_kv_cache(kv_cache, query.size(2));
+  const int64_t num_heads = query.size(1), num_kv_heads = kv_cache.size(3);
+  TORCH_CHECK(num_heads % num_kv_heads == 0, op, ": num_heads ", num_heads, " is not a multiple of num_kv_heads ",
+              num_kv_heads);
+  TORCH_CHECK(query.stride(0) % 8 == 0 && out.stride(0) % 8 == 0, op, ": query/out rows must be 16-byte aligned");
+  check_cuda(block_tables, "block_tables");
+  check_cuda(seq_lens, "seq_lens");
+  TORCH_CHECK(block_tables.scalar_type() == at::kInt && block_tables.dim() == 2 && block_tables.is_contiguous(),
+              op, ": block_tables must be a contiguous int32 [num_seqs, max_blocks_per_seq] tensor");
+  TORCH_CHECK(seq_lens.scalar_type() == at::kInt && seq_lens.dim() == 1 && seq_lens.is_contiguous() &&
+                  seq_lens.size(0) == block_tables.size(0),
+              op, ": seq_lens must be a contiguous int32 [num_seqs] tensor");
+  check_tensor_core_dtype(query.scalar_type(), op);
+  return {num_heads, num_kv_heads, query.size(2)};
+}
+
+}  // namespace glue
+}  // namespace voltllm

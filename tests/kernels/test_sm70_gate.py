@@ -1,0 +1,99 @@
+"""The Volta legality gate, run on CPU: every shipped kernel variant compiles for compute_70 / sm_70.
+
+Needs the CUDA 12.9 compiler pieces from PyPI (CI installs them):
+    pip install "nvidia-cuda-nvrtc-cu12==12.9.*" "nvidia-cuda-nvcc-cu12==12.9.*" \
+        "nvidia-cuda-runtime-cu12==12.9.*"
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+_TOOLCHAIN = ("nvidia.cuda_nvrtc", "nvidia.cuda_nvcc", "nvidia.cuda_runtime")
+
+
+def _installed(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+needs_toolchain = pytest.mark.skipif(
+    not all(_installed(m) for m in _TOOLCHAIN), reason="CUDA 12.9 nvrtc/nvcc/runtime wheels are not installed"
+)
+
+
+@pytest.fixture(scope="module")
+def gate():
+    spec = importlib.util.spec_from_file_location("sm70_gate", REPO / "tools" / "sm70_gate.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sm70_gate"] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@needs_toolchain
+@pytest.mark.slow
+def test_every_variant_compiles_for_sm70_without_spills(gate) -> None:
+    results = gate.run_gate()
+    sm70, sm80 = gate.load_variants()
+    built = {(arch, r.expr) for arch, r in results}
+    expected = {(70, e) for exprs in sm70.values() for e in exprs} | {
+        (80, e) for exprs in sm80.values() for e in exprs
+    }
+    assert built == expected
+    for arch, r in results:
+        assert r.registers > 0, r.expr
+        assert r.smem <= gate.VOLTA_SMEM_LIMIT, r.expr
+        if arch == 70:
+            assert (r.spill_stores, r.spill_loads) == (0, 0), f"{r.expr} spills on sm_70"
+
+
+@needs_toolchain
+def test_gate_reports_compile_errors(gate) -> None:
+    tools = gate.Toolchain.find()
+    with pytest.raises(gate.GateError, match="no_such_kernel"):
+        tools.compile_ptx("rms_norm.cuh", ["voltllm::no_such_kernel<__half>"], 70)
+
+
+def test_forbidden_instructions_are_recognised(gate) -> None:
+    import re
+
+    samples = {
+        "cp.async.ca.shared.global [%r1], [%rd2], 16;": "cp.async",
+        "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%r1, %r2, %r3, %r4}, [%r5];": "ldmatrix",
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16": "wgmma",
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%f1}, {%r1}, {%r2}, {%f2};": "bf16",
+        "wmma.mma.sync.aligned.row.col.m16n16k16.f32.bf16.bf16.f32": "bf16",
+    }
+    for line, what in samples.items():
+        hits = [reason for pattern, reason in gate.FORBIDDEN_PTX.items() if re.search(pattern, line)]
+        assert any(what in h for h in hits), (line, hits)
+    legal = "wmma.mma.sync.aligned.row.col.m16n16k16.f32.f16.f16.f32 {%f1}, {%r1}, {%r2}, {%f2};"
+    assert not [p for p in gate.FORBIDDEN_PTX if re.search(p, legal)]
+
+
+def test_ptxas_report_parsing_catches_spills(gate) -> None:
+    report = """ptxas info    : Compiling entry function '_Z3fooi' for 'sm_70'
+ptxas info    : Function properties for _Z3fooi
+    24 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 255 registers, 1024 bytes smem, 356 bytes cmem[0]
+"""
+    (r,) = gate.parse_ptxas(report, {"_Z3fooi": "foo<int>"})
+    assert (r.expr, r.registers, r.smem, r.stack, r.spill_stores, r.spill_loads) == (
+        "foo<int>",
+        255,
+        1024,
+        24,
+        8,
+        12,
+    )
+    with pytest.raises(gate.GateError, match="no entry"):
+        gate.parse_ptxas(report, {"_Z3fooi": "foo<int>", "_Z3barv": "bar"})

@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""Volta legality gate: every shipped kernel variant must compile for compute_70 and assemble for sm_70.
+
+Runs on a CPU-only machine with the CUDA 12.9 compiler pieces from PyPI:
+
+    pip install "nvidia-cuda-nvrtc-cu12==12.9.*" "nvidia-cuda-nvcc-cu12==12.9.*" \
+        "nvidia-cuda-runtime-cu12==12.9.*"
+
+For each kernel source in `python/voltllm/ops/csrc/` it instantiates the variants listed in
+`voltllm/ops/variants.py` through NVRTC name expressions, compiles to PTX for compute_70, rejects
+instructions Volta lacks (cp.async, ldmatrix, wgmma, TMA/bulk copies, bf16 MMA), assembles the PTX with
+`ptxas -arch=sm_70 -v` and prints registers, static shared memory, stack and spills per kernel. The
+bf16 tensor-core attention variants are checked the same way against compute_80/sm_80. Exit status is
+non-zero on any compile error, forbidden instruction, sm_70 register spill or shared memory over 96 KB
+(spills of the sm_80-only bf16 variants are reported, not fatal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import importlib.util
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CSRC = REPO / "python" / "voltllm" / "ops" / "csrc"
+VARIANTS = REPO / "python" / "voltllm" / "ops" / "variants.py"
+VOLTA_SMEM_LIMIT = 96 * 1024
+
+# PTX that Volta cannot run, with the reason printed when it shows up.
+FORBIDDEN_PTX = {
+    r"\bcp\.async\b": "cp.async (SM80+)",
+    r"\bldmatrix\b": "ldmatrix (SM75+)",
+    r"\bstmatrix\b": "stmatrix (SM90+)",
+    r"\bwgmma\b": "wgmma (SM90+)",
+    r"\bcp\.async\.bulk\b": "TMA bulk copy (SM90+)",
+    r"\bmbarrier\b": "mbarrier (SM80+)",
+    r"\b(w)?mma\.[^\n;]*\bbf16\b": "bf16 tensor-core math (SM80+)",
+}
+
+
+class GateError(RuntimeError):
+    """The toolchain is missing or a kernel failed the gate."""
+
+
+def _nvidia_dir(package: str) -> Path:
+    spec = importlib.util.find_spec(f"nvidia.{package}")
+    if spec is None or not spec.submodule_search_locations:
+        raise GateError(
+            f"nvidia.{package} is not installed; run: pip install 'nvidia-cuda-nvrtc-cu12==12.9.*' "
+            "'nvidia-cuda-nvcc-cu12==12.9.*' 'nvidia-cuda-runtime-cu12==12.9.*'"
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    nvrtc: ctypes.CDLL
+    ptxas: Path
+    includes: tuple[Path, ...]
+
+    @classmethod
+    def find(cls) -> Toolchain:
+        nvrtc_lib = _nvidia_dir("cuda_nvrtc") / "lib" / "libnvrtc.so.12"
+        ptxas = _nvidia_dir("cuda_nvcc") / "bin" / "ptxas"
+        # The runtime package has cuda_fp16.h and mma.h; mma.h pulls crt/mma.h from the nvcc package.
+        includes = (_nvidia_dir("cuda_runtime") / "include", _nvidia_dir("cuda_nvcc") / "include")
+        for path in (nvrtc_lib, ptxas, includes[0] / "cuda_fp16.h", includes[1] / "crt" / "mma.h"):
+            if not path.exists():
+                raise GateError(f"incomplete CUDA 12.9 toolchain: {path} is missing")
+        nvrtc = ctypes.CDLL(str(nvrtc_lib))
+        nvrtc.nvrtcGetErrorString.restype = ctypes.c_char_p
+        return cls(nvrtc=nvrtc, ptxas=ptxas, includes=includes)
+
+    def _check(self, status: int, what: str) -> None:
+        if status != 0:
+            raise GateError(f"{what}: {self.nvrtc.nvrtcGetErrorString(status).decode()}")
+
+    def compile_ptx(self, source_name: str, exprs: list[str], arch: int) -> tuple[str, dict[str, str]]:
+        """NVRTC-compiles `source_name` with `exprs` instantiated; returns (ptx, lowered names)."""
+        lib = self.nvrtc
+        prog = ctypes.c_void_p()
+        src = f'#include "{source_name}"\n'.encode()
+        self._check(
+            lib.nvrtcCreateProgram(ctypes.byref(prog), src, source_name.encode() + b".cu", 0, None, None),
+            "nvrtcCreateProgram",
+        )
+        try:
+            for expr in exprs:
+                self._check(lib.nvrtcAddNameExpression(prog, f"&{expr}".encode()), f"name expression {expr}")
+            options = [
+                f"--gpu-architecture=compute_{arch}",
+                "--std=c++17",
+                f"-I{CSRC}",
+                *(f"-I{path}" for path in self.includes),
+            ]
+            argv = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
+            status = lib.nvrtcCompileProgram(prog, len(options), argv)
+            log_size = ctypes.c_size_t()
+            lib.nvrtcGetProgramLogSize(prog, ctypes.byref(log_size))
+            log = ctypes.create_string_buffer(log_size.value)
+            lib.nvrtcGetProgramLog(prog, log)
+            if status != 0:
+                raise GateError(f"{source_name} (compute_{arch}) failed to compile:\n{log.value.decode()}")
+            ptx_size = ctypes.c_size_t()
+            self._check(lib.nvrtcGetPTXSize(prog, ctypes.byref(ptx_size)), "nvrtcGetPTXSize")
+            ptx = ctypes.create_string_buffer(ptx_size.value)
+            self._check(lib.nvrtcGetPTX(prog, ptx), "nvrtcGetPTX")
+            lowered: dict[str, str] = {}
+            for expr in exprs:
+                name = ctypes.c_char_p()
+                self._check(lib.nvrtcGetLoweredName(prog, f"&{expr}".encode(), ctypes.byref(name)), expr)
+                lowered[name.value.decode()] = expr
+            return ptx.value.decode(), lowered
+        finally:
+            lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+    def assemble(self, ptx: str, arch: int, workdir: Path, stem: str) -> str:
+        """Runs ptxas -v on the PTX and returns its resource report."""
+        ptx_path = workdir / f"{stem}.ptx"
+        ptx_path.write_text(ptx)
+        result = subprocess.run(
+            [str(self.ptxas), f"-arch=sm_{arch}", "-v", "-o", str(workdir / f"{stem}.cubin"), str(ptx_path)],
+            capture_output=True,
+            text=True,
+        )
+        if result.returncode != 0:
+            raise GateError(f"ptxas sm_{arch} rejected {stem}:\n{result.stderr}")
+        return result.stderr
+
+
+@dataclass
+class KernelReport:
+    expr: str
+    registers: int = 0
+    smem: int = 0
+    stack: int = 0
+    spill_stores: int = 0
+    spill_loads: int = 0
+
+
+def parse_ptxas(report: str, lowered: dict[str, str]) -> list[KernelReport]:
+    """Turns `ptxas -v` output into one report per kernel, named by its C++ expression."""
+    kernels: dict[str, KernelReport] = {}
+    current: KernelReport | None = None
+    for line in report.splitlines():
+        if m := re.search(r"Compiling entry function '([^']+)'", line):
+            current = kernels.setdefault(m.group(1), KernelReport(expr=lowered.get(m.group(1), m.group(1))))
+        elif current is None:
+            continue
+        elif m := re.search(
+            r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line
+        ):
+            current.stack, current.spill_stores, current.spill_loads = map(int, m.groups())
+        elif m := re.search(r"Used (\d+) registers", line):
+            current.registers = int(m.group(1))
+            if s := re.search(r"(\d+) bytes smem", line):
+                current.smem = int(s.group(1))
+    missing = set(lowered) - set(kernels)
+    if missing:
+        raise GateError(f"ptxas reported no entry for: {sorted(lowered[n] for n in missing)}")
+    return list(kernels.values())
+
+
+def load_variants() -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    spec = importlib.util.spec_from_file_location("voltllm_variants", VARIANTS)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.sm70_variants(), module.sm80_bf16_variants()
+
+
+def check_source(
+    tools: Toolchain, source: str, exprs: list[str], arch: int, workdir: Path
+) -> list[KernelReport]:
+    ptx, lowered = tools.compile_ptx(source, exprs, arch)
+    if arch < 80:
+        for pattern, what in FORBIDDEN_PTX.items():
+            if re.search(pattern, ptx):
+                raise GateError(f"{source}: PTX for compute_{arch} uses {what}")
+    stem = f"{Path(source).stem}_sm{arch}"
+    return parse_ptxas(tools.assemble(ptx, arch, workdir, stem), lowered)
+
+
+def run_gate(keep: Path | None = None) -> list[tuple[int, KernelReport]]:
+    """Checks every variant; returns (arch, report) pairs or raises GateError on the first failure."""
+    tools = Toolchain.find()
+    sm70, sm80 = load_variants()
+    results: list[tuple[int, KernelReport]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = keep or Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        for arch, variants in ((70, sm70), (80, sm80)):
+            for source, exprs in variants.items():
+                results.extend((arch, r) for r in check_source(tools, source, exprs, arch, workdir))
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keep", type=Path, help="write the PTX and cubins here")
+    args = parser.parse_args()
+    try:
+        results = run_gate(args.keep)
+    except GateError as err:
+        print(f"sm70 gate FAILED: {err}", file=sys.stderr)
+        return 1
+    failures = []
+    print(f"{'arch':<6}{'kernel':<68}{'regs':>5}{'smem':>7}{'stack':>6}{'spill st/ld':>13}")
+    for arch, r in results:
+        print(
+            f"sm_{arch:<3}{r.expr:<68}{r.registers:>5}{r.smem:>7}{r.stack:>6}"
+            f"{f'{r.spill_stores}/{r.spill_loads}':>13}"
+        )
+        if (r.spill_stores or r.spill_loads) and arch == 70:
+            failures.append(f"{r.expr} (sm_{arch}) spills registers")
+        if r.smem > VOLTA_SMEM_LIMIT:
+            failures.append(f"{r.expr} (sm_{arch}) uses {r.smem} bytes of static shared memory")
+    print(
+        "dynamic shared memory of the attention kernels is bounded by static_assert(kSmemBytes <= 96 KB) "
+        "in their traits"
+    )
+    if failures:
+        print("sm70 gate FAILED:\n  " + "\n  ".join(failures), file=sys.stderr)
+        return 1
+    print(f"sm70 gate passed: {len(results)} kernels")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
