@@ -65,6 +65,7 @@ def import_gguf(gguf_path: Path, out_dir: Path | None = None) -> Path:
     tmp_dir = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         _convert(gguf_path, tmp_dir)
+        _make_readable(tmp_dir)
         try:
             os.rename(tmp_dir, out_dir)
         except OSError:
@@ -82,8 +83,9 @@ def _convert(gguf_path: Path, dest: Path) -> None:
 
     src_dir, name = str(gguf_path.parent), gguf_path.name
     try:
+        # fp32 is transformers' fast path for dequantizing; the cast to IMPORT_DTYPE happens on save.
         model = AutoModelForCausalLM.from_pretrained(
-            src_dir, gguf_file=name, dtype=IMPORT_DTYPE, local_files_only=True
+            src_dir, gguf_file=name, dtype=torch.float32, local_files_only=True
         )
         tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=name, local_files_only=True)
     except (ValueError, OSError, ImportError, KeyError) as e:
@@ -93,6 +95,8 @@ def _convert(gguf_path: Path, dest: Path) -> None:
     config = model.config
     # The weights are written dequantized; the GGUF quantization note would mislead readers.
     config.__dict__.pop("quantization_config", None)
+    config.dtype = IMPORT_DTYPE  # what model.safetensors holds
+    config.architectures = [type(model).__name__]  # transformers leaves it unset for GGUF loads
     config.save_pretrained(dest)
     model.generation_config.save_pretrained(dest)
     tokenizer.save_pretrained(dest)
@@ -100,6 +104,15 @@ def _convert(gguf_path: Path, dest: Path) -> None:
     st = gguf_path.stat()
     record = {"source": str(gguf_path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
     (dest / IMPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def _make_readable(folder: Path) -> None:
+    """mkdtemp creates the folder owner-only; a shared cache should follow the umask like any folder."""
+    umask = os.umask(0)
+    os.umask(umask)
+    folder.chmod(0o777 & ~umask)
+    for path in folder.iterdir():
+        path.chmod(0o666 & ~umask)
 
 
 def _save_weights(model: torch.nn.Module, dest: Path) -> None:

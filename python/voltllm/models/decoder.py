@@ -49,13 +49,30 @@ VARIANTS: dict[str, DecoderVariant] = {
 }
 
 
+# For configs that omit `architectures` (some converters do): the class transformers would pick.
+ARCH_BY_MODEL_TYPE = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+
+
+def architecture_names(hf_config: Any) -> list[str]:
+    """The config's `architectures`, or the causal-LM class of its `model_type` when it has none."""
+    names = list(getattr(hf_config, "architectures", None) or [])
+    if not names and getattr(hf_config, "model_type", None) in ARCH_BY_MODEL_TYPE:
+        names = [ARCH_BY_MODEL_TYPE[hf_config.model_type]]
+    return names
+
+
 def variant_for(hf_config: Any) -> DecoderVariant:
-    """The variant named by the config's `architectures`."""
-    for arch in getattr(hf_config, "architectures", None) or []:
+    """The variant named by the config's architecture."""
+    for arch in architecture_names(hf_config):
         if arch in VARIANTS:
             return VARIANTS[arch]
     raise ValueError(
-        f"config architectures {getattr(hf_config, 'architectures', None)} are not in the decoder family "
+        f"config architectures {architecture_names(hf_config)} are not in the decoder family "
         f"({', '.join(VARIANTS)})"
     )
 

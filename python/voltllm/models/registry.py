@@ -6,7 +6,7 @@ from typing import Any
 
 from torch import nn
 
-from voltllm.models.decoder import VARIANTS, DecoderForCausalLM
+from voltllm.models.decoder import VARIANTS, DecoderForCausalLM, architecture_names
 
 _MODEL_CLASSES: dict[str, type[nn.Module]] = {arch: DecoderForCausalLM for arch in VARIANTS}
 
@@ -20,12 +20,13 @@ def supported_architectures() -> list[str]:
 
 
 def get_model_class(hf_config: Any) -> type[nn.Module]:
-    """The model class for the first supported entry of `hf_config.architectures`."""
-    architectures = getattr(hf_config, "architectures", None) or []
+    """The model class for the first supported entry of `hf_config.architectures` (or, when the config
+    names none, for its `model_type`). Raises UnsupportedArchitectureError otherwise."""
+    architectures = architecture_names(hf_config)
     for arch in architectures:
         if arch in _MODEL_CLASSES:
             return _MODEL_CLASSES[arch]
+    named = architectures or getattr(hf_config, "model_type", None) or "(none in config.json)"
     raise UnsupportedArchitectureError(
-        f"unsupported model architecture {architectures or '(none in config.json)'}; "
-        f"voltllm supports: {', '.join(supported_architectures())}"
+        f"unsupported model architecture {named}; voltllm supports: {', '.join(supported_architectures())}"
     )
