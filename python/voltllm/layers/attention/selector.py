@@ -1,7 +1,13 @@
-"""Pick an attention backend by name. Backends register a factory here; "auto" picks the best available."""
+"""Pick an attention backend by name.
+
+"torch" is the plain-torch reference (any device); "sm70" runs voltllm's CUDA kernels (CUDA only).
+"auto" takes sm70 on CUDA and torch elsewhere; on CUDA it falls back to torch, with a warning, when the
+kernels cannot be built here. Further backends register a factory with `register_attention_backend`.
+"""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import torch
@@ -9,18 +15,31 @@ import torch
 from voltllm.layers.attention.backend import AttentionBackend
 from voltllm.layers.attention.torch_ref import TorchAttentionBackend
 
+logger = logging.getLogger(__name__)
+
+# A factory raises RuntimeError when its backend cannot run on the given device.
 BackendFactory = Callable[[torch.device], AttentionBackend]
 
-_BACKENDS: dict[str, BackendFactory] = {"torch": lambda device: TorchAttentionBackend()}
-# Order "auto" tries, best first; a factory may raise RuntimeError when it cannot run on `device`.
-_AUTO_ORDER: list[str] = ["torch"]
+
+def _torch_backend(device: torch.device) -> AttentionBackend:
+    return TorchAttentionBackend()
 
 
-def register_attention_backend(name: str, factory: BackendFactory, prefer_for_auto: bool = False) -> None:
-    """Make a backend selectable by `name`; with `prefer_for_auto`, "auto" tries it before the others."""
+def _sm70_backend(device: torch.device) -> AttentionBackend:
+    # Imported lazily: it pulls in the kernel build machinery, which CPU-only runs never need.
+    from voltllm.layers.attention.sm70 import SM70AttentionBackend
+
+    return SM70AttentionBackend(device)
+
+
+_BACKENDS: dict[str, BackendFactory] = {"torch": _torch_backend, "sm70": _sm70_backend}
+
+
+def register_attention_backend(name: str, factory: BackendFactory) -> None:
+    """Make a backend selectable by `name` (replacing any backend of that name)."""
+    if name == "auto":
+        raise ValueError('"auto" is reserved for automatic selection')
     _BACKENDS[name] = factory
-    if prefer_for_auto and name not in _AUTO_ORDER:
-        _AUTO_ORDER.insert(0, name)
 
 
 def available_attention_backends() -> list[str]:
@@ -28,16 +47,19 @@ def available_attention_backends() -> list[str]:
 
 
 def get_attention_backend(name: str, device: torch.device | str) -> AttentionBackend:
-    """Build the backend called `name` ("auto" = the first of the preferred backends that can run)."""
+    """Build the backend called `name` for `device`.
+
+    Raises ValueError for an unknown name and RuntimeError when the named backend cannot run there.
+    """
     device = torch.device(device)
     if name == "auto":
-        errors = []
-        for candidate in _AUTO_ORDER:
-            try:
-                return _BACKENDS[candidate](device)
-            except RuntimeError as e:  # not usable here (e.g. no GPU); fall through to the next
-                errors.append(f"{candidate}: {e}")
-        raise RuntimeError(f"no attention backend can run on {device}: {'; '.join(errors)}")
+        if device.type != "cuda":
+            return _torch_backend(device)
+        try:
+            return _sm70_backend(device)
+        except RuntimeError as e:
+            logger.warning("CUDA attention kernels unavailable (%s); using the torch reference backend", e)
+            return _torch_backend(device)
     if name not in _BACKENDS:
         raise ValueError(
             f"unknown attention backend {name!r}; choose one of {', '.join(available_attention_backends())}"
