@@ -1,0 +1,173 @@
+//! The engine client against the in-process mock engine over real ZeroMQ sockets.
+
+use std::time::Duration;
+
+use voltllm_engine_client::mock::{MockEngine, MockEngineConfig};
+use voltllm_engine_client::{EngineClient, EngineClientConfig, EngineClientError};
+use voltllm_protocol::{EngineCoreRequest, FinishReason, SamplingParams};
+
+fn addresses(tag: &str) -> (String, String) {
+    let base = format!("ipc:///tmp/voltllm-ec-test-{}-{tag}", std::process::id());
+    (format!("{base}-in"), format!("{base}-out"))
+}
+
+async fn setup(tag: &str, pid: Option<u32>) -> (EngineClient, MockEngine) {
+    let (input, output) = addresses(tag);
+    let mut cfg = EngineClientConfig::new(&input, &output);
+    cfg.ready_timeout = Duration::from_secs(10);
+    cfg.pid_poll_interval = Some(Duration::from_millis(100));
+    let client = tokio::spawn(EngineClient::connect(cfg));
+    let mut mock_cfg = MockEngineConfig::new(&input, &output);
+    if let Some(pid) = pid {
+        mock_cfg.pid = pid;
+    }
+    // The client binds first; give it a moment so the engine's connect finds the endpoint.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let engine = MockEngine::start(mock_cfg).await.unwrap();
+    (client.await.unwrap().unwrap(), engine)
+}
+
+fn request(id: &str, prompt: Vec<u32>, max_tokens: u32) -> EngineCoreRequest {
+    EngineCoreRequest {
+        request_id: id.into(),
+        prompt_token_ids: prompt,
+        sampling_params: SamplingParams {
+            max_tokens,
+            ..Default::default()
+        },
+        arrival_time: 0.0,
+        priority: 0,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_tokens_until_length() {
+    let (client, _engine) = setup("len", None).await;
+    assert_eq!(client.max_model_len(), 2048);
+    let mut stream = client.add_request(request("a", vec![5, 6, 7], 5)).unwrap();
+    let mut tokens = Vec::new();
+    let mut finish = None;
+    while let Some(out) = stream.next_output().await {
+        let out = out.unwrap();
+        tokens.extend(out.new_token_ids);
+        finish = out.finish_reason;
+    }
+    assert_eq!(tokens, vec![5, 6, 7, 5, 6]);
+    assert_eq!(finish, Some(FinishReason::Length));
+    assert_eq!(client.num_in_flight(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eos_stops_and_engine_errors_reach_the_stream() {
+    let (client, _engine) = setup("eos", None).await;
+    let mut s = client
+        .add_request(request("eos", vec![9, 2, 9], 50))
+        .unwrap();
+    let mut last = None;
+    while let Some(out) = s.next_output().await {
+        last = Some(out.unwrap());
+    }
+    let last = last.unwrap();
+    assert_eq!(last.finish_reason, Some(FinishReason::Stop));
+    assert_eq!(last.stop_reason, Some(2));
+
+    let mut s = client.add_request(request("empty", vec![], 5)).unwrap();
+    let out = s.next_output().await.unwrap().unwrap();
+    assert_eq!(out.finish_reason, Some(FinishReason::Error));
+    assert_eq!(out.error.as_deref(), Some("prompt is empty"));
+
+    let _live = client.add_request(request("dup", vec![1], 1000)).unwrap();
+    assert!(matches!(
+        client.add_request(request("dup", vec![1], 5)),
+        Err(EngineClientError::DuplicateRequestId(_))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_stream_aborts_in_the_engine() {
+    let (client, engine) = setup("drop", None).await;
+    let mut s = client
+        .add_request(request("gone", vec![1, 3], 100_000))
+        .unwrap();
+    s.next_output().await.unwrap().unwrap();
+    drop(s);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !engine.log().aborted.contains(&"gone".to_string()) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "engine never saw ABORT"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(client.num_in_flight(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_message_fails_streams_and_health() {
+    let (client, engine) = setup("dead", None).await;
+    let mut s = client
+        .add_request(request("x", vec![1, 3], 100_000))
+        .unwrap();
+    s.next_output().await.unwrap().unwrap();
+    engine.die("out of memory").await;
+    let err = loop {
+        match tokio::time::timeout(Duration::from_secs(5), s.next_output())
+            .await
+            .unwrap()
+        {
+            Some(Ok(_)) => continue,
+            Some(Err(e)) => break e,
+            None => panic!("stream ended without an error"),
+        }
+    };
+    assert!(matches!(err, EngineClientError::EngineDead { .. }), "{err}");
+    assert!(err.to_string().contains("out of memory"));
+    assert!(!client.is_healthy());
+    assert!(client.wait_dead().await.contains("out of memory"));
+    assert!(client.add_request(request("y", vec![1], 5)).is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_engine_process_is_noticed_by_pid() {
+    let mut stand_in = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    let (client, _engine) = setup("pid", Some(stand_in.id())).await;
+    let mut s = client
+        .add_request(request("x", vec![1, 3], 100_000))
+        .unwrap();
+    s.next_output().await.unwrap().unwrap();
+    assert!(client.is_healthy());
+    stand_in.kill().unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(3), client.wait_dead())
+        .await
+        .expect("death noticed within the poll interval");
+    assert!(reason.contains("exited"), "{reason}");
+    let err = loop {
+        match s.next_output().await {
+            Some(Ok(_)) => continue,
+            Some(Err(e)) => break e,
+            None => panic!("stream ended without an error"),
+        }
+    };
+    assert!(matches!(err, EngineClientError::EngineDead { .. }));
+    stand_in.wait().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_timeout_is_a_clear_error() {
+    let (input, output) = addresses("timeout");
+    let mut cfg = EngineClientConfig::new(input, output);
+    cfg.ready_timeout = Duration::from_millis(200);
+    let err = EngineClient::connect(cfg).await.err().unwrap();
+    assert!(matches!(err, EngineClientError::ReadyTimeout { ref missing, .. } if missing == &[0]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn utility_ping() {
+    let (client, _engine) = setup("util", None).await;
+    let v = client.utility(0, "ping", vec![]).await.unwrap();
+    assert_eq!(v.as_str(), Some("pong"));
+    assert!(client.utility(0, "nope", vec![]).await.is_err());
+}
