@@ -134,3 +134,132 @@ impl StopChecker {
             .unwrap_or(0)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feeds `pieces` one by one; returns (everything emitted incl. flush, matched stop).
+    fn run(stops: &[&str], include: bool, pieces: &[&str]) -> (String, Option<String>) {
+        let mut checker = StopChecker::new(stops.iter().copied(), include).unwrap();
+        let mut out = String::new();
+        for piece in pieces {
+            let update = checker.push(piece);
+            out.push_str(&update.emit);
+            if update.stopped.is_some() {
+                return (out, update.stopped);
+            }
+        }
+        out.push_str(&checker.flush());
+        (out, None)
+    }
+
+    #[test]
+    fn stop_split_across_pieces_is_never_emitted() {
+        let mut checker = StopChecker::new(["STOP"], false).unwrap();
+        assert_eq!(checker.push("abc S").emit, "abc ");
+        assert_eq!(checker.push("T").emit, "");
+        assert_eq!(checker.push("O").emit, "");
+        let update = checker.push("P and more");
+        assert_eq!(update.emit, "");
+        assert_eq!(update.stopped.as_deref(), Some("STOP"));
+        assert!(checker.is_stopped());
+        // Text after a stop is dropped.
+        assert_eq!(checker.push("later"), StopUpdate::default());
+        assert_eq!(checker.flush(), "");
+    }
+
+    #[test]
+    fn include_stop_str_in_output() {
+        assert_eq!(
+            run(&["END"], true, &["foo E", "N", "Dbar"]),
+            ("foo END".to_string(), Some("END".to_string()))
+        );
+        assert_eq!(
+            run(&["END"], false, &["foo E", "N", "Dbar"]),
+            ("foo ".to_string(), Some("END".to_string()))
+        );
+    }
+
+    #[test]
+    fn stop_at_the_very_start() {
+        assert_eq!(
+            run(&["\n\n"], false, &["\n", "\nrest"]),
+            (String::new(), Some("\n\n".to_string()))
+        );
+        assert_eq!(
+            run(&["Hi"], true, &["Hi there"]),
+            ("Hi".to_string(), Some("Hi".to_string()))
+        );
+    }
+
+    #[test]
+    fn held_back_partial_is_released_when_it_does_not_match() {
+        let mut checker = StopChecker::new(["</s>"], false).unwrap();
+        assert_eq!(checker.push("a <").emit, "a ");
+        assert_eq!(checker.push("/").emit, "");
+        let update = checker.push("x");
+        assert_eq!(update.emit, "</x");
+        assert_eq!(update.stopped, None);
+        // Held text comes back at the end of the stream.
+        assert_eq!(checker.push("y </").emit, "y ");
+        assert_eq!(checker.flush(), "</");
+    }
+
+    #[test]
+    fn multiple_stops_earliest_completion_wins() {
+        // "World" completes before "lo Wor..." could; "ab" vs "b": same end, longer wins.
+        assert_eq!(
+            run(&["xyz", "World"], false, &["Hello Wor", "ld xyz"]),
+            ("Hello ".to_string(), Some("World".to_string()))
+        );
+        assert_eq!(
+            run(&["b", "ab"], false, &["cab"]),
+            ("c".to_string(), Some("ab".to_string()))
+        );
+        // A short stop inside a longer candidate completes first.
+        assert_eq!(
+            run(&["abcd", "bc"], false, &["a", "b", "c", "d"]),
+            ("a".to_string(), Some("bc".to_string()))
+        );
+    }
+
+    #[test]
+    fn result_does_not_depend_on_how_text_is_split() {
+        let text = "The answer is 42.\nObservation: café ☕ done.\n\nUser: bye";
+        let cases: [&[&str]; 3] = [&["Observation:"], &["\n\n", "User:"], &["é ☕", "zzz"]];
+        for stops in cases {
+            let whole = run(stops, false, &[text]);
+            // Every split into three pieces at char boundaries gives the same result.
+            let bounds: Vec<usize> = text.char_indices().map(|(i, _)| i).collect();
+            for (n, &i) in bounds.iter().enumerate() {
+                for &j in &bounds[n..] {
+                    let pieces = [&text[..i], &text[i..j], &text[j..]];
+                    assert_eq!(run(stops, false, &pieces), whole, "split {i},{j}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn multibyte_prefixes_are_held_on_char_boundaries() {
+        let mut checker = StopChecker::new(["☕☕"], false).unwrap();
+        assert_eq!(checker.push("tea ☕").emit, "tea ");
+        assert_eq!(checker.push("!").emit, "☕!");
+    }
+
+    #[test]
+    fn no_stops_passes_text_through() {
+        let mut checker = StopChecker::new(Vec::<String>::new(), false).unwrap();
+        assert_eq!(checker.push("anything").emit, "anything");
+        assert_eq!(checker.flush(), "");
+    }
+
+    #[test]
+    fn empty_stop_is_rejected() {
+        assert!(matches!(
+            StopChecker::new(["ok", ""], false),
+            Err(TextError::EmptyStopString)
+        ));
+    }
+}

@@ -1,0 +1,299 @@
+//! Tokenizer and detokenizer behaviour on the default model's real tokenizer (SmolLM2, byte-level
+//! BPE), against golden ids produced by the Python `tokenizers` package
+//! (`tests/fixtures/gen_tokenizer_fixtures.py`).
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use serde::Deserialize;
+use voltllm_text::{IncrementalDetokenizer, StopChecker, TextError, Tokenizer};
+
+fn fixture_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/smollm2")
+}
+
+/// The fixture tokenizer, loaded once: parsing the 3.5 MB `tokenizer.json` dominates test time.
+fn tokenizer() -> Tokenizer {
+    static TOKENIZER: OnceLock<Tokenizer> = OnceLock::new();
+    TOKENIZER
+        .get_or_init(|| Tokenizer::from_model_dir(fixture_dir()).expect("fixture tokenizer loads"))
+        .clone()
+}
+
+#[derive(Deserialize)]
+struct Golden {
+    vocab_size: usize,
+    cases: Vec<GoldenCase>,
+}
+
+#[derive(Deserialize)]
+struct GoldenCase {
+    text: String,
+    add_special_tokens: bool,
+    ids: Vec<u32>,
+    decoded: String,
+    decoded_skip_special: String,
+}
+
+fn golden() -> Golden {
+    let text = std::fs::read_to_string(fixture_dir().join("encode_golden.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// A scratch folder under the system temp dir, unique per test.
+fn scratch_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("voltllm-text-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn encode_and_decode_match_python_tokenizers() {
+    let tok = tokenizer();
+    let golden = golden();
+    assert_eq!(tok.vocab_size(), golden.vocab_size);
+    assert!(golden.cases.len() >= 20);
+    for case in &golden.cases {
+        let ids = tok.encode(&case.text, case.add_special_tokens).unwrap();
+        assert_eq!(ids, case.ids, "encode {:?}", case.text);
+        assert_eq!(tok.decode(&ids, false).unwrap(), case.decoded);
+        assert_eq!(tok.decode(&ids, true).unwrap(), case.decoded_skip_special);
+    }
+}
+
+#[test]
+fn batch_apis_agree_with_single_calls() {
+    let tok = tokenizer();
+    let texts: Vec<String> = golden().cases.into_iter().map(|c| c.text).collect();
+    let batch = tok.encode_batch(&texts, false).unwrap();
+    for (text, ids) in texts.iter().zip(&batch) {
+        assert_eq!(ids, &tok.encode(text, false).unwrap());
+    }
+    let refs: Vec<&[u32]> = batch.iter().map(Vec::as_slice).collect();
+    let decoded = tok.decode_batch(&refs, false).unwrap();
+    assert_eq!(decoded, texts);
+}
+
+#[test]
+fn special_tokens_come_from_tokenizer_config() {
+    let tok = tokenizer();
+    assert_eq!(tok.bos_token(), Some("<|im_start|>"));
+    assert_eq!(tok.bos_token_id(), Some(1));
+    assert_eq!(tok.eos_token(), Some("<|im_end|>"));
+    assert_eq!(tok.eos_token_ids(), &[2]);
+    assert_eq!(tok.pad_token_id(), Some(2));
+    assert_eq!(tok.unk_token(), Some("<|endoftext|>"));
+    assert_eq!(tok.token_to_id("<|im_end|>"), Some(2));
+    assert_eq!(tok.id_to_token(2).as_deref(), Some("<|im_end|>"));
+    assert!(tok.is_special_token(2));
+    assert!(!tok.is_special_token(tok.token_to_id("hello").unwrap()));
+    assert!(tok.special_token_ids().windows(2).all(|w| w[0] < w[1]));
+    // SmolLM2's post-processor adds nothing: chat templates write the special tokens.
+    assert!(!tok.add_bos_token());
+    assert_eq!(
+        tok.encode("hi", true).unwrap(),
+        tok.encode("hi", false).unwrap()
+    );
+}
+
+#[test]
+fn from_file_knows_no_special_token_names() {
+    let tok = Tokenizer::from_file(fixture_dir().join("tokenizer.json")).unwrap();
+    assert!(tok.eos_token_ids().is_empty());
+    assert_eq!(tok.bos_token(), None);
+    assert_eq!(
+        tok.encode("Hello", false).unwrap(),
+        tokenizer().encode("Hello", false).unwrap()
+    );
+}
+
+#[test]
+fn generation_config_adds_eos_ids() {
+    let dir = scratch_dir("genconfig");
+    for name in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(fixture_dir().join(name), dir.join(name)).unwrap();
+    }
+    std::fs::write(
+        dir.join("generation_config.json"),
+        r#"{"eos_token_id": [0, 2]}"#,
+    )
+    .unwrap();
+    let tok = Tokenizer::from_model_dir(&dir).unwrap();
+    assert_eq!(tok.eos_token_ids(), &[2, 0]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bad_files_give_typed_errors() {
+    let empty = scratch_dir("empty");
+    assert!(matches!(
+        Tokenizer::from_model_dir(&empty),
+        Err(TextError::MissingTokenizerFile(_))
+    ));
+    std::fs::write(empty.join("tokenizer.json"), "{not json").unwrap();
+    assert!(matches!(
+        Tokenizer::from_model_dir(&empty),
+        Err(TextError::Load { .. })
+    ));
+    std::fs::copy(
+        fixture_dir().join("tokenizer.json"),
+        empty.join("tokenizer.json"),
+    )
+    .unwrap();
+    std::fs::write(empty.join("tokenizer_config.json"), r#"{"eos_token": 5"#).unwrap();
+    assert!(matches!(
+        Tokenizer::from_model_dir(&empty),
+        Err(TextError::Config { .. })
+    ));
+    std::fs::remove_dir_all(&empty).unwrap();
+}
+
+#[test]
+fn unknown_ids_are_errors_not_silently_dropped() {
+    let tok = tokenizer();
+    let bad = tok.vocab_size() as u32 + 7;
+    let err = tok.decode(&[1, bad], false).unwrap_err();
+    assert!(
+        matches!(err, TextError::UnknownTokenId { id, .. } if id == bad),
+        "{err}"
+    );
+
+    let mut detok = IncrementalDetokenizer::new(tok.clone(), &[], false).unwrap();
+    assert!(detok.push(bad).is_err());
+    // The failed push left no trace: the stream continues normally.
+    let ids = tok.encode("still fine", false).unwrap();
+    assert_eq!(detok.push_many(&ids).unwrap(), "still fine");
+}
+
+/// Streams `output` through a detokenizer token by token; returns the pieces.
+fn stream(tok: &Tokenizer, prompt: &[u32], output: &[u32], skip_special: bool) -> Vec<String> {
+    let mut detok = IncrementalDetokenizer::new(tok.clone(), prompt, skip_special).unwrap();
+    let mut pieces: Vec<String> = output.iter().map(|&id| detok.push(id).unwrap()).collect();
+    pieces.push(detok.flush().unwrap());
+    pieces
+}
+
+#[test]
+fn detokenizer_never_emits_broken_characters() {
+    let tok = tokenizer();
+    let prompt = tok
+        .encode(
+            "<|im_start|>user\nSay something<|im_end|>\n<|im_start|>assistant\n",
+            false,
+        )
+        .unwrap();
+    let texts = [
+        "Emoji: 😀👍🏽👨‍👩‍👧‍👦🇯🇵🏳️‍🌈 done",
+        "中文测试：你好，世界！",
+        "日本語のテキストとカタカナ",
+        "한국어 문장입니다",
+        "Ünïcödé: café, naïve, façade, Straße",
+        "plain ascii, with  double spaces\nand lines",
+    ];
+    let mut held_back_somewhere = false;
+    for text in texts {
+        let ids = tok.encode(text, false).unwrap();
+        let pieces = stream(&tok, &prompt, &ids, false);
+        for piece in &pieces {
+            assert!(
+                !piece.contains('\u{FFFD}'),
+                "broken char in {piece:?} for {text:?}"
+            );
+        }
+        assert_eq!(pieces.concat(), tok.decode(&ids, false).unwrap());
+        assert_eq!(pieces.concat(), text);
+        held_back_somewhere |= pieces[..ids.len()].iter().any(String::is_empty);
+    }
+    // The texts really do split characters across tokens, so hold-back was exercised.
+    assert!(held_back_somewhere);
+}
+
+#[test]
+fn single_tokens_of_an_emoji_are_incomplete_utf8() {
+    // Precondition of the test above: byte-level BPE splits this emoji into several tokens
+    // that are not valid UTF-8 on their own.
+    let tok = tokenizer();
+    let ids = tok.encode("👨‍👩‍👧‍👦", false).unwrap();
+    assert!(ids.len() > 1);
+    assert!(ids
+        .iter()
+        .any(|&id| tok.decode(&[id], false).unwrap().contains('\u{FFFD}')));
+}
+
+#[test]
+fn detokenizer_without_prompt_and_with_skipped_special_tokens() {
+    let tok = tokenizer();
+    let ids = tok
+        .encode("Hi 🤖!<|im_end|>\n<|im_start|>user\n再见", false)
+        .unwrap();
+    let pieces = stream(&tok, &[], &ids, true);
+    assert_eq!(pieces.concat(), tok.decode(&ids, true).unwrap());
+    assert!(!pieces.concat().contains("<|im_end|>"));
+    let pieces = stream(&tok, &[], &ids, false);
+    assert_eq!(pieces.concat(), tok.decode(&ids, false).unwrap());
+}
+
+#[test]
+fn flush_releases_an_incomplete_character_as_a_full_decode_would() {
+    let tok = tokenizer();
+    let ids = tok.encode("ok 👨‍👩‍👧‍👦", false).unwrap();
+    // Cut in the middle of the emoji, where the decode ends in U+FFFD.
+    let cut = (1..ids.len())
+        .find(|&n| tok.decode(&ids[..n], false).unwrap().ends_with('\u{FFFD}'))
+        .expect("some prefix ends inside the emoji");
+    let mut detok = IncrementalDetokenizer::new(tok.clone(), &[], false).unwrap();
+    let streamed = detok.push_many(&ids[..cut]).unwrap();
+    assert!(!streamed.contains('\u{FFFD}'));
+    let rest = detok.flush().unwrap();
+    assert_eq!(streamed + &rest, tok.decode(&ids[..cut], false).unwrap());
+    assert_eq!(detok.flush().unwrap(), "");
+}
+
+#[test]
+fn detokenizer_and_stop_checker_compose() {
+    // The server's pipeline: ids -> detokenizer -> stop checker; the stop string "</a>" is split
+    // over several tokens and must not leak.
+    let tok = tokenizer();
+    let ids = tok
+        .encode("answer: 42 😀</answer> trailing", false)
+        .unwrap();
+    let mut detok = IncrementalDetokenizer::new(tok.clone(), &[], false).unwrap();
+    let mut stop = StopChecker::new(["</answer>"], false).unwrap();
+    let mut shown = String::new();
+    let mut stopped = None;
+    for &id in &ids {
+        let update = stop.push(&detok.push(id).unwrap());
+        assert!(
+            !update.emit.contains('<'),
+            "partial stop leaked: {:?}",
+            update.emit
+        );
+        shown.push_str(&update.emit);
+        if update.stopped.is_some() {
+            stopped = update.stopped;
+            break;
+        }
+    }
+    assert_eq!(stopped.as_deref(), Some("</answer>"));
+    assert_eq!(shown, "answer: 42 😀");
+}
+
+#[test]
+fn tokenizer_is_shareable_across_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Tokenizer>();
+    let tok = tokenizer();
+    let handles: Vec<_> = (0..2)
+        .map(|i| {
+            let tok = tok.clone();
+            std::thread::spawn(move || tok.encode(&format!("thread {i} 你好"), false).unwrap())
+        })
+        .collect();
+    for (i, h) in handles.into_iter().enumerate() {
+        assert_eq!(
+            h.join().unwrap(),
+            tok.encode(&format!("thread {i} 你好"), false).unwrap()
+        );
+    }
+}
