@@ -145,3 +145,33 @@ def test_sharded_index_naming_a_missing_shard(tmp_path: Path) -> None:
     next(iter(sorted(tmp_path.glob("model-*.safetensors")))).unlink()
     with pytest.raises(FileNotFoundError, match="shards that do not exist"):
         _load(tmp_path)
+
+
+@pytest.mark.gpu
+def test_dummy_model_runs_on_cuda_in_fp16(tmp_path: Path) -> None:
+    from voltllm.layers.attention.backend import AttentionMetadata
+
+    save_tiny_model(ARCH, tmp_path, head_size=64)
+    config = ModelConfig(model=str(tmp_path), load_format="dummy")
+    loaded = load_model(config, "cuda", None, get_attention_backend("auto", "cuda"), progress=False)
+    model = loaded.model
+    assert loaded.dtype == torch.float16
+    assert all(p.is_cuda and p.dtype == torch.float16 for p in model.parameters())
+    assert model.model.layers[0].self_attn.attn.backend.name == "sm70"
+    n = 20
+    shape = model.kv_cache_shape_per_layer(4, 16)
+    kv_caches = [torch.zeros(shape, dtype=torch.float16, device="cuda") for _ in range(model.num_layers)]
+    metadata = AttentionMetadata(
+        query_start_loc=torch.tensor([0, n], dtype=torch.int32, device="cuda"),
+        seq_lens=torch.tensor([n], dtype=torch.int32, device="cuda"),
+        block_tables=torch.tensor([[2, 0]], dtype=torch.int32, device="cuda"),
+        slot_mapping=torch.cat([torch.arange(32, 48), torch.arange(0, 4)]).cuda(),
+        max_query_len=n,
+        max_seq_len=n,
+        query_lens_cpu=(n,),
+        seq_lens_cpu=(n,),
+    )
+    ids = torch.randint(0, loaded.vocab_size, (n,), device="cuda")
+    with torch.inference_mode():
+        logits = model.compute_logits(model(ids, torch.arange(n, device="cuda"), metadata, kv_caches))
+    assert logits.shape == (n, loaded.vocab_size) and torch.isfinite(logits).all()

@@ -26,11 +26,16 @@ COMMON = dict(
 )
 
 
-def tiny_config(arch: str) -> PretrainedConfig:
-    """2 layers, hidden 64, GQA 4:2, with each architecture's distinguishing feature switched on."""
+def tiny_config(arch: str, head_size: int | None = None) -> PretrainedConfig:
+    """2 layers, hidden 64, GQA 4:2, with each architecture's distinguishing feature switched on.
+
+    `head_size` scales the model to heads of that size (the CUDA kernels take 64, 128 or 256)."""
+    common = dict(COMMON)
+    if head_size is not None:
+        common.update(hidden_size=4 * head_size, intermediate_size=6 * head_size, vocab_size=256)
     if arch == "LlamaForCausalLM":
         return LlamaConfig(
-            **COMMON,
+            **common,
             tie_word_embeddings=True,
             rope_parameters={
                 "rope_type": "llama3",
@@ -42,12 +47,15 @@ def tiny_config(arch: str) -> PretrainedConfig:
             },
         )
     if arch == "MistralForCausalLM":
-        return MistralConfig(**COMMON, sliding_window=8, tie_word_embeddings=False)
+        return MistralConfig(**common, sliding_window=8, tie_word_embeddings=False)
     if arch == "Qwen2ForCausalLM":
-        return Qwen2Config(**COMMON, tie_word_embeddings=False, rope_parameters={"rope_theta": 1e6})
+        return Qwen2Config(**common, tie_word_embeddings=False, rope_parameters={"rope_theta": 1e6})
     if arch == "Qwen3ForCausalLM":
-        # head_dim 32 != hidden / heads (16): the explicit head_dim must win.
-        return Qwen3Config(**COMMON, head_dim=32, tie_word_embeddings=True)
+        # An explicit head_dim (32, or 2x the scaled one) != hidden / heads: the explicit one must win.
+        head_dim = 32 if head_size is None else head_size
+        if head_size is not None:
+            common["hidden_size"] = 2 * head_size
+        return Qwen3Config(**common, head_dim=head_dim, tie_word_embeddings=True)
     raise ValueError(arch)
 
 
@@ -63,9 +71,11 @@ def randomize_(model: torch.nn.Module, seed: int) -> None:
                 param.copy_(0.1 * noise)
 
 
-def save_tiny_model(arch: str, out_dir: Path, seed: int = 0, **save_kwargs: object) -> PretrainedConfig:
+def save_tiny_model(
+    arch: str, out_dir: Path, seed: int = 0, head_size: int | None = None, **save_kwargs: object
+) -> PretrainedConfig:
     """Write a random checkpoint of `arch` to `out_dir` (safetensors) and return its config."""
-    config = tiny_config(arch)
+    config = tiny_config(arch, head_size)
     config.architectures = [arch]
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -74,12 +84,14 @@ def save_tiny_model(arch: str, out_dir: Path, seed: int = 0, **save_kwargs: obje
     return config
 
 
-def load_hf_reference(model_dir: Path) -> torch.nn.Module:
+def load_hf_reference(model_dir: Path, device: str = "cpu") -> torch.nn.Module:
     """The checkpoint in transformers (eager attention, fp32): the oracle."""
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
+    return model.to(device)
 
 
 def hf_logits(hf_model: torch.nn.Module, token_ids: list[int]) -> torch.Tensor:
     """Reference logits `[len, vocab]` for one unpadded sequence."""
+    device = next(hf_model.parameters()).device
     with torch.no_grad():
-        return hf_model(torch.tensor([token_ids])).logits[0].float()
+        return hf_model(torch.tensor([token_ids], device=device)).logits[0].float()

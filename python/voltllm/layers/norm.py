@@ -1,13 +1,16 @@
 """RMSNorm, plain and fused with the residual add.
 
-Each op is a small free function so a CUDA kernel (`voltllm.ops`) can replace it one for one. The math
-follows Hugging Face: normalise in fp32, cast back to the input dtype, then scale by the weight.
+On CUDA in fp16/bf16 the module runs voltllm's kernels (`voltllm.ops`); everywhere else the plain-torch
+functions below, whose math follows Hugging Face: normalise in fp32, cast back to the input dtype, then
+scale by the weight.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from voltllm.layers.dispatch import use_cuda_kernels
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -26,7 +29,11 @@ def fused_add_rms_norm(
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm over the last dimension; pass `residual` to get the fused add-then-norm form."""
+    """RMSNorm over the last dimension; pass `residual` to get the fused add-then-norm form.
+
+    The fused form may reuse `x` and `residual` as its outputs (the CUDA kernel works in place), so
+    callers must not read them afterwards except through the returned tensors.
+    """
 
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
         super().__init__()
@@ -36,9 +43,16 @@ class RMSNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if not use_cuda_kernels(x):
+            if residual is None:
+                return rms_norm(x, self.weight, self.eps)
+            return fused_add_rms_norm(x, residual, self.weight, self.eps)
+        from voltllm import ops
+
         if residual is None:
-            return rms_norm(x, self.weight, self.eps)
-        return fused_add_rms_norm(x, residual, self.weight, self.eps)
+            # The kernel takes [rows, hidden]; per-head norms (q/k) arrive as [T, heads, head_size].
+            return ops.rms_norm(x.reshape(-1, x.shape[-1]), self.weight, self.eps).view(x.shape)
+        return ops.fused_add_rms_norm(x.contiguous(), residual.contiguous(), self.weight, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"

@@ -1,8 +1,11 @@
 """Rotary position embedding (RoPE), NeoX / Hugging Face style (rotate the two halves of each head).
 
 The frequencies come from the config's RoPE parameters (`rope_parameters` in transformers >= 5, or the
-older `rope_theta` + `rope_scaling`). Supported scaling types: `default`, `linear`, `llama3`. cos/sin are
-computed per step from the positions in fp32, so any position works and no table has to be sized.
+older `rope_theta` + `rope_scaling`). Supported scaling types: `default`, `linear`, `llama3`.
+
+Two paths, same math: on CUDA in fp16/bf16 the `voltllm.ops` kernel rotates q/k in place, reading a
+cos/sin table of `max_position_embeddings` rows; elsewhere cos/sin are computed per step from the
+positions in fp32 (the form the CPU tests check against transformers).
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from voltllm.layers.dispatch import use_cuda_kernels
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -90,19 +95,41 @@ class RotaryEmbedding(nn.Module):
             raise ValueError("partial rotary embeddings are not supported by this model family")
         self.head_size = head_size
         self.rope_type = params["rope_type"]
+        self.max_position_embeddings = max_position_embeddings
         # Kept in fp32 whatever the model dtype: rounding the frequencies would shift long-range angles.
-        self.register_buffer(
-            "inv_freq", compute_inv_freq(head_size, params, max_position_embeddings), persistent=False
-        )
+        inv_freq = compute_inv_freq(head_size, params, max_position_embeddings)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        # The CUDA kernel's table, built up front on CUDA: building it lazily inside a CUDA-graph capture
+        # would record the computation instead of running it.
+        self._cos_sin = self._build_cos_sin() if inv_freq.is_cuda else None
 
     def _apply(self, fn: Any, recurse: bool = True) -> RotaryEmbedding:
         # `model.to(dtype)` must not cast inv_freq; only device moves apply to it.
         inv_freq = self.inv_freq
         super()._apply(fn, recurse)
         self.inv_freq = inv_freq.to(self.inv_freq.device)
+        self._cos_sin = self._build_cos_sin() if self.inv_freq.is_cuda else None
         return self
+
+    def _build_cos_sin(self) -> torch.Tensor:
+        from voltllm import ops
+
+        return ops.cos_sin_cache(self.inv_freq, self.max_position_embeddings, self.inv_freq.device)
+
+    def cos_sin_table(self) -> torch.Tensor:
+        """`[max_position_embeddings, head_size]` fp32 cos|sin table for the CUDA kernel."""
+        if self._cos_sin is None or self._cos_sin.device != self.inv_freq.device:
+            self._cos_sin = self._build_cos_sin()
+        return self._cos_sin
 
     def forward(
         self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotated `query: [T, heads, head_size]` and `key: [T, kv_heads, head_size]`. On the CUDA path
+        they are rotated in place (views into a fused qkv output are fine)."""
+        if use_cuda_kernels(query):
+            from voltllm import ops
+
+            ops.rotary_embedding(positions, query, key, self.cos_sin_table(), self.head_size, is_neox=True)
+            return query, key
         return apply_rotary(positions, query, self.inv_freq), apply_rotary(positions, key, self.inv_freq)

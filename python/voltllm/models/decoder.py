@@ -21,7 +21,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from voltllm.layers.activation import silu_and_mul
+from voltllm.layers.activation import SiluAndMul
 from voltllm.layers.attention import Attention, AttentionBackend, AttentionMetadata, AttentionSpec
 from voltllm.layers.embedding import LMHead, VocabEmbedding
 from voltllm.layers.linear import Linear, MergedLinear
@@ -168,9 +168,10 @@ class GatedMLP(nn.Module):
         super().__init__()
         self.gate_up_proj = MergedLinear(hidden_size, [intermediate_size, intermediate_size], bias=bias)
         self.down_proj = Linear(intermediate_size, hidden_size, bias=bias)
+        self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
