@@ -149,6 +149,11 @@ impl ChatTemplate {
     /// [`ChatError::TemplateRaised`].
     pub fn render(&self, messages: &[Json], opts: &RenderOptions) -> Result<String> {
         let name = self.pick_template(opts)?;
+        if messages.is_empty() {
+            return Err(ChatError::InvalidMessages(
+                "cannot apply a chat template to an empty conversation".into(),
+            ));
+        }
         let mut messages = normalize_messages(messages)?;
         let continued = if opts.continue_final_message {
             if opts.add_generation_prompt {
@@ -236,16 +241,7 @@ fn new_environment() -> Environment<'static> {
     // Prompts are not HTML: never escape, whatever a template's name looks like.
     env.set_auto_escape_callback(|_| AutoEscape::None);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-    env.set_formatter(|out, _state, value| {
-        if value.is_undefined() {
-            return Ok(());
-        }
-        let text = match value.as_str() {
-            Some(s) => s.to_string(),
-            None => pyfmt::py_str(&to_json(value)?),
-        };
-        out.write_str(&text).map_err(Error::from)
-    });
+    env.set_formatter(|out, _state, value| out.write_str(&py_str(value)?).map_err(Error::from));
     env.add_filter("tojson", tojson);
     env.add_filter(
         "string",
@@ -256,9 +252,77 @@ fn new_environment() -> Environment<'static> {
             }
         },
     );
+    env.add_filter("trim", trim);
+    env.add_filter("join", join);
     env.add_function("raise_exception", raise_exception);
     env.add_function("strftime_now", strftime_now);
     env
+}
+
+/// `str(value)` as Python would print it.
+fn py_str(value: &Value) -> std::result::Result<String, Error> {
+    match value.as_str() {
+        Some(s) => Ok(s.to_string()),
+        None if value.is_undefined() => Ok(String::new()),
+        None => Ok(pyfmt::py_str(&to_json(value)?)),
+    }
+}
+
+/// Jinja2's `trim(value, chars=None)`: `str(value).strip(chars)`, so a non-string (e.g. a list
+/// of content parts) is trimmed in its Python form.
+fn trim(value: &Value, chars: Option<String>) -> std::result::Result<String, Error> {
+    let text = py_str(value)?;
+    Ok(match chars {
+        Some(chars) => text.trim_matches(|c| chars.contains(c)).to_string(),
+        // Python's `str.isspace` also counts the separators U+001C..U+001F.
+        None => text
+            .trim_matches(|c: char| c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c))
+            .to_string(),
+    })
+}
+
+/// Jinja2's `join(value, d='', attribute=None)`, joining the Python `str` of each item.
+fn join(
+    value: &Value,
+    separator: Option<String>,
+    kwargs: Kwargs,
+) -> std::result::Result<String, Error> {
+    let attribute: Option<String> = kwargs.get("attribute")?;
+    kwargs.assert_all_used()?;
+    if let Some(s) = value.as_str() {
+        // A string joins its characters.
+        let separator = separator.unwrap_or_default();
+        return Ok(s
+            .chars()
+            .map(String::from)
+            .collect::<Vec<_>>()
+            .join(&separator));
+    }
+    let mut parts = Vec::new();
+    for item in value.try_iter()? {
+        let item = match &attribute {
+            Some(path) => attribute_path(&item, path)?,
+            None => item,
+        };
+        parts.push(py_str(&item)?);
+    }
+    Ok(parts.join(&separator.unwrap_or_default()))
+}
+
+/// Follows a Jinja2 attribute path such as `function.name` or `parts.0`.
+fn attribute_path(value: &Value, path: &str) -> std::result::Result<Value, Error> {
+    let mut current = value.clone();
+    for segment in path.split('.') {
+        current = match segment.parse::<usize>() {
+            Ok(index)
+                if current.as_object().is_some() && current.get_attr(segment)?.is_undefined() =>
+            {
+                current.get_item_by_index(index)?
+            }
+            _ => current.get_attr(segment)?,
+        };
+    }
+    Ok(current)
 }
 
 /// Converts a template value to JSON for the Python-style printers.
@@ -573,7 +637,7 @@ mod tests {
     fn extra_cannot_shadow_messages() {
         let mut opts = RenderOptions::default();
         opts.extra.insert("messages".into(), json!([]));
-        let err = render("x", json!([]), &opts).unwrap_err();
+        let err = render("x", json!([{"role": "user", "content": "x"}]), &opts).unwrap_err();
         assert!(matches!(err, ChatError::InvalidOptions(_)), "{err:?}");
     }
 
@@ -587,7 +651,7 @@ mod tests {
     fn strftime_now_formats_the_current_date() {
         let out = render(
             "{{ strftime_now('%Y-%m-%d') }}",
-            json!([]),
+            json!([{"role": "user", "content": "x"}]),
             &RenderOptions::default(),
         )
         .unwrap();
@@ -613,20 +677,27 @@ mod tests {
             SpecialTokenStrings::default(),
         )
         .unwrap();
-        let plain = template.render(&[], &RenderOptions::default()).unwrap();
+        let messages = [json!({"role": "user", "content": "hi"})];
+        let plain = template
+            .render(&messages, &RenderOptions::default())
+            .unwrap();
         assert_eq!(plain, "plain");
         let opts = RenderOptions {
             tools: Some(vec![json!({"name": "f"})]),
             ..Default::default()
         };
-        assert_eq!(template.render(&[], &opts).unwrap(), "tools:1");
+        assert_eq!(template.render(&messages, &opts).unwrap(), "tools:1");
         let missing = RenderOptions {
             template_name: Some("nope".into()),
             ..Default::default()
         };
         assert!(matches!(
-            template.render(&[], &missing),
+            template.render(&messages, &missing),
             Err(ChatError::TemplateNotFound { .. })
+        ));
+        assert!(matches!(
+            template.render(&[], &RenderOptions::default()),
+            Err(ChatError::InvalidMessages(_))
         ));
     }
 }
