@@ -73,7 +73,10 @@ def resolve_model_source(model_config: ModelConfig) -> tuple[Path, str]:
     elif path.is_dir():
         model_dir = path
     else:
-        raise ValueError(f"{path} is a file but not a .gguf; pass the model folder instead")
+        raise ValueError(
+            f"{path} is a file; load_format={load_format!r} needs a Hugging Face model folder "
+            "(or a .gguf file with load_format 'auto' or 'gguf')"
+        )
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"{model_dir} has no config.json; it is not a Hugging Face model folder")
     return model_dir, "dummy" if load_format == "dummy" else "safetensors"
