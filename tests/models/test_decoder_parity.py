@@ -75,6 +75,12 @@ def test_matches_transformers_cpu_fp32(arch: str, tmp_path: Path) -> None:
     check_against_transformers(tmp_path, "cpu", torch.float32, "torch", atol=2e-4, block_size=4)
 
 
+def test_yarn_matches_transformers_cpu_fp32(tmp_path: Path) -> None:
+    yarn = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 64}
+    save_tiny_model("Qwen3ForCausalLM", tmp_path, rope_parameters=yarn)
+    check_against_transformers(tmp_path, "cpu", torch.float32, "torch", atol=2e-4, block_size=4)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["sm70", "torch"])
 @pytest.mark.parametrize("arch", ARCHS)

@@ -10,7 +10,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from voltllm.layers.attention import get_attention_backend
 from voltllm.layers.linear import MergedLinear
-from voltllm.layers.rotary import compute_inv_freq, rope_parameters_of
+from voltllm.layers.rotary import compute_inv_freq, rope_attention_scaling, rope_parameters_of
 from voltllm.models import DecoderForCausalLM, UnsupportedArchitectureError, get_model_class
 from voltllm.models.decoder import layer_sliding_windows, variant_for
 
@@ -25,6 +25,17 @@ ROPES = [
         "high_freq_factor": 4.0,
         "original_max_position_embeddings": 8192,
     },
+    {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 32768},
+    {
+        "rope_type": "yarn",
+        "rope_theta": 1e4,
+        "factor": 40.0,
+        "original_max_position_embeddings": 4096,
+        "beta_fast": 16,
+        "beta_slow": 2,
+        "mscale": 1.0,
+        "mscale_all_dim": 0.707,
+    },
 ]
 
 
@@ -34,10 +45,12 @@ def test_inv_freq_matches_transformers(rope: dict) -> None:
         hidden_size=1024, num_attention_heads=8, max_position_embeddings=131072, rope_parameters=rope
     )
     hf_rope = LlamaRotaryEmbedding(config)
-    expected = hf_rope.inv_freq
-    assert hf_rope.attention_scaling == 1.0
-    ours = compute_inv_freq(128, rope_parameters_of(config), config.max_position_embeddings)
-    torch.testing.assert_close(ours, expected.float(), rtol=1e-6, atol=0)
+    params = rope_parameters_of(config)
+    ours = compute_inv_freq(128, params, config.max_position_embeddings)
+    torch.testing.assert_close(ours, hf_rope.inv_freq.float(), rtol=1e-6, atol=0)
+    assert rope_attention_scaling(params, config.max_position_embeddings) == pytest.approx(
+        hf_rope.attention_scaling, rel=1e-12
+    )
 
 
 def test_legacy_rope_scaling_fields_are_read() -> None:
@@ -50,8 +63,8 @@ def test_legacy_rope_scaling_fields_are_read() -> None:
 
 
 def test_unsupported_rope_type_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="unsupported RoPE scaling type 'yarn'"):
-        compute_inv_freq(64, {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}, 4096)
+    with pytest.raises(ValueError, match="unsupported RoPE scaling type 'longrope'"):
+        compute_inv_freq(64, {"rope_type": "longrope", "rope_theta": 1e4, "factor": 4.0}, 4096)
 
 
 def test_qwen2_sliding_window_layers() -> None:

@@ -72,10 +72,17 @@ def randomize_(model: torch.nn.Module, seed: int) -> None:
 
 
 def save_tiny_model(
-    arch: str, out_dir: Path, seed: int = 0, head_size: int | None = None, **save_kwargs: object
+    arch: str,
+    out_dir: Path,
+    seed: int = 0,
+    head_size: int | None = None,
+    rope_parameters: dict | None = None,
+    **save_kwargs: object,
 ) -> PretrainedConfig:
     """Write a random checkpoint of `arch` to `out_dir` (safetensors) and return its config."""
     config = tiny_config(arch, head_size)
+    if rope_parameters is not None:
+        config.rope_parameters = rope_parameters
     config.architectures = [arch]
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

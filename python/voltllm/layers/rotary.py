@@ -1,7 +1,8 @@
 """Rotary position embedding (RoPE), NeoX / Hugging Face style (rotate the two halves of each head).
 
 The frequencies come from the config's RoPE parameters (`rope_parameters` in transformers >= 5, or the
-older `rope_theta` + `rope_scaling`). Supported scaling types: `default`, `linear`, `llama3`.
+older `rope_theta` + `rope_scaling`). Supported scaling types: `default`, `linear`, `llama3`, `yarn`.
+YaRN also scales cos/sin by an attention factor (`rope_attention_scaling`).
 
 Two paths, same math: on CUDA in fp16/bf16 the `voltllm.ops` kernel rotates q/k in place, reading a
 cos/sin table of `max_position_embeddings` rows; elsewhere cos/sin are computed per step from the
@@ -18,7 +19,7 @@ from torch import nn
 
 from voltllm.layers.dispatch import use_cuda_kernels
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 def rope_parameters_of(hf_config: Any) -> dict[str, Any]:
@@ -57,6 +58,67 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, params: dict[str, Any]) -> torch.Te
     return torch.where(is_medium, smoothed, scaled)
 
 
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _yarn_original_len(params: dict[str, Any], max_position_embeddings: int) -> int:
+    return int(params.get("original_max_position_embeddings") or max_position_embeddings)
+
+
+def _yarn_factor(params: dict[str, Any], max_position_embeddings: int) -> float:
+    # Without an explicit factor (DeepSeek style), the extension ratio is the factor.
+    if params.get("factor") is not None:
+        return float(params["factor"])
+    return max_position_embeddings / _yarn_original_len(params, max_position_embeddings)
+
+
+def _yarn_inv_freq(rotary_dim: int, params: dict[str, Any], max_position_embeddings: int) -> torch.Tensor:
+    """YaRN: interpolate (divide by `factor`) the low frequencies, keep the high ones, linear ramp
+    between the dimensions that rotate `beta_slow` and `beta_fast` times over the original context."""
+    base = float(params["rope_theta"])
+    factor = _yarn_factor(params, max_position_embeddings)
+    original_len = _yarn_original_len(params, max_position_embeddings)
+    beta_fast = float(params.get("beta_fast") or 32)
+    beta_slow = float(params.get("beta_slow") or 1)
+
+    def correction_dim(num_rotations: float) -> float:
+        return rotary_dim * math.log(original_len / (num_rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if params.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rotary_dim - 1)
+    if low == high:
+        high += 0.001  # avoid a zero-width ramp
+    ramp = ((torch.arange(rotary_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    extrapolation = _default_inv_freq(rotary_dim, base)
+    interpolation = extrapolation / factor
+    return interpolation * ramp + extrapolation * (1 - ramp)
+
+
+def rope_attention_scaling(params: dict[str, Any], max_position_embeddings: int) -> float:
+    """Factor on cos/sin: YaRN's `attention_factor` (default derived from `factor` and `mscale`s), else 1."""
+    if params["rope_type"] != "yarn":
+        return 1.0
+    if params.get("attention_factor") is not None:
+        return float(params["attention_factor"])
+    factor = _yarn_factor(params, max_position_embeddings)
+    mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
+    if mscale and mscale_all_dim:
+        return _yarn_mscale(factor, float(mscale)) / _yarn_mscale(factor, float(mscale_all_dim))
+    return _yarn_mscale(factor)
+
+
+def rope_max_positions(params: dict[str, Any], max_position_embeddings: int) -> int:
+    """Longest context the RoPE parameters are meant for: YaRN extends the original length by `factor`."""
+    if params["rope_type"] == "yarn":
+        original_len = _yarn_original_len(params, max_position_embeddings)
+        extended = int(original_len * _yarn_factor(params, max_position_embeddings))
+        return max(max_position_embeddings, extended)
+    return max_position_embeddings
+
+
 def compute_inv_freq(rotary_dim: int, params: dict[str, Any], max_position_embeddings: int) -> torch.Tensor:
     """Inverse frequencies `[rotary_dim // 2]` (fp32) for the given RoPE parameters."""
     rope_type = params["rope_type"]
@@ -69,16 +131,21 @@ def compute_inv_freq(rotary_dim: int, params: dict[str, Any], max_position_embed
         params = dict(params)
         params.setdefault("original_max_position_embeddings", max_position_embeddings)
         return _llama3_inv_freq(inv_freq, params)
+    if rope_type == "yarn":
+        return _yarn_inv_freq(rotary_dim, params, max_position_embeddings)
     raise ValueError(
         f"unsupported RoPE scaling type {rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
     )
 
 
-def apply_rotary(positions: torch.Tensor, x: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """Rotate `x: [num_tokens, num_heads, head_size]` by angle `position * inv_freq` (NeoX halves)."""
+def apply_rotary(
+    positions: torch.Tensor, x: torch.Tensor, inv_freq: torch.Tensor, scaling: float = 1.0
+) -> torch.Tensor:
+    """Rotate `x: [num_tokens, num_heads, head_size]` by angle `position * inv_freq` (NeoX halves),
+    with cos/sin multiplied by `scaling`."""
     freqs = positions.float()[:, None] * inv_freq[None, :]  # [T, rotary_dim / 2]
-    cos = freqs.cos()[:, None, :]
-    sin = freqs.sin()[:, None, :]
+    cos = (freqs.cos() * scaling)[:, None, :]
+    sin = (freqs.sin() * scaling)[:, None, :]
     x1, x2 = x.float().chunk(2, dim=-1)
     rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
     return rotated.to(x.dtype)
@@ -95,7 +162,8 @@ class RotaryEmbedding(nn.Module):
             raise ValueError("partial rotary embeddings are not supported by this model family")
         self.head_size = head_size
         self.rope_type = params["rope_type"]
-        self.max_position_embeddings = max_position_embeddings
+        self.max_position_embeddings = rope_max_positions(params, max_position_embeddings)
+        self.attention_scaling = rope_attention_scaling(params, max_position_embeddings)
         # Kept in fp32 whatever the model dtype: rounding the frequencies would shift long-range angles.
         inv_freq = compute_inv_freq(head_size, params, max_position_embeddings)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
@@ -114,7 +182,8 @@ class RotaryEmbedding(nn.Module):
     def _build_cos_sin(self) -> torch.Tensor:
         from voltllm import ops
 
-        return ops.cos_sin_cache(self.inv_freq, self.max_position_embeddings, self.inv_freq.device)
+        table = ops.cos_sin_cache(self.inv_freq, self.max_position_embeddings, self.inv_freq.device)
+        return table if self.attention_scaling == 1.0 else table * self.attention_scaling
 
     def cos_sin_table(self) -> torch.Tensor:
         """`[max_position_embeddings, head_size]` fp32 cos|sin table for the CUDA kernel."""
@@ -132,4 +201,8 @@ class RotaryEmbedding(nn.Module):
 
             ops.rotary_embedding(positions, query, key, self.cos_sin_table(), self.head_size, is_neox=True)
             return query, key
-        return apply_rotary(positions, query, self.inv_freq), apply_rotary(positions, key, self.inv_freq)
+        scaling = self.attention_scaling
+        return (
+            apply_rotary(positions, query, self.inv_freq, scaling),
+            apply_rotary(positions, key, self.inv_freq, scaling),
+        )

@@ -19,6 +19,7 @@ from torch import nn
 
 from voltllm.config import ModelConfig
 from voltllm.layers.attention.backend import AttentionBackend
+from voltllm.layers.rotary import rope_max_positions, rope_parameters_of
 from voltllm.loader.default_model import default_model_dir
 from voltllm.loader.dummy import init_dummy_weights
 from voltllm.loader.gguf_import import find_gguf_file, import_gguf
@@ -97,12 +98,12 @@ def load_hf_config(model_dir: Path) -> Any:
 
 
 def model_max_len(hf_config: Any) -> int:
-    """The longest context the model supports (llama3-scaled configs already state the scaled length)."""
-    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
-        value = getattr(hf_config, key, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    raise ValueError("the model config states no maximum context length (max_position_embeddings)")
+    """The longest context the model supports: `max_position_embeddings` (llama3-scaled configs already
+    state the scaled length), extended by the factor for YaRN."""
+    value = getattr(hf_config, "max_position_embeddings", None)
+    if not isinstance(value, int) or value <= 0:
+        raise ValueError("the model config states no maximum context length (max_position_embeddings)")
+    return rope_max_positions(rope_parameters_of(hf_config), value)
 
 
 def eos_token_ids_of(model_dir: Path, hf_config: Any) -> list[int]:
