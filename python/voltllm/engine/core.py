@@ -1,0 +1,229 @@
+"""EngineCore: the scheduler, the KV cache and the model runner behind one `step()`.
+
+It knows token ids only and is transport-free: `core_proc` drives it from ZeroMQ, `LLMEngine` from the
+offline Python API. Bad requests never raise out of it: they finish at once with `finish_reason =
+"error"` and a message, in the next step's outputs, and the engine keeps serving the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import torch
+
+from voltllm.config import EngineConfig
+from voltllm.core.kv_cache_manager import KVCacheManager
+from voltllm.core.request import Request
+from voltllm.core.scheduler import Scheduler
+from voltllm.engine.protocol import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    EngineReady,
+    FinishReason,
+    SchedulerStats,
+)
+from voltllm.sampling_params import validate_wire_params
+from voltllm.worker.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_device(name: str) -> torch.device:
+    """ "auto" is cuda when a GPU is visible, else cpu."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was requested but no CUDA GPU is available")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """ "auto" is fp16 on CUDA (Volta has no bf16 tensor cores) and fp32 on the CPU."""
+    if name == "auto":
+        return torch.float16 if device.type == "cuda" else torch.float32
+    if name not in _DTYPES:
+        raise ValueError(f"dtype must be one of auto, {', '.join(_DTYPES)}; got {name!r}")
+    return _DTYPES[name]
+
+
+class EngineCore:
+    """One engine: `add_request` / `abort_requests` between steps, `step()` to advance every request."""
+
+    def __init__(self, config: EngineConfig, loaded: Any, device: torch.device, engine_index: int = 0):
+        """`loaded` is a `voltllm.loader.LoadedModel` (model, model_dir, max_model_len, vocab_size,
+        eos_token_ids, dtype), or anything with those attributes."""
+        self.config = config
+        self.engine_index = engine_index
+        self.model_dir = Path(loaded.model_dir)
+        self.vocab_size = int(loaded.vocab_size)
+        self.eos_token_ids = tuple(int(t) for t in loaded.eos_token_ids)
+        self.dtype: torch.dtype = loaded.dtype
+        max_model_len = int(loaded.max_model_len)
+        if config.model.max_model_len is not None:
+            max_model_len = min(max_model_len, config.model.max_model_len)
+        sched = config.scheduler
+        if not sched.enable_chunked_prefill and sched.max_num_batched_tokens < max_model_len:
+            raise ValueError(
+                f"without chunked prefill, max_num_batched_tokens ({sched.max_num_batched_tokens}) must be "
+                f">= max_model_len ({max_model_len}), or long prompts could never be scheduled"
+            )
+        block_size = config.cache.block_size
+        self.runner = ModelRunner(
+            loaded.model,
+            device=device,
+            dtype=self.dtype,
+            vocab_size=self.vocab_size,
+            eos_token_ids=self.eos_token_ids,
+            block_size=block_size,
+            max_model_len=max_model_len,
+            max_num_batched_tokens=sched.max_num_batched_tokens,
+            max_num_seqs=sched.max_num_seqs,
+            seed=config.model.seed,
+        )
+        num_blocks = self.runner.determine_num_blocks(config.cache)
+        if num_blocks * block_size < max_model_len:
+            # A lone request must always fit, or preemption could not make progress.
+            logger.warning(
+                "KV cache holds %d tokens: max_model_len lowered from %d",
+                num_blocks * block_size,
+                max_model_len,
+            )
+            max_model_len = num_blocks * block_size
+        if max_model_len < 2:
+            raise ValueError(f"the KV cache ({num_blocks} blocks of {block_size}) cannot hold 2 tokens")
+        self.max_model_len = max_model_len
+        self.runner.max_model_len = max_model_len
+        self.runner.initialize_kv_cache(num_blocks)
+        kv = KVCacheManager(num_blocks, block_size, config.cache.enable_prefix_caching)
+        self.scheduler = Scheduler(sched, kv, max_model_len)
+        self._pending: list[EngineCoreOutput] = []  # error / abort notices for the next step
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, engine_index: int = 0) -> EngineCore:
+        """Load the model named by `config` and build an engine around it."""
+        from voltllm.layers.attention.selector import get_attention_backend
+        from voltllm.loader import load_model
+
+        device = resolve_device(config.device)
+        dtype = resolve_dtype(config.model.dtype, device)
+        torch.manual_seed(config.model.seed)  # dummy weights and anything else random at load time
+        backend = get_attention_backend(config.attention_backend, device)
+        loaded = load_model(config.model, device, dtype, backend)
+        return cls(config, loaded, device, engine_index)
+
+    # ----- requests ------------------------------------------------------------------------------
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        """Queue a request; an invalid one is answered with an "error" output in the next step."""
+        try:
+            self._validate(request)
+        except ValueError as e:
+            self.fail_request(request.request_id, str(e))
+            return
+        self.scheduler.add_request(Request.from_wire(request, self.eos_token_ids))
+
+    def fail_request(self, request_id: str, message: str) -> None:
+        """Answer a request the engine could not accept (it holds no resources)."""
+        self._pending.append(
+            EngineCoreOutput(
+                request_id=request_id,
+                new_token_ids=[],
+                finish_reason=FinishReason.ERROR.value,
+                error=message,
+                queued_ts=time.time(),
+            )
+        )
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        for request in self.scheduler.abort_requests(request_ids):
+            self._pending.append(self.scheduler.make_output(request, []))
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests() or bool(self._pending)
+
+    # ----- the loop body -------------------------------------------------------------------------
+
+    def step(self) -> EngineCoreOutputs:
+        """Schedule -> execute -> update. Returns every output produced since the last step."""
+        outputs, self._pending = self._pending, []
+        if self.scheduler.has_work():
+            plan = self.scheduler.schedule()
+            runner_output = self.runner.execute_model(plan)
+            outputs += self.scheduler.update_from_output(plan, runner_output)
+        return EngineCoreOutputs(
+            engine_index=self.engine_index,
+            outputs=outputs,
+            scheduler_stats=self.scheduler.get_stats(),
+            timestamp=time.time(),
+        )
+
+    # ----- utilities -----------------------------------------------------------------------------
+
+    def get_stats(self) -> SchedulerStats:
+        return self.scheduler.get_stats()
+
+    def reset_prefix_cache(self) -> bool:
+        return self.scheduler.kv.reset_prefix_cache()
+
+    def call_utility(self, method: str, args: list) -> Any:
+        """Run a UTILITY method by name; raises `ValueError` for an unknown one or wrong arguments."""
+        handlers = {
+            "reset_prefix_cache": self.reset_prefix_cache,
+            "get_stats": lambda: msgspec.structs.asdict(self.get_stats()),
+            "ping": lambda: "pong",
+        }
+        if method not in handlers:
+            raise ValueError(f"unknown utility method {method!r}; known: {', '.join(handlers)}")
+        if args:
+            raise ValueError(f"{method} takes no arguments, got {len(args)}")
+        return handlers[method]()
+
+    def ready_message(self, model_name: str | None = None) -> EngineReady:
+        import os
+
+        return EngineReady(
+            engine_index=self.engine_index,
+            pid=os.getpid(),
+            model_name=model_name or self.config.model.served_model_name or str(self.model_dir),
+            max_model_len=self.max_model_len,
+            vocab_size=self.vocab_size,
+            eos_token_ids=list(self.eos_token_ids),
+            num_kv_blocks=self.scheduler.kv.num_blocks,
+            block_size=self.scheduler.kv.block_size,
+            dtype=str(self.dtype).removeprefix("torch."),
+            max_num_seqs=self.config.scheduler.max_num_seqs,
+        )
+
+    # ----- validation ----------------------------------------------------------------------------
+
+    def _validate(self, request: EngineCoreRequest) -> None:
+        if not isinstance(request.request_id, str) or not request.request_id:
+            raise ValueError("request_id must be a non-empty string")
+        if request.request_id in self.scheduler.requests:
+            raise ValueError(f"duplicate request id {request.request_id!r}: a request with it is running")
+        prompt = request.prompt_token_ids
+        if not prompt:
+            raise ValueError("prompt_token_ids is empty")
+        if len(prompt) >= self.max_model_len:
+            raise ValueError(
+                f"the prompt has {len(prompt)} tokens; max_model_len is {self.max_model_len} and must "
+                "leave room for at least one generated token"
+            )
+        if any(isinstance(t, bool) or not isinstance(t, int) for t in prompt):
+            raise ValueError("prompt_token_ids must be integers")
+        if min(prompt) < 0 or max(prompt) >= self.vocab_size:
+            bad = next(t for t in prompt if not 0 <= t < self.vocab_size)
+            raise ValueError(
+                f"prompt_token_ids contains {bad}, outside the vocabulary [0, {self.vocab_size})"
+            )
+        if isinstance(request.priority, bool) or not isinstance(request.priority, int):
+            raise ValueError(f"priority must be an integer, got {request.priority!r}")
+        validate_wire_params(request.sampling_params, self.vocab_size)
