@@ -88,3 +88,11 @@ def test_matches_transformers_cuda_fp16(arch: str, backend: str, tmp_path: Path)
     # Kernels take head sizes 64/128/256 and 16-token blocks; fp16 vs the fp32 oracle.
     save_tiny_model(arch, tmp_path, head_size=64)
     check_against_transformers(tmp_path, "cuda", torch.float16, backend, atol=3e-2, block_size=16)
+
+
+@pytest.mark.gpu
+def test_yarn_matches_transformers_cuda_fp16(tmp_path: Path) -> None:
+    # YaRN's attention factor rides in the kernel's cos/sin table.
+    yarn = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 64}
+    save_tiny_model("Qwen3ForCausalLM", tmp_path, head_size=64, rope_parameters=yarn)
+    check_against_transformers(tmp_path, "cuda", torch.float16, "sm70", atol=3e-2, block_size=16)
