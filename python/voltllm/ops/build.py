@@ -81,7 +81,7 @@ def load(arch: str | None = None, verbose: bool = False) -> str:
                 verbose=verbose,
             )
         except (OSError, RuntimeError, ImportError) as err:
-            raise KernelBuildError(f"building the voltllm CUDA kernels for sm_{arch} failed: {err}") from err
+            raise KernelBuildError(f"building the voltllm CUDA kernels for sm_{arch.replace('.', '')} failed: {err}") from err
         finally:
             if previous is None:
                 os.environ.pop("TORCH_CUDA_ARCH_LIST", None)

@@ -19,7 +19,7 @@ void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::
               "paged_decode_attention: at most 16 query heads per kv head");
   TORCH_CHECK(max_seq_len >= 1, "paged_decode_attention: max_seq_len must be >= 1");
   TORCH_CHECK(max_seq_len <= block_tables.size(1) * kBlockSize, "paged_decode_attention: max_seq_len ",
-              max_seq_len, " exceeds the block table (", block_tables.size(1), " blocks)");
+              num(max_seq_len), " exceeds the block table (", num(block_tables.size(1)), " blocks)");
   if (num_seqs == 0) return;
   const at::cuda::OptionalCUDAGuard guard(query.device());
   const auto stream = at::cuda::getCurrentCUDAStream();
@@ -30,7 +30,8 @@ void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::
   const int64_t span = sliding_window > 0 ? std::min<int64_t>(max_seq_len, sliding_window + kBlockSize) : max_seq_len;
   const int64_t base_blocks = num_seqs * shape.num_kv_heads;
   const int64_t want = (4 * num_sms + base_blocks - 1) / base_blocks;
-  const int64_t most = std::max<int64_t>(1, (span + 127) / 128);
+  // The reduce kernel keeps one weight per split in shared memory: at most 4096 splits (16 KB).
+  const int64_t most = std::min<int64_t>(4096, std::max<int64_t>(1, (span + 127) / 128));
   int64_t splits = std::min(want, most);
   int64_t partition = (span + splits - 1) / splits;
   partition = (partition + 63) / 64 * 64;
@@ -73,7 +74,8 @@ void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::
       paged_decode_attention_kernel<T, H><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       if (splits > 1) {
-        paged_decode_reduce_kernel<T, H><<<dim3(shape.num_heads, num_seqs), H, 0, stream>>>(p);
+        const int reduce_smem = static_cast<int>(splits * sizeof(float));
+        paged_decode_reduce_kernel<T, H><<<dim3(shape.num_heads, num_seqs), H, reduce_smem, stream>>>(p);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       }
     });

@@ -11,13 +11,14 @@ using namespace glue;
 
 void kv_cache_write(const at::Tensor& key, const at::Tensor& value, at::Tensor& kv_cache,
                     const at::Tensor& slot_mapping) {
+  check_dtype(key, "kv_cache_write");
   check_rows(key, "key");
   check_rows(value, "value");
   check_same_dtype(key, value, "kv_cache_write");
   check_same_dtype(key, kv_cache, "kv_cache_write");
   TORCH_CHECK(key.dim() == 3 && value.sizes() == key.sizes(), "key/value must be [num_tokens, num_kv_heads, head_size]");
   check_kv_cache(kv_cache, key.size(2));
-  TORCH_CHECK(kv_cache.size(3) == key.size(1), "kv_cache has ", kv_cache.size(3), " kv heads, key has ", key.size(1));
+  TORCH_CHECK(kv_cache.size(3) == key.size(1), "kv_cache has ", num(kv_cache.size(3)), " kv heads, key has ", num(key.size(1)));
   check_cuda(slot_mapping, "slot_mapping");
   TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.dim() == 1 &&
                   slot_mapping.size(0) == key.size(0) && slot_mapping.is_contiguous(),
@@ -29,7 +30,7 @@ void kv_cache_write(const at::Tensor& key, const at::Tensor& value, at::Tensor& 
   KvWriteParams p{};
   p.key = key.data_ptr();
   p.value = value.data_ptr();
-  p.slot_mapping = slot_mapping.data_ptr<int64_t>();
+  p.slot_mapping = reinterpret_cast<const long long*>(slot_mapping.data_ptr<int64_t>());
   p.key_cache = kv_cache[0].data_ptr();
   p.value_cache = kv_cache[1].data_ptr();
   p.key_stride = key.stride(0);
@@ -46,6 +47,7 @@ void kv_cache_write(const at::Tensor& key, const at::Tensor& value, at::Tensor& 
 }
 
 void rms_norm(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight, double eps) {
+  check_dtype(input, "rms_norm");
   check_rows(input, "input");
   check_rows(out, "out");
   TORCH_CHECK(input.dim() == 2 && out.sizes() == input.sizes(), "rms_norm: input/out must be [num_tokens, hidden]");
@@ -77,6 +79,7 @@ void rms_norm(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight
 }
 
 void fused_add_rms_norm(at::Tensor& input, at::Tensor& residual, const at::Tensor& weight, double eps) {
+  check_dtype(input, "fused_add_rms_norm");
   check_rows(input, "input");
   check_cuda(residual, "residual");
   TORCH_CHECK(input.dim() == 2 && residual.sizes() == input.sizes() && residual.is_contiguous(),
@@ -111,6 +114,7 @@ void fused_add_rms_norm(at::Tensor& input, at::Tensor& residual, const at::Tenso
 
 void rotary_embedding(const at::Tensor& positions, at::Tensor& query, const std::optional<at::Tensor>& key,
                       const at::Tensor& cos_sin_cache, int64_t head_size, bool is_neox) {
+  check_dtype(query, "rotary_embedding");
   check_cuda(positions, "positions");
   TORCH_CHECK(positions.scalar_type() == at::kLong && positions.dim() == 1 && positions.is_contiguous(),
               "rotary_embedding: positions must be a contiguous int64 [num_tokens] tensor");
@@ -123,8 +127,8 @@ void rotary_embedding(const at::Tensor& positions, at::Tensor& query, const std:
               "rotary_embedding: cos_sin_cache must be a contiguous float32 [max_position, rot_dim] tensor");
   TORCH_CHECK(head_size > 0, "rotary_embedding: head_size must be positive");
   const int64_t rot_dim = cos_sin_cache.size(1);
-  TORCH_CHECK(rot_dim % 2 == 0 && rot_dim <= head_size, "rotary_embedding: rot_dim ", rot_dim,
-              " must be even and <= head_size ", head_size);
+  TORCH_CHECK(rot_dim % 2 == 0 && rot_dim <= head_size, "rotary_embedding: rot_dim ", num(rot_dim),
+              " must be even and <= head_size ", num(head_size));
   RotaryParams p{};
   if (key.has_value()) {
     check_rows(*key, "key");
@@ -136,7 +140,7 @@ void rotary_embedding(const at::Tensor& positions, at::Tensor& query, const std:
   }
   if (num_tokens == 0) return;
   const at::cuda::OptionalCUDAGuard guard(query.device());
-  p.positions = positions.data_ptr<int64_t>();
+  p.positions = reinterpret_cast<const long long*>(positions.data_ptr<int64_t>());
   p.query = query.data_ptr();
   p.cos_sin_cache = cos_sin_cache.data_ptr<float>();
   p.query_stride = query.stride(0);
@@ -156,6 +160,7 @@ void rotary_embedding(const at::Tensor& positions, at::Tensor& query, const std:
 }
 
 void silu_and_mul(at::Tensor& out, const at::Tensor& input) {
+  check_dtype(input, "silu_and_mul");
   check_rows(input, "input");
   check_rows(out, "out");
   TORCH_CHECK(input.dim() == 2 && out.dim() == 2 && input.size(0) == out.size(0) && input.size(1) == 2 * out.size(1),

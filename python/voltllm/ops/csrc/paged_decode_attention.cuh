@@ -198,12 +198,16 @@ __device__ __forceinline__ void paged_decode_attention_block(const DecodeParams&
     __syncwarp();
 
     // O = O * alpha + P V.
+    // All accumulator fragments share one element order: look each element's row factor up once.
+    float alpha_el[FragC::num_elements];
+#pragma unroll
+    for (int i = 0; i < FragC::num_elements; ++i) alpha_el[i] = alpha_s[acc_rows[i]];
     FragA pa;
     wmma::load_matrix_sync(pa, p_s, Tr::kLdP);
 #pragma unroll
     for (int j = 0; j < kDTiles; ++j) {
 #pragma unroll
-      for (int i = 0; i < FragC::num_elements; ++i) o_acc[j].x[i] *= alpha_s[acc_rows[i]];
+      for (int i = 0; i < FragC::num_elements; ++i) o_acc[j].x[i] *= alpha_el[i];
       FragBr bv;
       wmma::load_matrix_sync(bv, v_s + j * 16, Tr::kLdKV);
       wmma::mma_sync(o_acc[j], pa, bv, o_acc[j]);
@@ -266,9 +270,12 @@ __global__ void __launch_bounds__(DecodeTraits<HEAD>::kThreads)
 }
 
 // Merges the splits of sequences whose context was split. grid: (num_heads, num_seqs),
-// block: HEAD threads (one per output element).
+// block: HEAD threads (one per output element), dynamic shared memory: max_splits floats.
+// Split weights are computed once, in parallel, then every thread streams its column of partials.
 template <typename T, int HEAD>
 __global__ void __launch_bounds__(HEAD) paged_decode_reduce_kernel(DecodeParams p) {
+  extern __shared__ float split_weight[];  // [max_splits]
+  __shared__ float scratch[HEAD / 32];
   const int head = blockIdx.x;
   const int seq = blockIdx.y;
   const int seq_len = p.seq_lens[seq];
@@ -277,14 +284,22 @@ __global__ void __launch_bounds__(HEAD) paged_decode_reduce_kernel(DecodeParams 
   const int num_splits = (seq_len - base + p.partition_size - 1) / p.partition_size;
   if (num_splits <= 1) return;  // the attention kernel wrote the output directly
   const long long idx0 = (static_cast<long long>(seq) * p.num_heads + head) * p.max_splits;
+
   float m = neg_inf();
-  for (int s = 0; s < num_splits; ++s) m = fmaxf(m, p.partial_max[idx0 + s]);
-  float l = 0.f, o = 0.f;
-  for (int s = 0; s < num_splits; ++s) {
+  for (int s = threadIdx.x; s < num_splits; s += HEAD) m = fmaxf(m, p.partial_max[idx0 + s]);
+  m = block_max(m, scratch);
+  float l = 0.f;
+  for (int s = threadIdx.x; s < num_splits; s += HEAD) {
     const float w = p.partial_sum[idx0 + s] * exp2f(p.partial_max[idx0 + s] - m);
+    split_weight[s] = w;
     l += w;
-    o += w * p.partial_out[(idx0 + s) * HEAD + threadIdx.x];
   }
+  l = block_sum(l, scratch);  // its barriers also publish split_weight
+
+  const float* partial = p.partial_out + idx0 * HEAD + threadIdx.x;
+  float o = 0.f;
+#pragma unroll 4
+  for (int s = 0; s < num_splits; ++s) o += split_weight[s] * partial[static_cast<long long>(s) * HEAD];
   T* out = static_cast<T*>(p.out) + seq * p.out_stride + head * HEAD;
   out[threadIdx.x] = DType<T>::from_float(o / l);
 }

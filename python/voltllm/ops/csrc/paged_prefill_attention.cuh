@@ -199,20 +199,24 @@ __device__ __forceinline__ void paged_prefill_attention_block(const PrefillParam
     const bool in_past = p.sliding_window > 0 && tile_start + Tr::kBlockN - 1 <= warp_min_pos - p.sliding_window;
     if (!warp_active || in_future || in_past) continue;
 
-    // S = Q K^T for this warp's 16 rows, one 16-key tile at a time (keeps one accumulator live).
-#pragma unroll 1
-    for (int n = 0; n < kNTiles; ++n) {
-      FragC s_acc;
-      wmma::fill_fragment(s_acc, 0.f);
+    // S = Q K^T for this warp's 16 rows: each Q fragment is loaded once and used for every key tile.
+    {
+      FragC s_acc[kNTiles];
 #pragma unroll
+      for (int n = 0; n < kNTiles; ++n) wmma::fill_fragment(s_acc[n], 0.f);
+#pragma unroll 2
       for (int k = 0; k < kDTiles; ++k) {
         FragA a;
-        FragBc bk;
         wmma::load_matrix_sync(a, q_s + warp * 16 * Tr::kLdQKV + k * 16, Tr::kLdQKV);
-        wmma::load_matrix_sync(bk, k_s + n * 16 * Tr::kLdQKV + k * 16, Tr::kLdQKV);
-        wmma::mma_sync(s_acc, a, bk, s_acc);
+#pragma unroll
+        for (int n = 0; n < kNTiles; ++n) {
+          FragBc bk;
+          wmma::load_matrix_sync(bk, k_s + n * 16 * Tr::kLdQKV + k * 16, Tr::kLdQKV);
+          wmma::mma_sync(s_acc[n], a, bk, s_acc[n]);
+        }
       }
-      wmma::store_matrix_sync(s_s + n * 16, s_acc, Tr::kLdS, wmma::mem_row_major);
+#pragma unroll
+      for (int n = 0; n < kNTiles; ++n) wmma::store_matrix_sync(s_s + n * 16, s_acc[n], Tr::kLdS, wmma::mem_row_major);
     }
     __syncwarp();
 
@@ -247,10 +251,14 @@ __device__ __forceinline__ void paged_prefill_attention_block(const PrefillParam
     __syncwarp();
 
     // O = O * alpha + P V.
+    // All accumulator fragments share one element order: look each element's row factor up once.
+    float alpha_el[FragC::num_elements];
+#pragma unroll
+    for (int i = 0; i < FragC::num_elements; ++i) alpha_el[i] = alpha_s[acc_rows[i]];
 #pragma unroll
     for (int j = 0; j < kDTiles; ++j) {
 #pragma unroll
-      for (int i = 0; i < FragC::num_elements; ++i) o_acc[j].x[i] *= alpha_s[acc_rows[i]];
+      for (int i = 0; i < FragC::num_elements; ++i) o_acc[j].x[i] *= alpha_el[i];
     }
 #pragma unroll 1  // one P fragment live at a time: the accumulators own the register file
     for (int n = 0; n < kNTiles; ++n) {
@@ -272,10 +280,13 @@ __device__ __forceinline__ void paged_prefill_attention_block(const PrefillParam
   __syncwarp();
   T* out = static_cast<T*>(p.out) + (q_start + row0 + warp * 16) * p.out_stride + head * HEAD;
   const int out_rows = min(16, rows - warp * 16);
+  float inv_sum_el[FragC::num_elements];
+#pragma unroll
+  for (int i = 0; i < FragC::num_elements; ++i) inv_sum_el[i] = alpha_s[acc_rows[i]];
 #pragma unroll
   for (int j = 0; j < kDTiles; ++j) {
 #pragma unroll
-    for (int i = 0; i < FragC::num_elements; ++i) o_acc[j].x[i] *= alpha_s[acc_rows[i]];
+    for (int i = 0; i < FragC::num_elements; ++i) o_acc[j].x[i] *= inv_sum_el[i];
     wmma::store_matrix_sync(s_s, o_acc[j], Tr::kLdS, wmma::mem_row_major);
     __syncwarp();
     const int r = lane >> 1, c = (lane & 1) * 8;

@@ -5,12 +5,17 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/all.h>
 
+#include <string>
 #include <type_traits>
 
 #include "common.cuh"
 
 namespace voltllm {
 namespace glue {
+
+// Numbers in error messages go through std::to_string: streaming integers into c10::str crashed (a
+// libstdc++ locale mismatch between this extension and torch, seen with torch 2.11 + CUDA 13).
+inline std::string num(int64_t v) { return std::to_string(v); }
 
 // Calls fn with a T of the tensor's dtype; every other dtype is an error.
 template <typename Fn>
@@ -40,8 +45,15 @@ void dispatch_head_size(int64_t head_size, const char* op, Fn&& fn) {
       fn(std::integral_constant<int, 256>{});
       break;
     default:
-      TORCH_CHECK(false, op, ": unsupported head_size ", head_size, " (64, 128 or 256)");
+      TORCH_CHECK(false, op, ": unsupported head_size ", num(head_size), " (64, 128 or 256)");
   }
+}
+
+// Checked before dispatching, so that bad input is reported from plain host code. (The dispatch
+// switches still end in an error for anything that slips past.)
+inline void check_dtype(const at::Tensor& t, const char* op) {
+  TORCH_CHECK(t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16, op, ": unsupported dtype ",
+              t.scalar_type(), " (float16 or bfloat16)");
 }
 
 inline void check_cuda(const at::Tensor& t, const char* name) {
@@ -70,8 +82,8 @@ inline void check_same_dtype(const at::Tensor& a, const at::Tensor& b, const cha
 inline void check_tensor_core_dtype(at::ScalarType dtype, const char* op) {
   if (dtype != at::ScalarType::BFloat16) return;
   const auto* prop = at::cuda::getCurrentDeviceProperties();
-  TORCH_CHECK(prop->major >= 8, op, ": bfloat16 attention needs SM80 or newer (this GPU is SM", prop->major,
-              prop->minor, "); use float16");
+  TORCH_CHECK(prop->major >= 8, op, ": bfloat16 attention needs SM80 or newer (this GPU is SM", num(prop->major),
+              num(prop->minor), "); use float16");
 }
 
 inline void check_kv_cache(const at::Tensor& kv_cache, int64_t head_size) {
@@ -79,9 +91,9 @@ inline void check_kv_cache(const at::Tensor& kv_cache, int64_t head_size) {
   TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2,
               "kv_cache must be [2, num_blocks, block_size, num_kv_heads, head_size]");
   TORCH_CHECK(kv_cache.is_contiguous(), "kv_cache must be contiguous");
-  TORCH_CHECK(kv_cache.size(2) == kBlockSize, "kv_cache block_size must be ", kBlockSize, ", got ",
-              kv_cache.size(2));
-  TORCH_CHECK(kv_cache.size(4) == head_size, "kv_cache head_size ", kv_cache.size(4), " != ", head_size);
+  TORCH_CHECK(kv_cache.size(2) == kBlockSize, "kv_cache block_size must be ", num(kBlockSize), ", got ",
+              num(kv_cache.size(2)));
+  TORCH_CHECK(kv_cache.size(4) == head_size, "kv_cache head_size ", num(kv_cache.size(4)), " != ", num(head_size));
 }
 
 // Above 48 KB a kernel must opt in to dynamic shared memory. Cheap (no stream work), and legal
@@ -103,10 +115,13 @@ inline AttentionShape check_attention(const at::Tensor& out, const at::Tensor& q
   TORCH_CHECK(out.sizes() == query.sizes(), op, ": out must have the shape of query");
   check_same_dtype(query, out, op);
   check_same_dtype(query, kv_cache, op);
+  check_dtype(query, op);
+  TORCH_CHECK(query.size(2) == 64 || query.size(2) == 128 || query.size(2) == 256, op, ": unsupported head_size ",
+              num(query.size(2)), " (64, 128 or 256)");
   check_kv_cache(kv_cache, query.size(2));
   const int64_t num_heads = query.size(1), num_kv_heads = kv_cache.size(3);
-  TORCH_CHECK(num_heads % num_kv_heads == 0, op, ": num_heads ", num_heads, " is not a multiple of num_kv_heads ",
-              num_kv_heads);
+  TORCH_CHECK(num_heads % num_kv_heads == 0, op, ": num_heads ", num(num_heads), " is not a multiple of num_kv_heads ",
+              num(num_kv_heads));
   TORCH_CHECK(query.stride(0) % 8 == 0 && out.stride(0) % 8 == 0, op, ": query/out rows must be 16-byte aligned");
   check_cuda(block_tables, "block_tables");
   check_cuda(seq_lens, "seq_lens");

@@ -1,0 +1,318 @@
+"""CUDA kernels against their torch references, on fresh random inputs, for every shape class.
+
+Outputs are poisoned with NaN before each run, so an element the kernel fails to write fails the test.
+Skipped without a CUDA device (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import zlib
+
+import pytest
+import torch
+
+from voltllm import ops
+from voltllm.layers.attention.backend import AttentionMetadata, AttentionSpec
+from voltllm.ops.attention import PREFILL_BLOCK_M
+
+pytestmark = pytest.mark.gpu
+
+DEVICE = "cuda"
+# ||out - ref|| / ||ref|| bounds: 16-bit output rounding plus 16-bit probabilities in the PV product.
+REL_TOL = {torch.float16: 4e-3, torch.bfloat16: 2e-2}
+
+
+def _dtypes() -> list[torch.dtype]:
+    if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 8:
+        return [torch.float16, torch.bfloat16]
+    return [torch.float16]
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    assert torch.isfinite(out).all(), "output has NaN/inf: an element was not written"
+    return float((out.double() - ref.double()).norm() / ref.double().norm())
+
+
+class PagedBatch:
+    """A random batch over a paged KV cache with shuffled, non-contiguous blocks."""
+
+    def __init__(
+        self,
+        query_lens: list[int],
+        seq_lens: list[int],
+        num_heads: int,
+        num_kv_heads: int,
+        head_size: int,
+        dtype: torch.dtype,
+        seed: int,
+    ) -> None:
+        gen = torch.Generator(device=DEVICE).manual_seed(seed)
+        rng = random.Random(seed)
+        self.query_lens, self.seq_lens = query_lens, seq_lens
+        blocks_per_seq = [-(-s // 16) for s in seq_lens]
+        num_blocks = sum(blocks_per_seq) + 5
+        perm = list(range(num_blocks))
+        rng.shuffle(perm)
+        tables = torch.zeros(len(seq_lens), max(blocks_per_seq) + 2, dtype=torch.int32)
+        slots = []
+        used = 0
+        for i, (n, q_len, s_len) in enumerate(zip(blocks_per_seq, query_lens, seq_lens, strict=True)):
+            tables[i, :n] = torch.tensor(perm[used : used + n], dtype=torch.int32)
+            used += n
+            for pos in range(s_len - q_len, s_len):
+                slots.append(int(tables[i, pos // 16]) * 16 + pos % 16)
+        num_tokens = sum(query_lens)
+        shape = (2, num_blocks, 16, num_kv_heads, head_size)
+        self.kv_cache = torch.randn(shape, generator=gen, device=DEVICE).to(dtype)
+        self.query = torch.randn(num_tokens, num_heads, head_size, generator=gen, device=DEVICE).to(dtype)
+        self.key = torch.randn(num_tokens, num_kv_heads, head_size, generator=gen, device=DEVICE).to(dtype)
+        self.value = torch.randn(num_tokens, num_kv_heads, head_size, generator=gen, device=DEVICE).to(dtype)
+        self.block_tables = tables.to(DEVICE)
+        self.slot_mapping = torch.tensor(slots, dtype=torch.int64, device=DEVICE)
+        self.seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
+        starts = [0]
+        for q in query_lens:
+            starts.append(starts[-1] + q)
+        self.query_start_loc = torch.tensor(starts, dtype=torch.int32, device=DEVICE)
+        self.scale = 1 / math.sqrt(head_size)
+
+    def metadata(self) -> AttentionMetadata:
+        return AttentionMetadata(
+            query_start_loc=self.query_start_loc,
+            seq_lens=self.seq_lens_t,
+            block_tables=self.block_tables,
+            slot_mapping=self.slot_mapping,
+            max_query_len=max(self.query_lens),
+            max_seq_len=max(self.seq_lens),
+            query_lens_cpu=tuple(self.query_lens),
+            seq_lens_cpu=tuple(self.seq_lens),
+        )
+
+    def reference(self, sliding_window: int | None = None) -> torch.Tensor:
+        return ops.paged_attention_ref(
+            self.query,
+            self.kv_cache,
+            self.block_tables,
+            self.query_lens,
+            self.seq_lens,
+            self.scale,
+            sliding_window,
+        )
+
+
+# ---------------------------------------------------------------- decode
+
+
+def _decode_lens(kind: str, rng: random.Random) -> list[int]:
+    return {
+        "1x1": [1],
+        "1x32k": [32768],
+        "mixed": [1, 15, 16, 17, 255, 1000, 3000] + [rng.randint(1, 3000) for _ in range(30)],
+        "16x8k": [8192] + [rng.randint(7000, 8192) for _ in range(15)],
+        "64x4k": [rng.randint(1, 4096) for _ in range(63)] + [4096],
+        "256x1k": [rng.randint(1, 1024) for _ in range(255)] + [1024],
+    }[kind]
+
+
+DECODE_CASES = [
+    (kind, head, group)
+    for kind in ("1x1", "1x32k", "16x8k", "64x4k", "256x1k")
+    for head, group in ((128, 8), (64, 4), (256, 1))
+] + [("mixed", head, group) for head in (64, 128, 256) for group in (1, 4, 8)]
+
+
+@pytest.mark.parametrize("kind,head_size,group", DECODE_CASES)
+@pytest.mark.parametrize("dtype", _dtypes())
+def test_paged_decode_attention(kind: str, head_size: int, group: int, dtype: torch.dtype) -> None:
+    rng = random.Random(zlib.crc32(f"{kind}-{head_size}-{group}".encode()))
+    seq_lens = _decode_lens(kind, rng)
+    num_kv_heads = 2 if group == 8 else 4
+    batch = PagedBatch([1] * len(seq_lens), seq_lens, num_kv_heads * group, num_kv_heads, head_size, dtype, 7)
+    out = torch.full_like(batch.query, float("nan"))
+    ops.paged_decode_attention(
+        batch.query, batch.kv_cache, batch.block_tables, batch.seq_lens_t, seq_lens, batch.scale, out=out
+    )
+    assert rel_err(out, batch.reference()) < REL_TOL[dtype]
+
+
+@pytest.mark.parametrize("window", [1, 100, 1000])
+def test_paged_decode_attention_sliding_window(window: int) -> None:
+    seq_lens = [1, 50, 999, 1000, 1001, 5000]
+    batch = PagedBatch([1] * 6, seq_lens, 16, 4, 128, torch.float16, 11)
+    out = torch.full_like(batch.query, float("nan"))
+    ops.paged_decode_attention(
+        batch.query,
+        batch.kv_cache,
+        batch.block_tables,
+        batch.seq_lens_t,
+        seq_lens,
+        batch.scale,
+        window,
+        out=out,
+    )
+    assert rel_err(out, batch.reference(window)) < REL_TOL[torch.float16]
+
+
+# ---------------------------------------------------------------- prefill
+
+PREFILL_SHAPES = {
+    "single": ([1000], [1000]),
+    "tiny": ([1], [1]),
+    "ragged": ([17], [17]),
+    "long": ([2048], [2048]),
+    "prefix_hit": ([300], [5000]),  # 4700 cached tokens, then a 300-token chunk
+    "chunk_after_32k": ([64], [32768]),
+    "mixed": ([1, 1, 100, 513, 1, 64, 130], [1, 900, 100, 2000, 33, 64, 700]),
+}
+
+
+@pytest.mark.parametrize(
+    "shape,head_size,group",
+    [(s, 128, 4) for s in PREFILL_SHAPES]
+    + [("mixed", h, g) for h in (64, 128, 256) for g in (1, 4, 8) if (h, g) != (128, 4)],
+)
+@pytest.mark.parametrize("dtype", _dtypes())
+def test_paged_prefill_attention(shape: str, head_size: int, group: int, dtype: torch.dtype) -> None:
+    query_lens, seq_lens = PREFILL_SHAPES[shape]
+    num_kv_heads = 2
+    batch = PagedBatch(query_lens, seq_lens, num_kv_heads * group, num_kv_heads, head_size, dtype, 3)
+    out = torch.full_like(batch.query, float("nan"))
+    ops.paged_prefill_attention(
+        batch.query,
+        batch.kv_cache,
+        batch.block_tables,
+        batch.seq_lens_t,
+        batch.query_start_loc,
+        query_lens,
+        seq_lens,
+        batch.scale,
+        out=out,
+    )
+    assert rel_err(out, batch.reference()) < REL_TOL[dtype]
+
+
+def test_paged_prefill_many_sequences_and_window() -> None:
+    rng = random.Random(5)
+    query_lens = [rng.randint(1, 200) for _ in range(64)]
+    seq_lens = [q + rng.randint(0, 500) for q in query_lens]
+    batch = PagedBatch(query_lens, seq_lens, 32, 8, 128, torch.float16, 5)
+    for window in (None, 37, 128):
+        out = torch.full_like(batch.query, float("nan"))
+        ops.paged_prefill_attention(
+            batch.query,
+            batch.kv_cache,
+            batch.block_tables,
+            batch.seq_lens_t,
+            batch.query_start_loc,
+            query_lens,
+            seq_lens,
+            batch.scale,
+            window,
+            out=out,
+        )
+        assert rel_err(out, batch.reference(window)) < REL_TOL[torch.float16], window
+
+
+# ---------------------------------------------------------------- backend
+
+
+@pytest.mark.parametrize("decode", [True, False])
+def test_sm70_backend_matches_torch_backend(decode: bool) -> None:
+    from voltllm.layers.attention.sm70 import SM70AttentionBackend
+    from voltllm.layers.attention.torch_ref import TorchAttentionBackend
+
+    query_lens = [1] * 9 if decode else [1, 40, 1, 200, 3]
+    seq_lens = [1, 16, 17, 100, 555, 2000, 31, 64, 65] if decode else [20, 40, 300, 1200, 3]
+    batch = PagedBatch(query_lens, seq_lens, 16, 2, 128, torch.float16, 9)
+    spec = AttentionSpec(num_heads=16, num_kv_heads=2, head_size=128, scale=batch.scale)
+    cache_ref = batch.kv_cache.clone()
+    expected = TorchAttentionBackend().forward(
+        spec, batch.query, batch.key, batch.value, cache_ref, batch.metadata()
+    )
+    out = SM70AttentionBackend(DEVICE).forward(
+        spec, batch.query, batch.key, batch.value, batch.kv_cache, batch.metadata()
+    )
+    assert torch.equal(batch.kv_cache, cache_ref)  # the step's K/V landed in the same slots
+    assert rel_err(out, expected.float()) < REL_TOL[torch.float16]
+
+
+# ---------------------------------------------------------------- KV write and element-wise ops
+
+
+@pytest.mark.parametrize("dtype", _dtypes())
+def test_kv_cache_write_strided_source_and_padding(dtype: torch.dtype) -> None:
+    num_tokens, num_heads, num_kv_heads, head_size = 300, 8, 2, 128
+    qkv = torch.randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_size, device=DEVICE).to(dtype)
+    key = qkv[:, num_heads * head_size : (num_heads + num_kv_heads) * head_size].view(
+        -1, num_kv_heads, head_size
+    )
+    value = qkv[:, (num_heads + num_kv_heads) * head_size :].view(-1, num_kv_heads, head_size)
+    kv_cache = torch.randn(2, 40, 16, num_kv_heads, head_size, device=DEVICE).to(dtype)
+    slots = torch.randperm(40 * 16, device=DEVICE)[:num_tokens]
+    slots[::7] = -1  # padding tokens
+    expected = kv_cache.clone()
+    ops.kv_cache_write_ref(key, value, expected, slots)
+    ops.kv_cache_write(key, value, kv_cache, slots)
+    assert torch.equal(kv_cache, expected)
+
+
+@pytest.mark.parametrize("hidden", [4096, 1001])  # 16-byte vector path and scalar path
+@pytest.mark.parametrize("dtype", _dtypes())
+def test_rms_norm_and_fused_add(hidden: int, dtype: torch.dtype) -> None:
+    x = torch.randn(77, hidden, device=DEVICE).to(dtype)
+    residual = torch.randn(77, hidden, device=DEVICE).to(dtype)
+    weight = torch.randn(hidden, device=DEVICE).to(dtype)
+    out = torch.full_like(x, float("nan"))
+    ops.rms_norm(x, weight, 1e-5, out=out)
+    assert rel_err(out, ops.rms_norm_ref(x, weight, 1e-5).float()) < 2e-3
+    expected_x, expected_res = ops.fused_add_rms_norm_ref(x, residual, weight, 1e-5)
+    ops.fused_add_rms_norm(x, residual, weight, 1e-5)
+    assert torch.equal(residual, expected_res)  # the sum is rounded exactly as the unfused sequence
+    assert rel_err(x, expected_x.float()) < 2e-3
+
+
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("rot_dim", [128, 64])
+@pytest.mark.parametrize("dtype", _dtypes())
+def test_rotary_embedding(is_neox: bool, rot_dim: int, dtype: torch.dtype) -> None:
+    head_size, num_heads, num_kv_heads, num_tokens = 128, 32, 8, 513
+    inv_freq = 1.0 / (1e6 ** (torch.arange(0, rot_dim, 2).float() / rot_dim)) / 4.0  # linear scaling x4
+    table = ops.cos_sin_cache(inv_freq, 40000, device=DEVICE)
+    positions = torch.randint(0, 40000, (num_tokens,), device=DEVICE)
+    qkv = torch.randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_size, device=DEVICE).to(dtype)
+    query = qkv[:, : num_heads * head_size]
+    key = qkv[:, num_heads * head_size : (num_heads + num_kv_heads) * head_size]
+    rq, rk = ops.rotary_embedding_ref(positions, query, key, table, head_size, is_neox)
+    value_before = qkv[:, (num_heads + num_kv_heads) * head_size :].clone()
+    ops.rotary_embedding(positions, query, key, table, head_size, is_neox)
+    assert rel_err(query, rq.float()) < 2e-3 and rel_err(key, rk.float()) < 2e-3
+    assert torch.equal(qkv[:, (num_heads + num_kv_heads) * head_size :], value_before)
+
+
+@pytest.mark.parametrize("d", [11008, 1001])
+@pytest.mark.parametrize("dtype", _dtypes())
+def test_silu_and_mul(d: int, dtype: torch.dtype) -> None:
+    x = torch.randn(64, 2 * d, device=DEVICE).to(dtype)
+    out = torch.full((64, d), float("nan"), device=DEVICE, dtype=dtype)
+    ops.silu_and_mul(x, out=out)
+    assert rel_err(out, ops.silu_and_mul_ref(x).float()) < 2e-3
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_bad_input_raises_clear_errors() -> None:
+    batch = PagedBatch([1], [20], 4, 4, 128, torch.float16, 1)
+    with pytest.raises(RuntimeError, match="head_size"):
+        q = torch.randn(1, 4, 96, device=DEVICE, dtype=torch.float16)
+        cache = torch.randn(2, 4, 16, 4, 96, device=DEVICE, dtype=torch.float16)
+        ops.paged_decode_attention(q, cache, batch.block_tables, batch.seq_lens_t, [20], 0.1)
+    with pytest.raises(RuntimeError, match="dtype"):
+        ops.rms_norm(torch.randn(2, 64, device=DEVICE), torch.randn(64, device=DEVICE), 1e-6)
+    with pytest.raises(RuntimeError, match="block table"):
+        ops.paged_decode_attention(
+            batch.query, batch.kv_cache, batch.block_tables, batch.seq_lens_t, [10_000], batch.scale
+        )
+    assert torch.ops.voltllm_C.prefill_block_m() == PREFILL_BLOCK_M
