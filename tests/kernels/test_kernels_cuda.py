@@ -47,6 +47,7 @@ class PagedBatch:
         head_size: int,
         dtype: torch.dtype,
         seed: int,
+        poison_unused: bool = False,
     ) -> None:
         gen = torch.Generator(device=DEVICE).manual_seed(seed)
         rng = random.Random(seed)
@@ -66,6 +67,14 @@ class PagedBatch:
         num_tokens = sum(query_lens)
         shape = (2, num_blocks, 16, num_kv_heads, head_size)
         self.kv_cache = torch.randn(shape, generator=gen, device=DEVICE).to(dtype)
+        if poison_unused:
+            # Slots no sequence owns (block tails, spare blocks) hold NaN, as uninitialised memory may.
+            owned = torch.zeros(num_blocks * 16, dtype=torch.bool)
+            for i, s_len in enumerate(seq_lens):
+                for pos in range(s_len):
+                    owned[int(tables[i, pos // 16]) * 16 + pos % 16] = True
+            flat = self.kv_cache.view(2, num_blocks * 16, -1)
+            flat[:, ~owned.to(DEVICE)] = float("nan")
         self.query = torch.randn(num_tokens, num_heads, head_size, generator=gen, device=DEVICE).to(dtype)
         self.key = torch.randn(num_tokens, num_kv_heads, head_size, generator=gen, device=DEVICE).to(dtype)
         self.value = torch.randn(num_tokens, num_kv_heads, head_size, generator=gen, device=DEVICE).to(dtype)
@@ -153,6 +162,31 @@ def test_paged_decode_attention_sliding_window(window: int) -> None:
         out=out,
     )
     assert rel_err(out, batch.reference(window)) < REL_TOL[torch.float16]
+
+
+def test_unowned_cache_slots_never_leak_into_outputs() -> None:
+    seq_lens = [1, 17, 100, 1000, 4097]
+    batch = PagedBatch([1] * 5, seq_lens, 32, 4, 128, torch.float16, 13, poison_unused=True)
+    out = torch.full_like(batch.query, float("nan"))
+    ops.paged_decode_attention(
+        batch.query, batch.kv_cache, batch.block_tables, batch.seq_lens_t, seq_lens, batch.scale, out=out
+    )
+    assert rel_err(out, batch.reference()) < REL_TOL[torch.float16]
+    query_lens, seq_lens = [1, 30, 7], [1, 50, 300]
+    batch = PagedBatch(query_lens, seq_lens, 32, 4, 128, torch.float16, 14, poison_unused=True)
+    out = torch.full_like(batch.query, float("nan"))
+    ops.paged_prefill_attention(
+        batch.query,
+        batch.kv_cache,
+        batch.block_tables,
+        batch.seq_lens_t,
+        batch.query_start_loc,
+        query_lens,
+        seq_lens,
+        batch.scale,
+        out=out,
+    )
+    assert rel_err(out, batch.reference()) < REL_TOL[torch.float16]
 
 
 # ---------------------------------------------------------------- prefill

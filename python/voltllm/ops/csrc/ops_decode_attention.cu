@@ -9,6 +9,27 @@ namespace voltllm {
 
 using namespace glue;
 
+namespace {
+
+struct Split {
+  int64_t splits;     // context splits per (sequence, kv head)
+  int64_t partition;  // tokens per split, a multiple of 64
+};
+
+// Splits the context so that the grid is one full wave of resident blocks: long-lived blocks amortise
+// their setup (query load, row map, merge) over many KV blocks, and no second, partial wave is left.
+// Batches that fill the GPU on their own are not split. A split is at least 128 tokens (two KV blocks
+// per warp), and at most 4096 splits (the reduce kernel keeps one weight per split in shared memory).
+Split choose_split(int64_t span, int64_t base_blocks, int64_t resident_blocks) {
+  const int64_t want = std::max<int64_t>(1, resident_blocks / base_blocks);
+  const int64_t most = std::min<int64_t>(4096, std::max<int64_t>(1, (span + 127) / 128));
+  const int64_t splits = std::min(want, most);
+  const int64_t partition = ((span + splits - 1) / splits + 63) / 64 * 64;
+  return {(span + partition - 1) / partition, partition};
+}
+
+}  // namespace
+
 void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
                             const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t max_seq_len,
                             double scale, int64_t sliding_window) {
@@ -24,29 +45,9 @@ void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::
   const at::cuda::OptionalCUDAGuard guard(query.device());
   const auto stream = at::cuda::getCurrentCUDAStream();
   const int num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-
-  // Split the context so that the grid fills the GPU about four times over; a split is at least
-  // 8 blocks per warp-group pass (128 tokens) so warps are not left idle.
   const int64_t span = sliding_window > 0 ? std::min<int64_t>(max_seq_len, sliding_window + kBlockSize) : max_seq_len;
-  const int64_t base_blocks = num_seqs * shape.num_kv_heads;
-  const int64_t want = (4 * num_sms + base_blocks - 1) / base_blocks;
-  // The reduce kernel keeps one weight per split in shared memory: at most 4096 splits (16 KB).
-  const int64_t most = std::min<int64_t>(4096, std::max<int64_t>(1, (span + 127) / 128));
-  int64_t splits = std::min(want, most);
-  int64_t partition = (span + splits - 1) / splits;
-  partition = (partition + 63) / 64 * 64;
-  splits = (span + partition - 1) / partition;
 
   DecodeParams p{};
-  at::Tensor partial_out, partial_stats;
-  if (splits > 1) {
-    const auto f32 = query.options().dtype(at::kFloat);
-    partial_out = at::empty({num_seqs, shape.num_heads, splits, shape.head_size}, f32);
-    partial_stats = at::empty({2, num_seqs, shape.num_heads, splits}, f32);
-    p.partial_out = partial_out.data_ptr<float>();
-    p.partial_max = partial_stats[0].data_ptr<float>();
-    p.partial_sum = partial_stats[1].data_ptr<float>();
-  }
   p.out = out.data_ptr();
   p.query = query.data_ptr();
   p.key_cache = kv_cache[0].data_ptr();
@@ -58,9 +59,6 @@ void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::
   p.num_heads = shape.num_heads;
   p.num_kv_heads = shape.num_kv_heads;
   p.max_blocks_per_seq = block_tables.size(1);
-  p.max_splits = splits;
-  // The kernel recomputes each sequence's split count from its own length with the same partition.
-  p.partition_size = partition;
   p.sliding_window = sliding_window > 0 ? sliding_window : 0;
   p.scale_log2 = static_cast<float>(scale * 1.4426950408889634 /* log2(e) */);
 
@@ -69,12 +67,30 @@ void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::
     dispatch_head_size(shape.head_size, "paged_decode_attention", [&](auto h) {
       constexpr int H = decltype(h)::value;
       using Tr = DecodeTraits<H>;
-      set_smem(paged_decode_attention_kernel<T, H>, Tr::kSmemBytes);
-      const dim3 grid(shape.num_kv_heads, num_seqs, splits);
-      paged_decode_attention_kernel<T, H><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+      auto* kernel = paged_decode_attention_kernel<T, H>;
+      set_smem(kernel, Tr::kSmemBytes);
+      int blocks_per_sm = 0;
+      C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, Tr::kThreads,
+                                                                   Tr::kSmemBytes));
+      const auto split = choose_split(span, num_seqs * shape.num_kv_heads,
+                                      static_cast<int64_t>(num_sms) * std::max(blocks_per_sm, 1));
+      p.max_splits = split.splits;
+      // The kernel recomputes each sequence's split count from its own length with this partition.
+      p.partition_size = split.partition;
+      at::Tensor partial_out, partial_stats;
+      if (split.splits > 1) {
+        const auto f32 = query.options().dtype(at::kFloat);
+        partial_out = at::empty({num_seqs, shape.num_heads, split.splits, shape.head_size}, f32);
+        partial_stats = at::empty({2, num_seqs, shape.num_heads, split.splits}, f32);
+        p.partial_out = partial_out.data_ptr<float>();
+        p.partial_max = partial_stats[0].data_ptr<float>();
+        p.partial_sum = partial_stats[1].data_ptr<float>();
+      }
+      const dim3 grid(shape.num_kv_heads, num_seqs, split.splits);
+      kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
-      if (splits > 1) {
-        const int reduce_smem = static_cast<int>(splits * sizeof(float));
+      if (split.splits > 1) {
+        const int reduce_smem = static_cast<int>(split.splits * sizeof(float));
         paged_decode_reduce_kernel<T, H><<<dim3(shape.num_heads, num_seqs), H, reduce_smem, stream>>>(p);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       }

@@ -119,8 +119,8 @@ __device__ __forceinline__ void paged_decode_attention_block(const DecodeParams&
   const int* block_table = p.block_tables + static_cast<long long>(seq) * p.max_blocks_per_seq;
 
   uint4 k_reg[Tr::kChunks], v_reg[Tr::kChunks];
-  auto load_block = [&](int logical_block) {
-    const long long block_base = static_cast<long long>(block_table[logical_block]) * kBlockSize;
+  auto load_block = [&](int physical_block) {
+    const long long block_base = static_cast<long long>(physical_block) * kBlockSize;
 #pragma unroll
     for (int i = 0; i < Tr::kChunks; ++i) {
       const int c = lane + 32 * i;
@@ -143,18 +143,33 @@ __device__ __forceinline__ void paged_decode_attention_block(const DecodeParams&
 
   const int first_block = start / kBlockSize + warp;
   const int last_block = (end - 1) / kBlockSize;  // inclusive
-  if (Tr::kPrefetch && first_block <= last_block) load_block(first_block);
+  // Block ids are read one step ahead of the K/V they locate, so issuing a block's loads never
+  // waits for its block-table entry.
+  int next_id = first_block <= last_block ? block_table[first_block] : 0;
+  if (Tr::kPrefetch && first_block <= last_block) {
+    load_block(next_id);
+    next_id = first_block + Tr::kWarps <= last_block ? block_table[first_block + Tr::kWarps] : 0;
+  }
   for (int b = first_block; b <= last_block; b += Tr::kWarps) {
-    if (!Tr::kPrefetch) load_block(b);
+    if (!Tr::kPrefetch) {
+      load_block(next_id);
+      next_id = b + Tr::kWarps <= last_block ? block_table[b + Tr::kWarps] : 0;
+    }
 #pragma unroll
     for (int i = 0; i < Tr::kChunks; ++i) {
       const int c = lane + 32 * i;
       const int off = (c / kChunksPerRow) * Tr::kLdKV + (c % kChunksPerRow) * 8;
+      // Slots past the sequence's end may hold anything (even NaN): their probabilities are 0, but
+      // 0 * NaN is not, so their values are replaced by zeros. (Their scores are masked by select.)
+      const bool live = b * kBlockSize + c / kChunksPerRow < seq_len;
       *reinterpret_cast<uint4*>(k_s + off) = k_reg[i];
-      *reinterpret_cast<uint4*>(v_s + off) = v_reg[i];
+      *reinterpret_cast<uint4*>(v_s + off) = live ? v_reg[i] : make_uint4(0, 0, 0, 0);
     }
     __syncwarp();
-    if (Tr::kPrefetch && b + Tr::kWarps <= last_block) load_block(b + Tr::kWarps);
+    if (Tr::kPrefetch && b + Tr::kWarps <= last_block) {
+      load_block(next_id);
+      next_id = b + 2 * Tr::kWarps <= last_block ? block_table[b + 2 * Tr::kWarps] : 0;
+    }
 
     // S = Q K^T over this block's 16 tokens.
     FragC s_acc;

@@ -155,22 +155,23 @@ __device__ __forceinline__ void paged_prefill_attention_block(const PrefillParam
   const int* block_table = p.block_tables + static_cast<long long>(seq) * p.max_blocks_per_seq;
 
   uint4 k_reg[Tr::kChunks], v_reg[Tr::kChunks];
+  // All block-table reads of a tile are issued before any K/V read, so the tile costs one dependent
+  // memory round trip, not one per chunk. Positions past the context are clamped to the last valid
+  // token: those rows are masked out, and reading real (finite) data keeps 0 * V finite.
   auto load_tile = [&](int tile_start) {
+    long long slot[Tr::kChunks];
 #pragma unroll
     for (int i = 0; i < Tr::kChunks; ++i) {
       const int c = threadIdx.x + Tr::kThreads * i;
-      const int t = c / kChunksPerRow;
-      const int pos = tile_start + t;
-      if (pos < kv_end) {
-        const long long slot = static_cast<long long>(block_table[pos / kBlockSize]) * kBlockSize + pos % kBlockSize;
-        const long long off = slot * token_stride + (c % kChunksPerRow) * 8;
-        k_reg[i] = *reinterpret_cast<const uint4*>(k_cache + off);
-        v_reg[i] = *reinterpret_cast<const uint4*>(v_cache + off);
-      } else {
-        // Past the context: zeros keep the masked products finite (0 * garbage could be NaN).
-        k_reg[i] = make_uint4(0, 0, 0, 0);
-        v_reg[i] = make_uint4(0, 0, 0, 0);
-      }
+      const int pos = min(tile_start + c / kChunksPerRow, kv_end - 1);
+      slot[i] = static_cast<long long>(block_table[pos / kBlockSize]) * kBlockSize + pos % kBlockSize;
+    }
+#pragma unroll
+    for (int i = 0; i < Tr::kChunks; ++i) {
+      const int c = threadIdx.x + Tr::kThreads * i;
+      const long long off = slot[i] * token_stride + (c % kChunksPerRow) * 8;
+      k_reg[i] = *reinterpret_cast<const uint4*>(k_cache + off);
+      v_reg[i] = *reinterpret_cast<const uint4*>(v_cache + off);
     }
   };
 
