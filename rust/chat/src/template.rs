@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use minijinja::value::{Kwargs, Value};
+use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{AutoEscape, Environment, Error, ErrorKind, State};
 use serde_json::{Map, Value as Json};
 
@@ -253,6 +253,13 @@ fn new_environment() -> Environment<'static> {
         },
     );
     env.add_filter("trim", trim);
+    // Jinja2's `sequence` test is "has len() and []": true for strings and dicts too.
+    env.add_test("sequence", |value: &Value| {
+        matches!(
+            value.kind(),
+            ValueKind::String | ValueKind::Seq | ValueKind::Map
+        )
+    });
     env.add_filter("join", join);
     env.add_function("raise_exception", raise_exception);
     env.add_function("strftime_now", strftime_now);
