@@ -1,0 +1,85 @@
+"""Engine output against Hugging Face transformers on the same weights (the correctness oracle)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from hf_tiny import CONFIGS, save_tiny
+
+from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from voltllm.engine.llm_engine import LLMEngine
+from voltllm.engine.protocol import EngineCoreRequest, SamplingParams
+
+NEW_TOKENS = 32
+
+
+def make_prompts(vocab: int, seed: int = 0) -> list[list[int]]:
+    """10 prompts of 3..70 tokens; every third starts with the same 24-token prefix."""
+    rng = random.Random(seed)
+    prefix = [rng.randrange(3, vocab) for _ in range(24)]
+    out = []
+    for i in range(10):
+        own = [rng.randrange(3, vocab) for _ in range(rng.randrange(3, 46))]
+        out.append(prefix + own if i % 3 == 0 else own)
+    return out
+
+
+def hf_greedy(model: torch.nn.Module, prompt: list[int]) -> tuple[list[int], torch.Tensor]:
+    out = model.generate(
+        torch.tensor([prompt]),
+        max_new_tokens=NEW_TOKENS,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    return out.sequences[0, len(prompt) :].tolist(), out.logits[-1][0].float().log_softmax(-1)
+
+
+@pytest.mark.parametrize("arch", sorted(CONFIGS))
+def test_greedy_matches_transformers(arch, tmp_path):
+    model_dir, hf_model = save_tiny(arch, tmp_path / arch)
+    config = EngineConfig(
+        model=ModelConfig(model=str(model_dir), dtype="float32"),
+        cache=CacheConfig(block_size=8, num_kv_blocks=256),
+        scheduler=SchedulerConfig(max_num_batched_tokens=40, max_num_seqs=8),  # forces chunked prefill
+        device="cpu",
+    )
+    engine = LLMEngine(config)
+    prompts = make_prompts(engine.vocab_size)
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=20)
+    requests = [EngineCoreRequest(str(i), p, params, float(i)) for i, p in enumerate(prompts)]
+    outputs = engine.generate_token_ids(requests)
+    assert engine.get_stats().prefix_cache_hits > 0  # the shared prefix was reused
+    with torch.inference_mode():
+        for i, prompt in enumerate(prompts):
+            ref_tokens, ref_last_logprobs = hf_greedy(hf_model, prompt)
+            out = outputs[str(i)]
+            assert out.new_token_ids == ref_tokens, f"prompt {i} ({len(prompt)} tokens)"
+            last = out.new_logprobs[-1]
+            ref = ref_last_logprobs[last.token_ids].tolist()
+            assert last.logprobs == pytest.approx(ref, abs=2e-4), f"prompt {i}: last-step logprobs"
+
+
+@pytest.mark.slow
+def test_default_model_knows_the_capital_of_france():
+    transformers = pytest.importorskip("transformers")
+    from voltllm.loader import DefaultModelMissingError, default_model_dir
+
+    try:
+        model_dir = default_model_dir()
+    except DefaultModelMissingError as e:
+        pytest.skip(str(e))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if not isinstance(prompt, list):  # transformers 5 returns a BatchEncoding
+        prompt = prompt["input_ids"]
+    engine = LLMEngine(EngineConfig(model=ModelConfig(model=str(model_dir)), device="cpu"))
+    params = SamplingParams(temperature=0.0, max_tokens=24)
+    out = engine.generate_token_ids([EngineCoreRequest("paris", prompt, params, 0.0)])["paris"]
+    text = tokenizer.decode(out.new_token_ids, skip_special_tokens=True)
+    assert "Paris" in text, text
