@@ -89,3 +89,17 @@ def test_cache_dir_honours_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     src = tmp_path / "m.gguf"
     src.write_bytes(b"x")
     assert gguf_import.gguf_cache_dir(src).parent == tmp_path / "models" / "gguf"
+
+
+def test_foreign_folder_at_destination_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = tmp_path / "m.gguf"
+    src.write_bytes(b"x")
+    out = tmp_path / "cache" / "m"
+    out.mkdir(parents=True)
+    (out / "something").write_text("not ours")
+    monkeypatch.setattr(gguf_import, "_convert", _fake_convert)
+    with pytest.raises(gguf_import.GGUFImportError, match="not a finished voltllm import"):
+        import_gguf(src, out)
+    assert [p.name for p in out.parent.iterdir()] == ["m"]

@@ -68,9 +68,11 @@ def import_gguf(gguf_path: Path, out_dir: Path | None = None) -> Path:
         _make_readable(tmp_dir)
         try:
             os.rename(tmp_dir, out_dir)
-        except OSError:
-            if not (out_dir / IMPORT_RECORD).is_file():
-                raise  # not a lost race: something else sits at out_dir
+        except OSError as e:
+            if not (out_dir / IMPORT_RECORD).is_file():  # not a lost race: something else sits there
+                raise GGUFImportError(
+                    f"{out_dir} exists but is not a finished voltllm import; remove it and retry"
+                ) from e
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
     return out_dir
