@@ -32,6 +32,8 @@ pub struct MockEngineConfig {
     /// Pause between steps while requests are running; zero steps as fast as possible.
     pub step_interval: Duration,
     pub tokens_per_step: usize,
+    /// Announced in READY; the front end sizes its admission queue from it.
+    pub max_num_seqs: u32,
 }
 
 impl MockEngineConfig {
@@ -48,6 +50,7 @@ impl MockEngineConfig {
             eos_token_ids: vec![2],
             step_interval: Duration::from_millis(1),
             tokens_per_step: 1,
+            max_num_seqs: 1024,
         }
     }
 }
@@ -99,9 +102,9 @@ impl MockEngine {
                 .try_into()?,
         );
         let mut dealer = zeromq::DealerSocket::with_options(options);
-        dealer.connect(&config.input_address).await?;
+        connect(&mut dealer, &config.input_address).await?;
         let mut push = zeromq::PushSocket::new();
-        push.connect(&config.output_address).await?;
+        connect(&mut push, &config.output_address).await?;
         let ready = EngineReady {
             engine_index: config.engine_index,
             pid: config.pid,
@@ -112,7 +115,7 @@ impl MockEngine {
             num_kv_blocks: 1024,
             block_size: 16,
             dtype: "float16".into(),
-            max_num_seqs: 1024,
+            max_num_seqs: config.max_num_seqs,
         };
         push.send(frames(&Message::Ready(ready))).await?;
         let log = Arc::new(Mutex::new(MockLog::default()));
@@ -136,6 +139,20 @@ impl MockEngine {
     pub async fn stop(self) {
         let _ = self.control.send(Control::Stop);
         let _ = self.task.await;
+    }
+}
+
+/// Connects, retrying for a while as libzmq does when the peer has not bound yet.
+async fn connect<S: Socket>(socket: &mut S, address: &str) -> Result<(), zeromq::ZmqError> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match socket.connect(address).await {
+            Ok(()) => return Ok(()),
+            Err(_) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => return Err(e),
+        }
     }
 }
 

@@ -1,0 +1,26 @@
+//! voltllm's OpenAI-compatible HTTP front end.
+//!
+//! ```text
+//!   voltllm-server (axum routes, validation, SSE, metrics, auth)
+//!     ├── voltllm-chat           chat templates (minijinja)
+//!     ├── voltllm-text           tokenizer, incremental detokenizer, stop strings
+//!     └── voltllm-engine-client  ZeroMQ transport, per-request streams, aborts, engine health
+//!           └── voltllm-protocol wire types + msgpack codecs
+//! ```
+//!
+//! Entry points: [`run_server`] (async, stops on Ctrl-C/SIGTERM), [`run_server_blocking`] (own
+//! runtime, stops on a [`ShutdownHandle`]), and [`Server`] for callers that need the bound address
+//! before serving. See `docs/server.md`.
+
+pub mod error;
+pub mod generate;
+pub mod metrics;
+pub mod openai;
+pub mod routes;
+pub mod server;
+pub mod state;
+
+pub use error::{ApiError, ServerError};
+pub use server::{
+    router, run_server, run_server_blocking, shutdown_signal, Server, ServerConfig, ShutdownHandle,
+};

@@ -1,0 +1,98 @@
+//! `voltllm-server`: the HTTP front end as a standalone binary, for engines started separately
+//! (`voltllm engine --headless` or `python -m voltllm.engine.core_proc`). Flags follow vLLM.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use voltllm_server::{run_server, ServerConfig};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "voltllm-server",
+    version,
+    about = "OpenAI-compatible front end for voltllm engines"
+)]
+struct Args {
+    /// Model folder (tokenizer.json, tokenizer_config.json, chat template).
+    #[arg(long)]
+    model: PathBuf,
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// Require `Authorization: Bearer <key>` on every route but /health.
+    #[arg(long, env = "VOLTLLM_API_KEY")]
+    api_key: Option<String>,
+    /// Model name(s) clients may use; defaults to --model.
+    #[arg(long, num_args = 1..)]
+    served_model_name: Vec<String>,
+    /// ZeroMQ endpoint to bind for requests (engines connect their DEALER).
+    #[arg(long)]
+    engine_input_address: String,
+    /// ZeroMQ endpoint to bind for outputs (engines connect their PUSH).
+    #[arg(long)]
+    engine_output_address: String,
+    /// Number of engines (data-parallel ranks) that must send READY.
+    #[arg(long, alias = "data-parallel-size", default_value_t = 1)]
+    num_engines: u32,
+    /// Cap on the context length; defaults to what the engines report in READY.
+    #[arg(long)]
+    max_model_len: Option<u32>,
+    /// Engine requests that may wait beyond the engines' max_num_seqs; more get 503.
+    #[arg(long, default_value_t = 1024)]
+    max_waiting_requests: usize,
+    #[arg(long, default_value_t = 32 << 20)]
+    max_request_body_bytes: usize,
+    /// Seconds to wait for every engine's READY.
+    #[arg(long, default_value_t = 600.0)]
+    engine_ready_timeout: f64,
+    /// Do not watch engine pids (engines on another host).
+    #[arg(long)]
+    no_engine_pid_watch: bool,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let args = Args::parse();
+    let mut config = ServerConfig::new(
+        args.model,
+        args.engine_input_address,
+        args.engine_output_address,
+    );
+    config.host = args.host;
+    config.port = args.port;
+    config.api_key = args.api_key;
+    config.served_model_name = args.served_model_name;
+    config.num_engines = args.num_engines;
+    config.max_model_len = args.max_model_len;
+    config.max_waiting_requests = args.max_waiting_requests;
+    config.max_request_body_bytes = args.max_request_body_bytes;
+    config.engine_ready_timeout = Duration::from_secs_f64(args.engine_ready_timeout.max(0.0));
+    if args.no_engine_pid_watch {
+        config.engine_pid_poll_interval = None;
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("voltllm-server: error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run_server(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("voltllm-server: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,470 @@
+//! OpenAI / vLLM request bodies and their validation into engine sampling parameters.
+//!
+//! Unknown fields are accepted and ignored (clients send many harmless extras); known fields with
+//! wrong types or out-of-range values are rejected with a 400 naming the parameter.
+
+use serde::Deserialize;
+use serde_json::Value as Json;
+use voltllm_protocol::{LogitBias, SamplingParams};
+
+use crate::error::ApiError;
+
+/// Largest `n` accepted: each choice is an engine request.
+pub const MAX_N: u32 = 128;
+/// Largest number of top alternatives per token the engine returns.
+pub const MAX_LOGPROBS: u32 = 20;
+
+/// `stop`: one string or a list.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum StopField {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// Sampling fields shared by chat and completions.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct CommonParams {
+    pub model: Option<String>,
+    pub max_tokens: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    pub repetition_penalty: Option<f64>,
+    pub seed: Option<i64>,
+    pub stop: Option<StopField>,
+    #[serde(default)]
+    pub stop_token_ids: Vec<i64>,
+    #[serde(default)]
+    pub ignore_eos: bool,
+    pub min_tokens: Option<i64>,
+    pub n: Option<i64>,
+    pub logit_bias: Option<serde_json::Map<String, Json>>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    pub include_stop_str_in_output: bool,
+    pub skip_special_tokens: Option<bool>,
+    pub priority: Option<i64>,
+}
+
+/// `POST /v1/chat/completions` body.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatRequest {
+    pub messages: Vec<Json>,
+    #[serde(flatten)]
+    pub common: CommonParams,
+    pub max_completion_tokens: Option<i64>,
+    #[serde(default)]
+    pub logprobs: bool,
+    pub top_logprobs: Option<i64>,
+    pub add_generation_prompt: Option<bool>,
+    #[serde(default)]
+    pub continue_final_message: bool,
+    pub chat_template_kwargs: Option<serde_json::Map<String, Json>>,
+    pub tools: Option<Vec<Json>>,
+}
+
+/// `prompt` of a completion: text, texts, token ids, or lists of token ids.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum PromptField {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<i64>),
+    TokenLists(Vec<Vec<i64>>),
+}
+
+/// `POST /v1/completions` body.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CompletionRequest {
+    pub prompt: PromptField,
+    #[serde(flatten)]
+    pub common: CommonParams,
+    pub logprobs: Option<i64>,
+    #[serde(default)]
+    pub echo: bool,
+}
+
+/// What the generation pipeline needs beyond the engine's sampling parameters.
+#[derive(Debug, Clone)]
+pub struct OutputOptions {
+    pub n: u32,
+    pub stop: Vec<String>,
+    pub include_stop_str_in_output: bool,
+    pub skip_special_tokens: bool,
+    /// Top alternatives per token to report; `None` when logprobs were not asked for.
+    pub logprobs: Option<u32>,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+/// Parses a JSON body, turning every serde failure into a 400.
+pub fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError::BadRequest {
+        message: format!("invalid request body: {e}"),
+        param: None,
+    })
+}
+
+fn check_range(param: &str, value: f64, lo: f64, hi: f64) -> Result<(), ApiError> {
+    if !(lo..=hi).contains(&value) {
+        return Err(ApiError::bad(
+            param,
+            format!("{param} must be in [{lo}, {hi}], got {value}"),
+        ));
+    }
+    Ok(())
+}
+
+fn token_id(param: &str, id: i64, vocab_size: u32) -> Result<u32, ApiError> {
+    if id < 0 || id >= vocab_size as i64 {
+        return Err(ApiError::bad(
+            param,
+            format!("token id {id} is out of range [0, {vocab_size})"),
+        ));
+    }
+    Ok(id as u32)
+}
+
+/// Token ids of a prompt given as ids, checked against the vocabulary.
+pub fn prompt_ids(ids: &[i64], vocab_size: u32) -> Result<Vec<u32>, ApiError> {
+    if ids.is_empty() {
+        return Err(ApiError::bad("prompt", "prompt must not be empty"));
+    }
+    ids.iter()
+        .map(|&id| token_id("prompt", id, vocab_size))
+        .collect()
+}
+
+/// Checks the shared fields and builds the engine's sampling parameters (without `max_tokens`,
+/// which depends on the prompt length and is settled by [`resolve_max_tokens`]).
+pub fn sampling_params(
+    common: &CommonParams,
+    logprobs: Option<u32>,
+    vocab_size: u32,
+) -> Result<(SamplingParams, OutputOptions), ApiError> {
+    let mut p = SamplingParams::default();
+    if let Some(t) = common.temperature {
+        if !(t >= 0.0 && t.is_finite()) {
+            return Err(ApiError::bad(
+                "temperature",
+                format!("temperature must be >= 0, got {t}"),
+            ));
+        }
+        p.temperature = t;
+    }
+    if let Some(v) = common.top_p {
+        if !(v > 0.0 && v <= 1.0) {
+            return Err(ApiError::bad(
+                "top_p",
+                format!("top_p must be in (0, 1], got {v}"),
+            ));
+        }
+        p.top_p = v;
+    }
+    if let Some(k) = common.top_k {
+        if k < -1 {
+            return Err(ApiError::bad(
+                "top_k",
+                format!("top_k must be -1, 0 (off) or >= 1, got {k}"),
+            ));
+        }
+        p.top_k = k.max(0);
+    }
+    if let Some(v) = common.min_p {
+        check_range("min_p", v, 0.0, 1.0)?;
+        p.min_p = v;
+    }
+    if let Some(v) = common.presence_penalty {
+        check_range("presence_penalty", v, -2.0, 2.0)?;
+        p.presence_penalty = v;
+    }
+    if let Some(v) = common.frequency_penalty {
+        check_range("frequency_penalty", v, -2.0, 2.0)?;
+        p.frequency_penalty = v;
+    }
+    if let Some(v) = common.repetition_penalty {
+        if !(v > 0.0 && v.is_finite()) {
+            return Err(ApiError::bad(
+                "repetition_penalty",
+                format!("repetition_penalty must be > 0, got {v}"),
+            ));
+        }
+        p.repetition_penalty = v;
+    }
+    p.seed = common.seed;
+    p.ignore_eos = common.ignore_eos;
+    p.stop_token_ids = common
+        .stop_token_ids
+        .iter()
+        .map(|&id| token_id("stop_token_ids", id, vocab_size))
+        .collect::<Result<_, _>>()?;
+    if let Some(m) = common.min_tokens {
+        if m < 0 {
+            return Err(ApiError::bad(
+                "min_tokens",
+                format!("min_tokens must be >= 0, got {m}"),
+            ));
+        }
+        p.min_tokens = m.min(u32::MAX as i64) as u32;
+    }
+    if let Some(bias) = &common.logit_bias {
+        let mut entries = Vec::with_capacity(bias.len());
+        for (key, value) in bias {
+            let id: i64 = key.parse().map_err(|_| {
+                ApiError::bad(
+                    "logit_bias",
+                    format!("logit_bias key {key:?} is not a token id"),
+                )
+            })?;
+            let id = token_id("logit_bias", id, vocab_size)?;
+            let b = value.as_f64().ok_or_else(|| {
+                ApiError::bad("logit_bias", format!("logit_bias[{key}] is not a number"))
+            })?;
+            check_range("logit_bias", b, -100.0, 100.0)?;
+            entries.push((id, b));
+        }
+        p.logit_bias = Some(LogitBias(entries));
+    }
+    if let Some(n) = logprobs {
+        if n > MAX_LOGPROBS {
+            return Err(ApiError::bad(
+                "logprobs",
+                format!("at most {MAX_LOGPROBS} logprobs per token, got {n}"),
+            ));
+        }
+    }
+    p.logprobs = logprobs;
+    let n = common.n.unwrap_or(1);
+    if !(1..=MAX_N as i64).contains(&n) {
+        return Err(ApiError::bad(
+            "n",
+            format!("n must be in [1, {MAX_N}], got {n}"),
+        ));
+    }
+    let stop = match &common.stop {
+        None => Vec::new(),
+        Some(StopField::One(s)) => vec![s.clone()],
+        Some(StopField::Many(v)) => v.clone(),
+    };
+    if stop.iter().any(String::is_empty) {
+        return Err(ApiError::bad("stop", "stop strings must not be empty"));
+    }
+    let options = OutputOptions {
+        n: n as u32,
+        stop,
+        include_stop_str_in_output: common.include_stop_str_in_output,
+        skip_special_tokens: common.skip_special_tokens.unwrap_or(true),
+        logprobs,
+        stream: common.stream,
+        include_usage: common
+            .stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage),
+    };
+    Ok((p, options))
+}
+
+/// Settles `max_tokens` against the context window: the default fills it; a prompt that leaves
+/// no room, or a request that would overflow it, is a 400 with the counts in the message.
+pub fn resolve_max_tokens(
+    requested: Option<i64>,
+    min_tokens: u32,
+    prompt_len: usize,
+    max_model_len: u32,
+) -> Result<u32, ApiError> {
+    let max_model_len = max_model_len as usize;
+    if prompt_len >= max_model_len {
+        return Err(ApiError::bad(
+            "messages",
+            format!(
+                "This model's maximum context length is {max_model_len} tokens. However, your \
+                 prompt has {prompt_len} tokens, which leaves no room for a completion."
+            ),
+        ));
+    }
+    let room = max_model_len - prompt_len;
+    let max_tokens = match requested {
+        None => room,
+        Some(m) if m < 1 => {
+            return Err(ApiError::bad(
+                "max_tokens",
+                format!("max_tokens must be >= 1, got {m}"),
+            ))
+        }
+        Some(m) if m as u128 > room as u128 => {
+            return Err(ApiError::bad(
+                "max_tokens",
+                format!(
+                    "This model's maximum context length is {max_model_len} tokens. However, you \
+                     requested {} tokens ({prompt_len} in the prompt, {m} in the completion).",
+                    prompt_len as i64 + m
+                ),
+            ))
+        }
+        Some(m) => m as usize,
+    };
+    let max_tokens = max_tokens as u32;
+    if min_tokens > max_tokens {
+        return Err(ApiError::bad(
+            "min_tokens",
+            format!("min_tokens ({min_tokens}) must not exceed max_tokens ({max_tokens})"),
+        ));
+    }
+    Ok(max_tokens)
+}
+
+/// Chat messages as the template expects them: roles checked, text-part lists joined into one
+/// string (what vLLM does for "string" content templates), other part types rejected.
+pub fn normalize_messages(messages: &[Json]) -> Result<Vec<Json>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::bad("messages", "messages must not be empty"));
+    }
+    let mut out = Vec::with_capacity(messages.len());
+    for (i, message) in messages.iter().enumerate() {
+        let Some(obj) = message.as_object() else {
+            return Err(ApiError::bad(
+                "messages",
+                format!("messages[{i}] is not an object"),
+            ));
+        };
+        let role = obj.get("role").and_then(Json::as_str).unwrap_or("");
+        if !matches!(role, "system" | "developer" | "user" | "assistant" | "tool") {
+            return Err(ApiError::bad(
+                "messages",
+                format!("messages[{i}].role must be system, developer, user, assistant or tool, got {role:?}"),
+            ));
+        }
+        let mut obj = obj.clone();
+        match obj.get("content") {
+            None | Some(Json::Null) | Some(Json::String(_)) => {}
+            Some(Json::Array(parts)) => {
+                let mut texts = Vec::with_capacity(parts.len());
+                for part in parts {
+                    match (part.get("type").and_then(Json::as_str), part.get("text").and_then(Json::as_str)) {
+                        (Some("text"), Some(text)) => texts.push(text.to_string()),
+                        (kind, _) => {
+                            return Err(ApiError::bad(
+                                "messages",
+                                format!("messages[{i}]: content part type {kind:?} is not supported (text only)"),
+                            ))
+                        }
+                    }
+                }
+                obj.insert("content".into(), Json::String(texts.join("\n")));
+            }
+            Some(_) => {
+                return Err(ApiError::bad(
+                    "messages",
+                    format!("messages[{i}].content must be a string or a list of text parts"),
+                ))
+            }
+        }
+        out.push(Json::Object(obj));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn common(v: Json) -> CommonParams {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn ranges_are_enforced_with_the_parameter_named() {
+        for (body, param) in [
+            (json!({"temperature": -0.5}), "temperature"),
+            (json!({"top_p": 0.0}), "top_p"),
+            (json!({"top_k": -2}), "top_k"),
+            (json!({"min_p": 1.5}), "min_p"),
+            (json!({"presence_penalty": 3.0}), "presence_penalty"),
+            (json!({"repetition_penalty": 0.0}), "repetition_penalty"),
+            (json!({"n": 0}), "n"),
+            (json!({"stop_token_ids": [100]}), "stop_token_ids"),
+            (json!({"logit_bias": {"5": 101}}), "logit_bias"),
+            (json!({"logit_bias": {"x": 1}}), "logit_bias"),
+            (json!({"stop": ["a", ""]}), "stop"),
+        ] {
+            let err = sampling_params(&common(body.clone()), None, 100).unwrap_err();
+            assert_eq!(err.body()["error"]["param"], param, "{body}");
+        }
+        let err = sampling_params(&common(json!({})), Some(21), 100).unwrap_err();
+        assert_eq!(err.body()["error"]["param"], "logprobs");
+    }
+
+    #[test]
+    fn valid_values_reach_the_engine_params() {
+        let c = common(
+            json!({"temperature": 0, "top_k": -1, "seed": -7, "stop": "x",
+                              "logit_bias": {"3": -100, "1": 2.5}, "n": 3, "unknown_field": 1}),
+        );
+        let (p, o) = sampling_params(&c, Some(2), 100).unwrap();
+        assert_eq!(p.temperature, 0.0);
+        assert_eq!(p.top_k, 0);
+        assert_eq!(p.seed, Some(-7));
+        assert_eq!(p.logprobs, Some(2));
+        assert_eq!(p.logit_bias, Some(LogitBias(vec![(3, -100.0), (1, 2.5)])));
+        assert_eq!(o.n, 3);
+        assert_eq!(o.stop, vec!["x".to_string()]);
+    }
+
+    #[test]
+    fn max_tokens_against_the_context_window() {
+        assert_eq!(resolve_max_tokens(None, 0, 10, 100).unwrap(), 90);
+        assert_eq!(resolve_max_tokens(Some(90), 0, 10, 100).unwrap(), 90);
+        let err = resolve_max_tokens(Some(91), 0, 10, 100).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("100") && msg.contains("101") && msg.contains("10 in the prompt"),
+            "{msg}"
+        );
+        let err = resolve_max_tokens(None, 0, 100, 100).unwrap_err();
+        assert!(err.to_string().contains("prompt has 100 tokens"));
+        assert!(resolve_max_tokens(Some(0), 0, 1, 100).is_err());
+        assert!(resolve_max_tokens(Some(5), 6, 1, 100).is_err());
+    }
+
+    #[test]
+    fn messages_are_normalized() {
+        let m = normalize_messages(&[json!({"role": "user", "content": [
+            {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]})])
+        .unwrap();
+        assert_eq!(m[0]["content"], "a\nb");
+        assert!(normalize_messages(&[json!({"role": "wizard", "content": "x"})]).is_err());
+        assert!(
+            normalize_messages(&[json!({"role": "user", "content": [{"type": "image_url"}]})])
+                .is_err()
+        );
+        assert!(normalize_messages(&[]).is_err());
+    }
+
+    #[test]
+    fn prompt_shapes() {
+        let p: PromptField = serde_json::from_value(json!("hi")).unwrap();
+        assert!(matches!(p, PromptField::Text(_)));
+        let p: PromptField = serde_json::from_value(json!(["a", "b"])).unwrap();
+        assert!(matches!(p, PromptField::Texts(v) if v.len() == 2));
+        let p: PromptField = serde_json::from_value(json!([1, 2])).unwrap();
+        assert!(matches!(p, PromptField::Tokens(v) if v == vec![1, 2]));
+        let p: PromptField = serde_json::from_value(json!([[1], [2, 3]])).unwrap();
+        assert!(matches!(p, PromptField::TokenLists(v) if v.len() == 2));
+        assert!(prompt_ids(&[5, 200], 100).is_err());
+        assert!(prompt_ids(&[], 100).is_err());
+    }
+}

@@ -1,0 +1,163 @@
+//! `POST /v1/chat/completions`.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::response::{IntoResponse, Response};
+use axum::Json as JsonResponse;
+use serde_json::{json, Value as Json};
+use voltllm_chat::RenderOptions;
+
+use super::{blocking, body_bytes, new_id, sse_response, usage, SharedState};
+use crate::error::ApiError;
+use crate::generate::{self, unix_now, Generation, TokenLogprob};
+use crate::openai::{self, ChatRequest, MAX_LOGPROBS};
+
+/// OpenAI chat `logprobs.content` entries.
+fn logprobs_json(logprobs: &[TokenLogprob]) -> Json {
+    let content: Vec<Json> = logprobs
+        .iter()
+        .map(|lp| {
+            json!({
+                "token": lp.token,
+                "logprob": lp.logprob,
+                "bytes": lp.token.as_bytes(),
+                "top_logprobs": lp.top.iter().map(|(t, l)| json!({
+                    "token": t, "logprob": l, "bytes": t.as_bytes(),
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    json!({ "content": content })
+}
+
+/// Handler.
+pub async fn chat_completions(
+    state: SharedState,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let state = state.0;
+    let body = body_bytes(&state, body)?;
+    let req: ChatRequest = openai::parse_body(&body)?;
+    state.check_model(req.common.model.as_deref())?;
+    let template = state.template.clone().ok_or_else(|| {
+        ApiError::bad(
+            "messages",
+            "this model has no chat template; use /v1/completions instead",
+        )
+    })?;
+    let logprobs = match (req.logprobs, req.top_logprobs) {
+        (_, Some(n)) if !(0..=MAX_LOGPROBS as i64).contains(&n) => {
+            return Err(ApiError::bad(
+                "top_logprobs",
+                format!("top_logprobs must be in [0, {MAX_LOGPROBS}], got {n}"),
+            ))
+        }
+        (false, Some(n)) if n > 0 => {
+            return Err(ApiError::bad(
+                "top_logprobs",
+                "top_logprobs requires logprobs to be true",
+            ))
+        }
+        (true, n) => Some(n.unwrap_or(0) as u32),
+        (false, _) => None,
+    };
+    let (mut params, options) = openai::sampling_params(&req.common, logprobs, state.vocab_size)?;
+    let messages = openai::normalize_messages(&req.messages)?;
+    let render = RenderOptions {
+        add_generation_prompt: req
+            .add_generation_prompt
+            .unwrap_or(!req.continue_final_message),
+        continue_final_message: req.continue_final_message,
+        tools: req.tools.clone(),
+        extra: req.chat_template_kwargs.clone().unwrap_or_default(),
+        ..Default::default()
+    };
+    let tokenizer = state.tokenizer.clone();
+    let prompt_ids = blocking(move || {
+        let text = template.render(&messages, &render)?;
+        // The template already wrote BOS and friends.
+        Ok(tokenizer.encode(&text, false)?)
+    })
+    .await?;
+    if prompt_ids.is_empty() {
+        return Err(ApiError::bad("messages", "the rendered prompt is empty"));
+    }
+    let requested = req.max_completion_tokens.or(req.common.max_tokens);
+    params.max_tokens = openai::resolve_max_tokens(
+        requested,
+        params.min_tokens,
+        prompt_ids.len(),
+        state.max_model_len,
+    )?;
+
+    let id = new_id("chatcmpl");
+    let created = unix_now() as u64;
+    let model = state.model_name().to_string();
+    let n = options.n as usize;
+    let prompt_len = prompt_ids.len();
+    let stream = options.stream;
+    let include_usage = options.include_usage;
+    let deltas = generate::start(
+        &state,
+        Generation {
+            prompts: vec![prompt_ids],
+            params: vec![params],
+            options,
+            request_id: id.clone(),
+        },
+    )?;
+
+    if stream {
+        let (id2, model2) = (id.clone(), model.clone());
+        let head = move |choices: Json| json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choices});
+        let prefix = (0..n)
+            .map(|i| head(json!([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}])))
+            .collect();
+        let chunk = move |d: generate::ChoiceDelta| {
+            let delta = if d.text.is_empty() {
+                json!({})
+            } else {
+                json!({"content": d.text})
+            };
+            let logprobs = if logprobs.is_some() {
+                logprobs_json(&d.logprobs)
+            } else {
+                Json::Null
+            };
+            head(
+                json!([{"index": d.index, "delta": delta, "logprobs": logprobs,
+                         "finish_reason": d.finish_reason, "stop_reason": d.stop_reason}]),
+            )
+        };
+        let usage_chunk = include_usage.then_some(move |completion: usize| {
+            json!({"id": id2, "object": "chat.completion.chunk", "created": created, "model": model2,
+                   "choices": [], "usage": usage(prompt_len, completion)})
+        });
+        return Ok(sse_response(prefix, deltas, chunk, usage_chunk));
+    }
+
+    let choices = generate::collect(deltas, n).await?;
+    let completion: usize = choices.iter().map(|c| c.num_tokens).sum();
+    let choices: Vec<Json> = choices
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            json!({
+                "index": i,
+                "message": {"role": "assistant", "content": c.text},
+                "logprobs": if logprobs.is_some() { logprobs_json(&c.logprobs) } else { Json::Null },
+                "finish_reason": c.finish_reason,
+                "stop_reason": c.stop_reason,
+            })
+        })
+        .collect();
+    Ok(JsonResponse(json!({
+        "id": id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "usage": usage(prompt_len, completion),
+    }))
+    .into_response())
+}

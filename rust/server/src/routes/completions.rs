@@ -1,0 +1,173 @@
+//! `POST /v1/completions`.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::response::{IntoResponse, Response};
+use axum::Json as JsonResponse;
+use serde_json::{json, Map, Value as Json};
+
+use super::{blocking, body_bytes, new_id, sse_response, usage, SharedState};
+use crate::error::ApiError;
+use crate::generate::{self, unix_now, Generation, TokenLogprob};
+use crate::openai::{self, CompletionRequest, PromptField};
+
+/// Legacy completions `logprobs` object; `offset` is where this piece of text starts.
+fn logprobs_json(logprobs: &[TokenLogprob], mut offset: usize) -> Json {
+    let mut tokens = Vec::with_capacity(logprobs.len());
+    let mut token_logprobs = Vec::with_capacity(logprobs.len());
+    let mut top = Vec::with_capacity(logprobs.len());
+    let mut offsets = Vec::with_capacity(logprobs.len());
+    for lp in logprobs {
+        tokens.push(json!(lp.token));
+        token_logprobs.push(json!(lp.logprob));
+        let mut alternatives = Map::new();
+        for (t, l) in &lp.top {
+            alternatives.insert(t.clone(), json!(l));
+        }
+        top.push(Json::Object(alternatives));
+        offsets.push(json!(offset));
+        offset += lp.token.len();
+    }
+    json!({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets})
+}
+
+/// Handler.
+pub async fn completions(
+    state: SharedState,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let state = state.0;
+    let body = body_bytes(&state, body)?;
+    let req: CompletionRequest = openai::parse_body(&body)?;
+    state.check_model(req.common.model.as_deref())?;
+    let logprobs = match req.logprobs {
+        Some(n) if n < 0 => {
+            return Err(ApiError::bad(
+                "logprobs",
+                format!("logprobs must be >= 0, got {n}"),
+            ))
+        }
+        Some(n) => Some(n.min(u32::MAX as i64) as u32),
+        None => None,
+    };
+    let (base_params, options) = openai::sampling_params(&req.common, logprobs, state.vocab_size)?;
+
+    let vocab = state.vocab_size;
+    let tokenizer = state.tokenizer.clone();
+    let echo = req.echo;
+    // (token ids, echo text) per prompt; tokenization and decoding run off the async workers.
+    let prompts: Vec<(Vec<u32>, String)> = blocking(move || {
+        let prompts: Vec<(Vec<u32>, Option<String>)> = match req.prompt {
+            PromptField::Text(t) => vec![(tokenizer.encode(&t, true)?, Some(t))],
+            PromptField::Texts(ts) => ts
+                .into_iter()
+                .map(|t| Ok((tokenizer.encode(&t, true)?, Some(t))))
+                .collect::<Result<_, ApiError>>()?,
+            PromptField::Tokens(ids) => vec![(openai::prompt_ids(&ids, vocab)?, None)],
+            PromptField::TokenLists(lists) => lists
+                .iter()
+                .map(|ids| Ok((openai::prompt_ids(ids, vocab)?, None)))
+                .collect::<Result<_, ApiError>>()?,
+        };
+        prompts
+            .into_iter()
+            .map(|(ids, text)| {
+                if ids.is_empty() {
+                    return Err(ApiError::bad("prompt", "prompt must not be empty"));
+                }
+                let echo_text = match (echo, text) {
+                    (false, _) => String::new(),
+                    (true, Some(t)) => t,
+                    (true, None) => tokenizer.decode(&ids, false)?,
+                };
+                Ok((ids, echo_text))
+            })
+            .collect()
+    })
+    .await?;
+    if prompts.is_empty() {
+        return Err(ApiError::bad("prompt", "prompt must not be empty"));
+    }
+    let mut params = Vec::with_capacity(prompts.len());
+    for (ids, _) in &prompts {
+        let mut p = base_params.clone();
+        p.max_tokens = openai::resolve_max_tokens(
+            Some(req.common.max_tokens.unwrap_or(16)),
+            p.min_tokens,
+            ids.len(),
+            state.max_model_len,
+        )?;
+        params.push(p);
+    }
+
+    let id = new_id("cmpl");
+    let created = unix_now() as u64;
+    let model = state.model_name().to_string();
+    let n = options.n as usize;
+    let prompt_tokens: usize = prompts.iter().map(|(ids, _)| ids.len()).sum();
+    let stream = options.stream;
+    let include_usage = options.include_usage;
+    // Echo text of every choice (choice i*n+j belongs to prompt i).
+    let echoes: Vec<String> = prompts
+        .iter()
+        .flat_map(|(_, e)| std::iter::repeat(e.clone()).take(n))
+        .collect();
+    let (prompt_ids, _): (Vec<Vec<u32>>, Vec<String>) = prompts.into_iter().unzip();
+    let num_choices = prompt_ids.len() * n;
+    let deltas = generate::start(
+        &state,
+        Generation {
+            prompts: prompt_ids,
+            params,
+            options,
+            request_id: id.clone(),
+        },
+    )?;
+
+    let head = move |choices: Json| json!({"id": id, "object": "text_completion", "created": created, "model": model, "choices": choices});
+    if stream {
+        let prefix = echoes
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| !e.is_empty())
+            .map(|(i, e)| {
+                head(json!([{"index": i, "text": e, "logprobs": null, "finish_reason": null}]))
+            })
+            .collect();
+        let mut offsets: Vec<usize> = echoes.iter().map(String::len).collect();
+        let head2 = head.clone();
+        let chunk = move |d: generate::ChoiceDelta| {
+            let i = d.index as usize;
+            let lp = logprobs.map(|_| logprobs_json(&d.logprobs, offsets[i]));
+            offsets[i] += d.text.len();
+            head2(json!([{"index": i, "text": d.text, "logprobs": lp,
+                          "finish_reason": d.finish_reason, "stop_reason": d.stop_reason}]))
+        };
+        let usage_chunk = include_usage.then_some(move |completion: usize| {
+            let mut v = head(json!([]));
+            v["usage"] = usage(prompt_tokens, completion);
+            v
+        });
+        return Ok(sse_response(prefix, deltas, chunk, usage_chunk));
+    }
+
+    let choices = generate::collect(deltas, num_choices).await?;
+    let completion: usize = choices.iter().map(|c| c.num_tokens).sum();
+    let choices: Vec<Json> = choices
+        .into_iter()
+        .zip(echoes)
+        .enumerate()
+        .map(|(i, (c, echo))| {
+            json!({
+                "index": i,
+                "text": format!("{echo}{}", c.text),
+                "logprobs": logprobs.map(|_| logprobs_json(&c.logprobs, echo.len())),
+                "finish_reason": c.finish_reason,
+                "stop_reason": c.stop_reason,
+            })
+        })
+        .collect();
+    let mut body = head(Json::Array(choices));
+    body["usage"] = usage(prompt_tokens, completion);
+    Ok(JsonResponse(body).into_response())
+}

@@ -1,0 +1,147 @@
+//! `/v1/models`, `/health`, `/version`, `/tokenize`, `/detokenize`, `/metrics`.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json as JsonResponse;
+use serde::Deserialize;
+use serde_json::{json, Value as Json};
+use voltllm_chat::RenderOptions;
+
+use super::{blocking, body_bytes, SharedState};
+use crate::error::ApiError;
+use crate::generate::unix_now;
+use crate::openai;
+
+/// `GET /v1/models`.
+pub async fn models(state: SharedState) -> JsonResponse<Json> {
+    let created = unix_now() as u64;
+    let data: Vec<Json> = state
+        .served_model_names
+        .iter()
+        .map(|name| {
+            json!({"id": name, "object": "model", "created": created, "owned_by": "voltllm",
+                   "root": state.model_root, "parent": null, "max_model_len": state.max_model_len})
+        })
+        .collect();
+    JsonResponse(json!({"object": "list", "data": data}))
+}
+
+/// `GET /health`: 200 while every engine lives, 503 after one died.
+pub async fn health(state: SharedState) -> Response {
+    if state.client.is_healthy() {
+        StatusCode::OK.into_response()
+    } else {
+        ApiError::Unavailable("an engine died; the server is shutting down".into()).into_response()
+    }
+}
+
+/// `GET /version`.
+pub async fn version() -> JsonResponse<Json> {
+    JsonResponse(json!({"version": env!("CARGO_PKG_VERSION")}))
+}
+
+/// `GET /metrics` in the Prometheus text format.
+pub async fn metrics(state: SharedState) -> Result<Response, ApiError> {
+    let text = crate::metrics::render(&state.registry)
+        .map_err(|_| ApiError::Internal("cannot encode metrics".into()))?;
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
+}
+
+#[derive(Deserialize)]
+struct TokenizeRequest {
+    model: Option<String>,
+    prompt: Option<String>,
+    messages: Option<Vec<Json>>,
+    #[serde(default = "yes")]
+    add_special_tokens: bool,
+    add_generation_prompt: Option<bool>,
+    chat_template_kwargs: Option<serde_json::Map<String, Json>>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `POST /tokenize`: `{"prompt"}` or `{"messages"}` (rendered with the chat template) to ids.
+pub async fn tokenize(
+    state: SharedState,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<JsonResponse<Json>, ApiError> {
+    let state = state.0;
+    let req: TokenizeRequest = openai::parse_body(&body_bytes(&state, body)?)?;
+    state.check_model(req.model.as_deref())?;
+    let tokenizer = state.tokenizer.clone();
+    let template = state.template.clone();
+    let tokens = blocking(move || match (req.prompt, req.messages) {
+        (Some(prompt), None) => Ok(tokenizer.encode(&prompt, req.add_special_tokens)?),
+        (None, Some(messages)) => {
+            let template = template
+                .ok_or_else(|| ApiError::bad("messages", "this model has no chat template"))?;
+            let messages = openai::normalize_messages(&messages)?;
+            let opts = RenderOptions {
+                add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
+                extra: req.chat_template_kwargs.unwrap_or_default(),
+                ..Default::default()
+            };
+            let text = template.render(&messages, &opts)?;
+            Ok(tokenizer.encode(&text, false)?)
+        }
+        _ => Err(ApiError::bad(
+            "prompt",
+            "give exactly one of prompt or messages",
+        )),
+    })
+    .await?;
+    Ok(JsonResponse(json!({
+        "count": tokens.len(),
+        "max_model_len": state.max_model_len,
+        "tokens": tokens,
+    })))
+}
+
+#[derive(Deserialize)]
+struct DetokenizeRequest {
+    model: Option<String>,
+    tokens: Vec<i64>,
+}
+
+/// `POST /detokenize`: ids to text.
+pub async fn detokenize(
+    state: SharedState,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<JsonResponse<Json>, ApiError> {
+    let state = state.0;
+    let req: DetokenizeRequest = openai::parse_body(&body_bytes(&state, body)?)?;
+    state.check_model(req.model.as_deref())?;
+    let vocab = state.vocab_size;
+    let tokenizer = state.tokenizer.clone();
+    let text = blocking(move || {
+        let ids: Vec<u32> = req
+            .tokens
+            .iter()
+            .map(|&id| {
+                u32::try_from(id)
+                    .ok()
+                    .filter(|&id| id < vocab)
+                    .ok_or_else(|| {
+                        ApiError::bad(
+                            "tokens",
+                            format!("token id {id} is out of range [0, {vocab})"),
+                        )
+                    })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(tokenizer.decode(&ids, false)?)
+    })
+    .await?;
+    Ok(JsonResponse(json!({ "prompt": text })))
+}
