@@ -112,13 +112,12 @@ class EngineCoreProc:
         self._output_thread = threading.Thread(
             target=self._output_loop, args=(output_address,), name="engine-output", daemon=True
         )
+        # Both connect at once, so the front end's ROUTER knows this engine by READY time; requests
+        # that arrive while the model loads wait in the input queue.
         self._output_thread.start()
+        self._input_thread.start()
 
     # ----- I/O threads -----------------------------------------------------------------------------
-
-    def start_input(self) -> None:
-        """Start reading requests (after the model loaded: nothing can be served before)."""
-        self._input_thread.start()
 
     def _input_loop(self, address: str) -> None:
         sock = self.ctx.socket(zmq.DEALER)
@@ -259,7 +258,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         core = EngineCore.from_config(config_from_args(args), engine_index=args.engine_index)
         proc.loaded = True
-        proc.start_input()
         proc.send(MessageType.READY, core.ready_message(args.served_model_name or args.model))
         logger.info(
             "engine %d ready: %d KV blocks of %d, max_model_len %d, pid %d",
