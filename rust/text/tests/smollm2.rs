@@ -2,14 +2,15 @@
 //! BPE), against golden ids produced by the Python `tokenizers` package
 //! (`tests/fixtures/gen_tokenizer_fixtures.py`).
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use serde::Deserialize;
 use voltllm_text::{IncrementalDetokenizer, StopChecker, TextError, Tokenizer};
 
 fn fixture_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/smollm2")
+    common::fixture_dir("smollm2")
 }
 
 /// The fixture tokenizer, loaded once: parsing the 3.5 MB `tokenizer.json` dominates test time.
@@ -20,52 +21,19 @@ fn tokenizer() -> Tokenizer {
         .clone()
 }
 
-#[derive(Deserialize)]
-struct Golden {
-    vocab_size: usize,
-    cases: Vec<GoldenCase>,
-}
-
-#[derive(Deserialize)]
-struct GoldenCase {
-    text: String,
-    add_special_tokens: bool,
-    ids: Vec<u32>,
-    decoded: String,
-    decoded_skip_special: String,
-}
-
-fn golden() -> Golden {
-    let text = std::fs::read_to_string(fixture_dir().join("encode_golden.json")).unwrap();
-    serde_json::from_str(&text).unwrap()
-}
-
-/// A scratch folder under the system temp dir, unique per test.
-fn scratch_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("voltllm-text-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 #[test]
 fn encode_and_decode_match_python_tokenizers() {
-    let tok = tokenizer();
-    let golden = golden();
-    assert_eq!(tok.vocab_size(), golden.vocab_size);
-    assert!(golden.cases.len() >= 20);
-    for case in &golden.cases {
-        let ids = tok.encode(&case.text, case.add_special_tokens).unwrap();
-        assert_eq!(ids, case.ids, "encode {:?}", case.text);
-        assert_eq!(tok.decode(&ids, false).unwrap(), case.decoded);
-        assert_eq!(tok.decode(&ids, true).unwrap(), case.decoded_skip_special);
-    }
+    common::assert_matches_golden(&tokenizer(), "smollm2");
 }
 
 #[test]
 fn batch_apis_agree_with_single_calls() {
     let tok = tokenizer();
-    let texts: Vec<String> = golden().cases.into_iter().map(|c| c.text).collect();
+    let texts: Vec<String> = common::golden("smollm2")
+        .cases
+        .into_iter()
+        .map(|c| c.text)
+        .collect();
     let batch = tok.encode_batch(&texts, false).unwrap();
     for (text, ids) in texts.iter().zip(&batch) {
         assert_eq!(ids, &tok.encode(text, false).unwrap());
@@ -110,7 +78,7 @@ fn from_file_knows_no_special_token_names() {
 
 #[test]
 fn generation_config_adds_eos_ids() {
-    let dir = scratch_dir("genconfig");
+    let dir = common::scratch_dir("genconfig");
     for name in ["tokenizer.json", "tokenizer_config.json"] {
         std::fs::copy(fixture_dir().join(name), dir.join(name)).unwrap();
     }
@@ -126,7 +94,7 @@ fn generation_config_adds_eos_ids() {
 
 #[test]
 fn bad_files_give_typed_errors() {
-    let empty = scratch_dir("empty");
+    let empty = common::scratch_dir("empty");
     assert!(matches!(
         Tokenizer::from_model_dir(&empty),
         Err(TextError::MissingTokenizerFile(_))
@@ -166,14 +134,6 @@ fn unknown_ids_are_errors_not_silently_dropped() {
     assert_eq!(detok.push_many(&ids).unwrap(), "still fine");
 }
 
-/// Streams `output` through a detokenizer token by token; returns the pieces.
-fn stream(tok: &Tokenizer, prompt: &[u32], output: &[u32], skip_special: bool) -> Vec<String> {
-    let mut detok = IncrementalDetokenizer::new(tok.clone(), prompt, skip_special).unwrap();
-    let mut pieces: Vec<String> = output.iter().map(|&id| detok.push(id).unwrap()).collect();
-    pieces.push(detok.flush().unwrap());
-    pieces
-}
-
 #[test]
 fn detokenizer_never_emits_broken_characters() {
     let tok = tokenizer();
@@ -194,7 +154,7 @@ fn detokenizer_never_emits_broken_characters() {
     let mut held_back_somewhere = false;
     for text in texts {
         let ids = tok.encode(text, false).unwrap();
-        let pieces = stream(&tok, &prompt, &ids, false);
+        let pieces = common::stream(&tok, &prompt, &ids, false);
         for piece in &pieces {
             assert!(
                 !piece.contains('\u{FFFD}'),
@@ -227,10 +187,10 @@ fn detokenizer_without_prompt_and_with_skipped_special_tokens() {
     let ids = tok
         .encode("Hi 🤖!<|im_end|>\n<|im_start|>user\n再见", false)
         .unwrap();
-    let pieces = stream(&tok, &[], &ids, true);
+    let pieces = common::stream(&tok, &[], &ids, true);
     assert_eq!(pieces.concat(), tok.decode(&ids, true).unwrap());
     assert!(!pieces.concat().contains("<|im_end|>"));
-    let pieces = stream(&tok, &[], &ids, false);
+    let pieces = common::stream(&tok, &[], &ids, false);
     assert_eq!(pieces.concat(), tok.decode(&ids, false).unwrap());
 }
 
