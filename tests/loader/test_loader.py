@@ -175,3 +175,10 @@ def test_dummy_model_runs_on_cuda_in_fp16(tmp_path: Path) -> None:
     with torch.inference_mode():
         logits = model.compute_logits(model(ids, torch.arange(n, device="cuda"), metadata, kv_caches))
     assert logits.shape == (n, loaded.vocab_size) and torch.isfinite(logits).all()
+
+
+def test_corrupt_safetensors_file(tmp_path: Path) -> None:
+    save_tiny_model(ARCH, tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(ValueError, match="not a readable safetensors file"):
+        _load(tmp_path)

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -38,8 +38,11 @@ def iterate_safetensors(files: list[Path], progress: bool = True) -> Iterator[tu
     file, so only what the caller copies is ever read from disk."""
     total = 0
     for path in files:
-        with safe_open(path, framework="pt", device="cpu") as f:
-            total += len(f.keys())
+        try:
+            with safe_open(path, framework="pt", device="cpu") as f:
+                total += len(f.keys())
+        except SafetensorError as e:  # reading every header first means no half-loaded model on failure
+            raise ValueError(f"{path} is not a readable safetensors file: {e}") from e
     with tqdm(total=total, desc="Loading weights", unit="tensor", disable=not progress) as bar:
         for path in files:
             with safe_open(path, framework="pt", device="cpu") as f:
