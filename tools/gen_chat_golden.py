@@ -142,6 +142,12 @@ MESSAGE_LISTS: dict[str, list[dict[str, Any]]] = {
         {"role": "user", "content": "And 6*7?"},
         {"role": "assistant", "content": "<think>\n6*7=42\n</think>\n\n42"},
     ],
+    "reasoning_aliases": [
+        {"role": "user", "content": "Q1"},
+        {"role": "assistant", "content": "A1", "reasoning": "old-style field"},
+        {"role": "user", "content": "Q2"},
+        {"role": "assistant", "reasoning_content": "r2", "content": "A2", "thinking": "own thinking"},
+    ],
     "bad_alternation": [
         {"role": "user", "content": "one"},
         {"role": "user", "content": "two"},

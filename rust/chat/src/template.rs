@@ -161,11 +161,21 @@ impl ChatTemplate {
                     "continue_final_message and add_generation_prompt are not compatible".into(),
                 ));
             }
+            // transformers refuses when the template never reads `content`.
+            if !self.inner.sources[name].contains("content") {
+                return Err(ChatError::InvalidOptions(
+                    "continue_final_message is set but the chat template does not use the \
+                     message content"
+                        .into(),
+                ));
+            }
             Some(tag_final_message(&mut messages)?)
         } else {
             None
         };
 
+        check_objects("tools", opts.tools.as_deref())?;
+        check_objects("documents", opts.documents.as_deref())?;
         let ctx = self.context(messages, opts)?;
         let template = self
             .inner
@@ -466,19 +476,33 @@ fn normalize_messages(messages: &[Json]) -> Result<Vec<Json>> {
                 .iter()
                 .find_map(|key| fields.get(*key).cloned());
             if let Some(reasoning) = reasoning {
-                // `{"thinking": r, **message, "reasoning_content": r}`: `thinking` keeps its own
-                // value and position if present; `reasoning_content` is always overwritten.
-                if !fields.contains_key("thinking") {
-                    let mut reordered = Map::new();
-                    reordered.insert("thinking".into(), reasoning.clone());
-                    reordered.extend(fields);
-                    fields = reordered;
-                }
-                fields.insert("reasoning_content".into(), reasoning);
+                // Python's `{"thinking": r, **message, "reasoning_content": r}`: `thinking` comes
+                // first (keeping the message's own value if it has one) and `reasoning_content`
+                // is overwritten in place or appended.
+                let thinking = fields.shift_remove("thinking").unwrap_or(reasoning.clone());
+                let mut reordered = Map::new();
+                reordered.insert("thinking".into(), thinking);
+                reordered.extend(fields);
+                reordered.insert("reasoning_content".into(), reasoning);
+                fields = reordered;
             }
             Ok(Json::Object(fields))
         })
         .collect()
+}
+
+/// transformers accepts tools and documents only as JSON objects (dicts).
+fn check_objects(what: &str, items: Option<&[Json]>) -> Result<()> {
+    match items
+        .unwrap_or_default()
+        .iter()
+        .position(|item| !item.is_object())
+    {
+        Some(i) => Err(ChatError::InvalidOptions(format!(
+            "{what}[{i}] is not a JSON object"
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// Appends [`CONTINUE_TAG`] to the final message's text; returns that text (before the tag).
@@ -646,6 +670,58 @@ mod tests {
         opts.extra.insert("messages".into(), json!([]));
         let err = render("x", json!([{"role": "user", "content": "x"}]), &opts).unwrap_err();
         assert!(matches!(err, ChatError::InvalidOptions(_)), "{err:?}");
+    }
+
+    #[test]
+    fn reasoning_fields_are_aliased_like_transformers() {
+        let out = render(
+            "{% for m in messages %}{{ m.keys() | list }}|{{ m.thinking }}|{{ m.reasoning_content }}\n{% endfor %}",
+            json!([
+                {"role": "assistant", "content": "a", "reasoning": "r1"},
+                {"role": "assistant", "reasoning_content": "r2", "content": "b", "thinking": "own"},
+            ]),
+            &RenderOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            out,
+            "['thinking', 'role', 'content', 'reasoning', 'reasoning_content']|r1|r1\n\
+             ['thinking', 'role', 'reasoning_content', 'content']|own|r2\n"
+        );
+    }
+
+    #[test]
+    fn tools_must_be_objects() {
+        let opts = RenderOptions {
+            tools: Some(vec![json!("not a schema")]),
+            ..Default::default()
+        };
+        let err = render("x", json!([{"role": "user", "content": "x"}]), &opts).unwrap_err();
+        assert!(matches!(err, ChatError::InvalidOptions(_)), "{err:?}");
+    }
+
+    #[test]
+    fn continue_final_message_needs_a_template_reading_content() {
+        let opts = RenderOptions {
+            continue_final_message: true,
+            ..Default::default()
+        };
+        let messages = json!([{"role": "assistant", "content": "partial"}]);
+        let err = render("{{ messages | length }}", messages.clone(), &opts).unwrap_err();
+        assert!(matches!(err, ChatError::InvalidOptions(_)), "{err:?}");
+        let out = render(
+            "{% for m in messages %}<{{ m.role }}>{{ m.content }}</s>{% endfor %}",
+            messages,
+            &opts,
+        )
+        .unwrap();
+        assert_eq!(out, "<assistant>partial");
+    }
+
+    #[test]
+    fn chat_template_is_send_and_sync() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<ChatTemplate>();
     }
 
     #[test]
