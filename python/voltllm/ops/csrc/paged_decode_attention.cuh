@@ -101,18 +101,6 @@ __device__ __forceinline__ void paged_decode_attention_block(const DecodeParams&
   float* stat_max = reinterpret_cast<float*>(smem + Tr::kQBytes + Tr::kWarps * Tr::kWarpBytes);
   float* stat_sum = stat_max + Tr::kWarps * Tr::kRows;
 
-  // Query rows of this group; rows past the group stay zero so their scores are finite.
-  const T* query = static_cast<const T*>(p.query) + seq * p.query_stride + kv_head * group * HEAD;
-  for (int c = threadIdx.x; c < Tr::kRows * kChunksPerRow; c += Tr::kThreads) {
-    const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (r < group) v = *reinterpret_cast<const uint4*>(query + r * HEAD + col);
-    *reinterpret_cast<uint4*>(q_s + r * Tr::kLdKV + col) = v;
-  }
-
-  int acc_rows[FragC::num_elements];
-  fragment_rows<FragC>(s_s, Tr::kLdS, acc_rows);
-
   const long long token_stride = static_cast<long long>(p.num_kv_heads) * HEAD;
   const T* k_cache = static_cast<const T*>(p.key_cache) + kv_head * HEAD;
   const T* v_cache = static_cast<const T*>(p.value_cache) + kv_head * HEAD;
@@ -130,6 +118,28 @@ __device__ __forceinline__ void paged_decode_attention_block(const DecodeParams&
     }
   };
 
+  const int first_block = start / kBlockSize + warp;
+  const int last_block = (end - 1) / kBlockSize;  // inclusive
+  // The first block's loads are issued before the query is staged, so the two latencies overlap.
+  // Block ids are read one step ahead of the K/V they locate, so issuing a block's loads never
+  // waits for its block-table entry.
+  int next_id = first_block <= last_block ? block_table[first_block] : 0;
+  if (Tr::kPrefetch && first_block <= last_block) {
+    load_block(next_id);
+    next_id = first_block + Tr::kWarps <= last_block ? block_table[first_block + Tr::kWarps] : 0;
+  }
+  // Query rows of this group; rows past the group stay zero so their scores are finite.
+  const T* query = static_cast<const T*>(p.query) + seq * p.query_stride + kv_head * group * HEAD;
+  for (int c = threadIdx.x; c < Tr::kRows * kChunksPerRow; c += Tr::kThreads) {
+    const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r < group) v = *reinterpret_cast<const uint4*>(query + r * HEAD + col);
+    *reinterpret_cast<uint4*>(q_s + r * Tr::kLdKV + col) = v;
+  }
+
+  int acc_rows[FragC::num_elements];
+  fragment_rows<FragC>(s_s, Tr::kLdS, acc_rows);
+
   FragC o_acc[kDTiles];
 #pragma unroll
   for (int j = 0; j < kDTiles; ++j) wmma::fill_fragment(o_acc[j], 0.f);
@@ -141,15 +151,6 @@ __device__ __forceinline__ void paged_decode_attention_block(const DecodeParams&
 
   __syncthreads();  // q_s complete
 
-  const int first_block = start / kBlockSize + warp;
-  const int last_block = (end - 1) / kBlockSize;  // inclusive
-  // Block ids are read one step ahead of the K/V they locate, so issuing a block's loads never
-  // waits for its block-table entry.
-  int next_id = first_block <= last_block ? block_table[first_block] : 0;
-  if (Tr::kPrefetch && first_block <= last_block) {
-    load_block(next_id);
-    next_id = first_block + Tr::kWarps <= last_block ? block_table[first_block + Tr::kWarps] : 0;
-  }
   for (int b = first_block; b <= last_block; b += Tr::kWarps) {
     if (!Tr::kPrefetch) {
       load_block(next_id);

@@ -126,9 +126,12 @@ __device__ __forceinline__ void paged_prefill_attention_block(const PrefillParam
   const T* query = static_cast<const T*>(p.query) + (q_start + row0) * p.query_stride + head * HEAD;
   for (int c = threadIdx.x; c < Tr::kBlockM * kChunksPerRow; c += Tr::kThreads) {
     const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (r < rows) v = *reinterpret_cast<const uint4*>(query + r * p.query_stride + col);
-    *reinterpret_cast<uint4*>(q_s + r * Tr::kLdQKV + col) = v;
+    // Q is pre-scaled by softmax_scale * log2(e), so scores come out of the MMA in log2 units.
+    float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (r < rows) load_floats(query + r * p.query_stride + col, v);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] *= p.scale_log2;
+    store_floats(q_s + r * Tr::kLdQKV + col, v);
   }
   int acc_rows[FragC::num_elements];
   fragment_rows<FragC>(s_s, Tr::kLdS, acc_rows);
@@ -222,27 +225,43 @@ __device__ __forceinline__ void paged_prefill_attention_block(const PrefillParam
     __syncwarp();
 
     // Online softmax, two lanes per row. Scores are read twice (max, then exp) instead of being
-    // held in registers, which the output accumulators need.
+    // held in registers, which the output accumulators need. Masks are only evaluated on tiles
+    // that cross this warp's diagonal or window edge (a warp-uniform test).
     const int window_lo = p.sliding_window > 0 ? my_pos - p.sliding_window + 1 : 0;
-    const float* s_row = s_s + my_row * Tr::kLdS + my_col;
+    const bool need_mask = tile_start + Tr::kBlockN - 1 > warp_min_pos ||
+                           (p.sliding_window > 0 && tile_start < warp_max_pos - p.sliding_window + 1);
+    const float4* s_vec = reinterpret_cast<const float4*>(s_s + my_row * Tr::kLdS + my_col);
     const int first_key = tile_start + my_col;
-    auto score = [&](int i) {
-      const int pos = first_key + i;
-      return (pos <= my_pos && pos >= window_lo) ? s_row[i] * p.scale_log2 : neg_inf();
+    auto scores4 = [&](int i) {
+      float4 v = s_vec[i];
+      if (need_mask) {
+        const int k = first_key + 4 * i;
+        v.x = (k <= my_pos && k >= window_lo) ? v.x : neg_inf();
+        v.y = (k + 1 <= my_pos && k + 1 >= window_lo) ? v.y : neg_inf();
+        v.z = (k + 2 <= my_pos && k + 2 >= window_lo) ? v.z : neg_inf();
+        v.w = (k + 3 <= my_pos && k + 3 >= window_lo) ? v.w : neg_inf();
+      }
+      return v;
     };
     float tile_max = neg_inf();
-#pragma unroll 8
-    for (int i = 0; i < kColsPerLane; ++i) tile_max = fmaxf(tile_max, score(i));
+#pragma unroll
+    for (int i = 0; i < kColsPerLane / 4; ++i) {
+      const float4 v = scores4(i);
+      tile_max = fmaxf(tile_max, fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w)));
+    }
     tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
     const float new_max = fmaxf(row_max, tile_max);
     const float ref = new_max == neg_inf() ? 0.f : new_max;
     float tile_sum = 0.f;
-#pragma unroll 8
-    for (int i = 0; i < kColsPerLane; i += 2) {
-      const float e0 = exp2f(score(i) - ref), e1 = exp2f(score(i + 1) - ref);
-      tile_sum += e0 + e1;
-      *reinterpret_cast<typename DType<T>::T2*>(p_s + my_row * Tr::kLdP + my_col + i) =
-          DType<T>::from_float2(make_float2(e0, e1));
+    using T2 = typename DType<T>::T2;
+#pragma unroll
+    for (int i = 0; i < kColsPerLane / 4; ++i) {
+      const float4 v = scores4(i);
+      const float e0 = exp2f(v.x - ref), e1 = exp2f(v.y - ref), e2 = exp2f(v.z - ref), e3 = exp2f(v.w - ref);
+      tile_sum += (e0 + e1) + (e2 + e3);
+      T2* dst = reinterpret_cast<T2*>(p_s + my_row * Tr::kLdP + my_col + 4 * i);
+      dst[0] = DType<T>::from_float2(make_float2(e0, e1));
+      dst[1] = DType<T>::from_float2(make_float2(e2, e3));
     }
     tile_sum += __shfl_xor_sync(0xffffffffu, tile_sum, 1);
     const float alpha = exp2f(row_max - ref);
