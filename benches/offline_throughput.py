@@ -1,0 +1,173 @@
+"""Offline generation throughput: voltllm's engine vs transformers' continuous batching, same process.
+
+Workload (nano-vllm's): N sequences with random prompts, input and output lengths uniform in
+[min_len, max_len], ignore_eos, greedy. Weights are random (dummy) in the shape of the chosen config:
+Qwen3-0.6B by default, a tiny Qwen3 with `--tiny` (for the CPU). Both engines get the same prompts;
+voltllm generates each sequence's own output length, while `generate_batch` takes one
+`max_new_tokens` for the whole batch, so it generates the mean output length for every sequence (the
+same total number of output tokens). Prints output tokens/s of each and their ratio.
+
+    python benches/offline_throughput.py                     # GPU, Qwen3-0.6B shape, 256 seqs, 100-1024
+    python benches/offline_throughput.py --tiny --num-seqs 16 --min-len 32 --max-len 256   # CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from voltllm.engine.core import resolve_device, resolve_dtype
+from voltllm.engine.llm_engine import LLMEngine
+from voltllm.engine.protocol import EngineCoreRequest, SamplingParams
+
+# Qwen/Qwen3-0.6B config.json (architecture fields only).
+QWEN3_0_6B = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "vocab_size": 151936,
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000,
+    "tie_word_embeddings": True,
+    "attention_bias": False,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "torch_dtype": "bfloat16",
+}
+TINY = {
+    **QWEN3_0_6B,
+    "vocab_size": 4096,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "hidden_size": 256,
+    "intermediate_size": 768,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "max_position_embeddings": 4096,
+}
+
+
+def make_workload(args: argparse.Namespace, vocab: int) -> tuple[list[list[int]], list[int]]:
+    rng = random.Random(args.seed)
+    prompts = [
+        [rng.randrange(vocab) for _ in range(rng.randint(args.min_len, args.max_len))]
+        for _ in range(args.num_seqs)
+    ]
+    output_lens = [rng.randint(args.min_len, args.max_len) for _ in range(args.num_seqs)]
+    return prompts, output_lens
+
+
+def run_voltllm(model_dir: Path, args, prompts, output_lens) -> tuple[float, int]:
+    config = EngineConfig(
+        model=ModelConfig(model=str(model_dir), load_format="dummy", dtype=args.dtype),
+        cache=CacheConfig(num_kv_blocks=args.num_kv_blocks),
+        scheduler=SchedulerConfig(
+            max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.num_seqs
+        ),
+        device=args.device,
+        enforce_eager=True,
+    )
+    engine = LLMEngine(config)
+    warm = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    engine.generate_token_ids([EngineCoreRequest("warmup", prompts[0][:16], warm, 0.0)])
+    requests = [
+        EngineCoreRequest(str(i), p, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True), 0.0)
+        for i, (p, n) in enumerate(zip(prompts, output_lens, strict=True))
+    ]
+    _sync(args.device)
+    start = time.perf_counter()
+    outputs = engine.generate_token_ids(requests)
+    _sync(args.device)
+    elapsed = time.perf_counter() - start
+    num_tokens = sum(len(o.new_token_ids) for o in outputs.values())
+    assert num_tokens == sum(output_lens), "every sequence must generate exactly its output length"
+    del engine
+    return elapsed, num_tokens
+
+
+def run_transformers(model_dir: Path, args, prompts, output_lens) -> tuple[float, int]:
+    import transformers
+
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    hf_config = transformers.AutoConfig.from_pretrained(model_dir)
+    model = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=dtype).to(device).eval()
+    mean_len = round(sum(output_lens) / len(output_lens))
+    gen_config = transformers.GenerationConfig(
+        max_new_tokens=mean_len, do_sample=False, eos_token_id=None, pad_token_id=0, use_cuda_graph=False
+    )
+    model.generate_batch([prompts[0][:16]], generation_config=gen_config, max_new_tokens=4)  # warm-up
+    _sync(args.device)
+    start = time.perf_counter()
+    results = model.generate_batch(prompts, generation_config=gen_config)
+    _sync(args.device)
+    elapsed = time.perf_counter() - start
+    num_tokens = sum(len(r.generated_tokens) for r in results.values())
+    return elapsed, num_tokens
+
+
+def _sync(device: str) -> None:
+    if resolve_device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def hardware(device: str) -> str:
+    if resolve_device(device).type == "cuda":
+        return torch.cuda.get_device_name()
+    return f"CPU {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--tiny", action="store_true", help="a 4-layer Qwen3 instead of the Qwen3-0.6B shape")
+    p.add_argument("--num-seqs", type=int, default=256)
+    p.add_argument("--min-len", type=int, default=100)
+    p.add_argument("--max-len", type=int, default=1024)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--num-kv-blocks", type=int, default=None)
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--skip-baseline", action="store_true")
+    args = p.parse_args()
+    config = TINY if args.tiny else QWEN3_0_6B
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = Path(tmp)
+        (model_dir / "config.json").write_text(json.dumps(config))
+        prompts, output_lens = make_workload(args, config["vocab_size"])
+        print(
+            f"workload: {args.num_seqs} seqs, in/out lengths uniform in [{args.min_len}, {args.max_len}], "
+            f"{sum(map(len, prompts))} prompt tokens, {sum(output_lens)} output tokens; "
+            f"model: {'tiny Qwen3' if args.tiny else 'Qwen3-0.6B shape'} (dummy weights); "
+            f"hardware: {hardware(args.device)}"
+        )
+        t, n = run_voltllm(model_dir, args, prompts, output_lens)
+        ours = n / t
+        print(f"voltllm:      {n:7d} output tokens in {t:8.2f} s = {ours:9.1f} tok/s")
+        if args.skip_baseline:
+            return
+        t, n = run_transformers(model_dir, args, prompts, output_lens)
+        base = n / t
+        print(f"transformers: {n:7d} output tokens in {t:8.2f} s = {base:9.1f} tok/s  (generate_batch)")
+        print(f"ratio voltllm / transformers: {ours / base:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
