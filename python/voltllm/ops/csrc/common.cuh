@@ -23,6 +23,14 @@ struct is_same<A, A> {
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
+// 2^x with one MUFU instruction (ex2.approx flushes denormals: softmax weights that small are 0
+// anyway). exp2f without --use_fast_math adds range fix-ups around the same instruction.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Per-dtype conversions. Arithmetic is always done in fp32; only loads and stores are 16-bit.
 template <typename T>
 struct DType;

@@ -91,7 +91,8 @@ void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       if (split.splits > 1) {
         const int reduce_smem = static_cast<int>(split.splits * sizeof(float));
-        paged_decode_reduce_kernel<T, H><<<dim3(shape.num_heads, num_seqs), H, reduce_smem, stream>>>(p);
+        paged_decode_reduce_kernel<T, H>
+            <<<dim3(shape.num_heads, num_seqs), H * kReduceGroups, reduce_smem, stream>>>(p);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       }
     });

@@ -202,12 +202,12 @@ __device__ __forceinline__ void paged_decode_attention_block(const DecodeParams&
     float block_sum = 0.f;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const float e = exp2f(s[i] - ref);
+      const float e = fast_exp2(s[i] - ref);
       block_sum += e;
       p_s[my_row * Tr::kLdP + my_col + i] = DType<T>::from_float(e);
     }
     block_sum += __shfl_xor_sync(0xffffffffu, block_sum, 1);
-    const float alpha = exp2f(row_max - ref);
+    const float alpha = fast_exp2(row_max - ref);
     row_sum = row_sum * alpha + block_sum;
     row_max = new_max;
     if ((lane & 1) == 0) alpha_s[my_row] = alpha;
@@ -251,7 +251,7 @@ __device__ __forceinline__ void paged_decode_attention_block(const DecodeParams&
 #pragma unroll
     for (int w = 0; w < Tr::kWarps; ++w) {
       const float wm = stat_max[w * Tr::kRows + r];
-      const float scale = wm == neg_inf() ? 0.f : exp2f(wm - m);  // warps with no tokens add nothing
+      const float scale = wm == neg_inf() ? 0.f : fast_exp2(wm - m);  // warps with no tokens add nothing
       l += stat_sum[w * Tr::kRows + r] * scale;
       o += reinterpret_cast<const float*>(smem + Tr::kQBytes + w * Tr::kWarpBytes)[r * Tr::kLdO + d] * scale;
     }
@@ -285,13 +285,17 @@ __global__ void __launch_bounds__(DecodeTraits<HEAD>::kThreads)
   }
 }
 
+// Split-merge geometry: kReduceGroups threads per output element share the splits, so many partial
+// loads are in flight at once (a 32k context has ~64 splits, each an L2 round trip).
+constexpr int kReduceGroups = 4;
+
 // Merges the splits of sequences whose context was split. grid: (num_heads, num_seqs),
-// block: HEAD threads (one per output element), dynamic shared memory: max_splits floats.
-// Split weights are computed once, in parallel, then every thread streams its column of partials.
+// block: HEAD * kReduceGroups threads, dynamic shared memory: max_splits floats.
 template <typename T, int HEAD>
-__global__ void __launch_bounds__(HEAD) paged_decode_reduce_kernel(DecodeParams p) {
+__global__ void __launch_bounds__(HEAD * kReduceGroups) paged_decode_reduce_kernel(DecodeParams p) {
   extern __shared__ float split_weight[];  // [max_splits]
-  __shared__ float scratch[HEAD / 32];
+  __shared__ float scratch[HEAD * kReduceGroups / 32];
+  __shared__ float group_out[kReduceGroups][HEAD];
   const int head = blockIdx.x;
   const int seq = blockIdx.y;
   const int seq_len = p.seq_lens[seq];
@@ -300,24 +304,32 @@ __global__ void __launch_bounds__(HEAD) paged_decode_reduce_kernel(DecodeParams 
   const int num_splits = (seq_len - base + p.partition_size - 1) / p.partition_size;
   if (num_splits <= 1) return;  // the attention kernel wrote the output directly
   const long long idx0 = (static_cast<long long>(seq) * p.num_heads + head) * p.max_splits;
+  const int threads = HEAD * kReduceGroups;
 
   float m = neg_inf();
-  for (int s = threadIdx.x; s < num_splits; s += HEAD) m = fmaxf(m, p.partial_max[idx0 + s]);
+  for (int s = threadIdx.x; s < num_splits; s += threads) m = fmaxf(m, p.partial_max[idx0 + s]);
   m = block_max(m, scratch);
   float l = 0.f;
-  for (int s = threadIdx.x; s < num_splits; s += HEAD) {
-    const float w = p.partial_sum[idx0 + s] * exp2f(p.partial_max[idx0 + s] - m);
+  for (int s = threadIdx.x; s < num_splits; s += threads) {
+    const float w = p.partial_sum[idx0 + s] * fast_exp2(p.partial_max[idx0 + s] - m);
     split_weight[s] = w;
     l += w;
   }
   l = block_sum(l, scratch);  // its barriers also publish split_weight
 
-  const float* partial = p.partial_out + idx0 * HEAD + threadIdx.x;
+  const int d = threadIdx.x % HEAD;
+  const int g = threadIdx.x / HEAD;
+  const float* partial = p.partial_out + idx0 * HEAD + d;
   float o = 0.f;
 #pragma unroll 4
-  for (int s = 0; s < num_splits; ++s) o += split_weight[s] * partial[static_cast<long long>(s) * HEAD];
+  for (int s = g; s < num_splits; s += kReduceGroups) o += split_weight[s] * partial[static_cast<long long>(s) * HEAD];
+  group_out[g][d] = o;
+  __syncthreads();
+  if (g != 0) return;
+#pragma unroll
+  for (int k = 1; k < kReduceGroups; ++k) o += group_out[k][d];
   T* out = static_cast<T*>(p.out) + seq * p.out_stride + head * HEAD;
-  out[threadIdx.x] = DType<T>::from_float(o / l);
+  out[d] = DType<T>::from_float(o / l);
 }
 
 }  // namespace voltllm

@@ -257,14 +257,14 @@ __device__ __forceinline__ void paged_prefill_attention_block(const PrefillParam
 #pragma unroll
     for (int i = 0; i < kColsPerLane / 4; ++i) {
       const float4 v = scores4(i);
-      const float e0 = exp2f(v.x - ref), e1 = exp2f(v.y - ref), e2 = exp2f(v.z - ref), e3 = exp2f(v.w - ref);
+      const float e0 = fast_exp2(v.x - ref), e1 = fast_exp2(v.y - ref), e2 = fast_exp2(v.z - ref), e3 = fast_exp2(v.w - ref);
       tile_sum += (e0 + e1) + (e2 + e3);
       T2* dst = reinterpret_cast<T2*>(p_s + my_row * Tr::kLdP + my_col + 4 * i);
       dst[0] = DType<T>::from_float2(make_float2(e0, e1));
       dst[1] = DType<T>::from_float2(make_float2(e2, e3));
     }
     tile_sum += __shfl_xor_sync(0xffffffffu, tile_sum, 1);
-    const float alpha = exp2f(row_max - ref);
+    const float alpha = fast_exp2(row_max - ref);
     row_sum = row_sum * alpha + tile_sum;
     row_max = new_max;
     if ((lane & 1) == 0) alpha_s[my_row] = alpha;
@@ -275,10 +275,13 @@ __device__ __forceinline__ void paged_prefill_attention_block(const PrefillParam
     float alpha_el[FragC::num_elements];
 #pragma unroll
     for (int i = 0; i < FragC::num_elements; ++i) alpha_el[i] = alpha_s[acc_rows[i]];
+    // Once the running maxima settle, every factor is exactly 1: skip the rescale then.
+    if (!__all_sync(0xffffffffu, alpha == 1.f)) {
 #pragma unroll
-    for (int j = 0; j < kDTiles; ++j) {
+      for (int j = 0; j < kDTiles; ++j) {
 #pragma unroll
-      for (int i = 0; i < FragC::num_elements; ++i) o_acc[j].x[i] *= alpha_el[i];
+        for (int i = 0; i < FragC::num_elements; ++i) o_acc[j].x[i] *= alpha_el[i];
+      }
     }
 #pragma unroll 1  // one P fragment live at a time: the accumulators own the register file
     for (int n = 0; n < kNTiles; ++n) {
