@@ -72,6 +72,7 @@ def folder_load_format(load_format: str) -> str:
 def engine_argv(args: argparse.Namespace, model_dir: Path) -> list[str]:
     """Command-line flags that start an EngineCore process with these settings."""
     argv = [
+        "--model",
         str(model_dir),
         "--dtype",
         args.dtype,

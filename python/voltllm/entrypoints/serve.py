@@ -27,17 +27,27 @@ def serve(args: argparse.Namespace, model_dir: Path) -> int:
         "--input-address", input_address, "--output-address", output_address, "--engine-index", "0",
     ]  # fmt: skip
     engine = subprocess.Popen(engine_cmd)
+
+    def engine_poll() -> str | None:
+        status = engine.poll()
+        return (
+            None if status is None else f"the engine process exited with status {status}; see its log above"
+        )
+
+    # vLLM names the model after the argument given; the embedded default model after its folder.
+    served_name = args.served_model_name or args.model or model_dir.name
     try:
         _core.serve(
-            model_dir=str(model_dir),
-            engine_input_address=input_address,
-            engine_output_address=output_address,
-            engine_pids=[engine.pid],
+            str(model_dir),
+            input_address,
+            output_address,
             host=args.host,
             port=args.port,
             api_key=args.api_key,
-            served_model_name=args.served_model_name,
+            served_model_name=[served_name],
+            max_model_len=args.max_model_len,
             max_waiting_requests=args.max_waiting_requests,
+            engine_poll=engine_poll,
         )
         return 0
     except RuntimeError as e:

@@ -3,6 +3,7 @@
 //! One implementation of text handling serves HTTP and Python alike: the offline `LLM` API tokenizes,
 //! renders chat templates and detokenizes through these classes, exactly as the server does.
 
+mod serve;
 mod text;
 
 use pyo3::prelude::*;
@@ -13,5 +14,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<text::Tokenizer>()?;
     m.add_class::<text::ChatTemplate>()?;
     m.add_class::<text::Detokenizer>()?;
+    m.add_function(wrap_pyfunction!(serve::serve, m)?)?;
+    m.add_function(wrap_pyfunction!(serve::bench_main, m)?)?;
     Ok(())
 }

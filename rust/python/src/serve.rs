@@ -1,0 +1,143 @@
+//! `serve(...)`: the HTTP front end, run from Python with the GIL released.
+//!
+//! The server runs on its own thread and tokio runtime. The calling thread waits on it in short
+//! slices, re-attaching to Python between slices so Ctrl-C (`KeyboardInterrupt`) and the caller's
+//! engine poll are seen: an engine process that dies before it is READY would otherwise leave the
+//! server waiting for the full ready timeout.
+
+use std::path::PathBuf;
+use std::sync::{mpsc, Mutex};
+use std::time::Duration;
+
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use voltllm_server::{Server, ServerConfig, ServerError, ShutdownHandle};
+
+const POLL_SLICE: Duration = Duration::from_millis(100);
+
+/// Why the serving thread ended, if not by a normal shutdown.
+enum Outcome {
+    Done(Result<(), ServerError>),
+    EngineGone(String),
+}
+
+fn init_logging() {
+    // A second serve() in one process keeps the first subscriber; that is fine.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .try_init();
+}
+
+fn serve_until(config: ServerConfig, shutdown: ShutdownHandle) -> Result<(), ServerError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("voltllm-server")
+        .build()
+        .map_err(ServerError::Runtime)?;
+    runtime.block_on(async move {
+        // Startup (waiting for READY) must also yield to a shutdown request.
+        let server = tokio::select! {
+            server = Server::start(config) => server?,
+            _ = shutdown.wait() => return Ok(()),
+        };
+        server.run(async move { shutdown.wait().await }).await
+    })
+}
+
+/// Run the OpenAI-compatible server until Ctrl-C, an engine death, or `engine_poll()` reporting
+/// that an engine process exited (it returns None while all live, else a message).
+///
+/// Raises `RuntimeError` when the server fails (engine death, port in use, engines not ready).
+#[pyfunction]
+#[pyo3(signature = (
+    model_dir, engine_input_address, engine_output_address, *, host = "127.0.0.1".to_string(),
+    port = 8000, api_key = None, served_model_name = None, num_engines = 1, max_model_len = None,
+    max_waiting_requests = 1024, engine_ready_timeout = 600.0, engine_poll = None
+))]
+#[allow(clippy::too_many_arguments)]
+pub fn serve(
+    py: Python<'_>,
+    model_dir: PathBuf,
+    engine_input_address: String,
+    engine_output_address: String,
+    host: String,
+    port: u16,
+    api_key: Option<String>,
+    served_model_name: Option<Vec<String>>,
+    num_engines: u32,
+    max_model_len: Option<u32>,
+    max_waiting_requests: usize,
+    engine_ready_timeout: f64,
+    engine_poll: Option<Py<PyAny>>,
+) -> PyResult<()> {
+    if !(engine_ready_timeout.is_finite() && engine_ready_timeout > 0.0) {
+        return Err(PyValueError::new_err("engine_ready_timeout must be a positive number of seconds"));
+    }
+    init_logging();
+    let mut config = ServerConfig::new(model_dir, engine_input_address, engine_output_address);
+    config.host = host;
+    config.port = port;
+    config.api_key = api_key.filter(|k| !k.is_empty());
+    config.served_model_name = served_model_name.unwrap_or_default();
+    config.num_engines = num_engines;
+    config.max_model_len = max_model_len;
+    config.max_waiting_requests = max_waiting_requests;
+    config.engine_ready_timeout = Duration::from_secs_f64(engine_ready_timeout);
+
+    let shutdown = ShutdownHandle::new();
+    let (done_tx, done_rx) = mpsc::channel();
+    let server_thread = {
+        let shutdown = shutdown.clone();
+        std::thread::Builder::new()
+            .name("voltllm-serve".into())
+            .spawn(move || {
+                let _ = done_tx.send(serve_until(config, shutdown));
+            })
+            .map_err(|e| PyRuntimeError::new_err(format!("cannot start the server thread: {e}")))?
+    };
+
+    // A Mutex makes the receiver Sync, as `detach` requires; only this thread ever locks it.
+    let done_rx = Mutex::new(done_rx);
+    let outcome = loop {
+        let received = py.detach(|| match done_rx.lock() {
+            Ok(rx) => rx.recv_timeout(POLL_SLICE),
+            Err(_) => Err(mpsc::RecvTimeoutError::Disconnected),
+        });
+        match received {
+            Ok(result) => break Outcome::Done(result),
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                break Outcome::Done(Err(ServerError::EngineDied("server thread panicked".into())))
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        if let Err(interrupt) = py.check_signals() {
+            shutdown.shutdown();
+            py.detach(|| server_thread.join()).ok();
+            return Err(interrupt);
+        }
+        if let Some(poll) = &engine_poll {
+            let message: Option<String> = poll.call0(py)?.extract(py)?;
+            if let Some(message) = message {
+                shutdown.shutdown();
+                break Outcome::EngineGone(message);
+            }
+        }
+    };
+    py.detach(|| server_thread.join()).ok();
+    match outcome {
+        Outcome::Done(Ok(())) => Ok(()),
+        Outcome::Done(Err(e)) => Err(PyRuntimeError::new_err(e.to_string())),
+        Outcome::EngineGone(message) => Err(PyRuntimeError::new_err(message)),
+    }
+}
+
+/// `voltllm bench ...`: runs the load tester with these command-line arguments; returns the exit code.
+#[pyfunction]
+pub fn bench_main(py: Python<'_>, args: Vec<String>) -> i32 {
+    let mut argv = vec!["voltllm bench".to_string()];
+    argv.extend(args);
+    py.detach(|| voltllm_bench::run_cli(argv))
+}
