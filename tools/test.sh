@@ -14,6 +14,12 @@ PY=${PYTHON:-python3}
 
 step() { printf '\n=== %s (%ss)\n' "$1" "$SECONDS"; }
 
+step "system tools"
+# tmux drives the interactive `voltllm chat` test as a person would; Debian's package, root in CI.
+if ! command -v tmux >/dev/null && command -v apt-get >/dev/null; then
+  (apt-get update -qq && apt-get install -y -qq tmux) || echo "tmux unavailable: its test will skip"
+fi
+
 step "rust: fmt, clippy"
 cargo fmt --all -- --check
 cargo clippy --release --workspace --all-targets --locked -- -D warnings
