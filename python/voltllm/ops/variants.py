@@ -45,6 +45,20 @@ def _attention(dtype: str) -> dict[str, list[str]]:
     }
 
 
+def dynamic_smem_probes() -> dict[str, str]:
+    """Kernel expression -> a `__device__` constant holding the dynamic shared memory it launches with."""
+    probes: dict[str, str] = {}
+    for dtype in DTYPES:
+        for h in HEAD_SIZES:
+            probes[f"voltllm::paged_decode_attention_kernel<{dtype}, {h}>"] = (
+                f"voltllm::decode_smem_bytes<{h}>"
+            )
+            probes[f"voltllm::paged_prefill_attention_kernel<{dtype}, {h}>"] = (
+                f"voltllm::prefill_smem_bytes<{h}>"
+            )
+    return probes
+
+
 def sm70_variants() -> dict[str, list[str]]:
     """Kernel source -> name expressions that must compile for compute_70 and assemble for sm_70."""
     variants = _elementwise()

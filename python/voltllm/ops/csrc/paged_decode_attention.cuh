@@ -63,6 +63,14 @@ struct DecodeTraits {
   static_assert(kSmemBytes <= 96 * 1024, "Volta allows at most 96 KB of shared memory per block");
 };
 
+// The dynamic shared memory each variant launches with, emitted into the PTX so the sm70 gate can
+// report it (ptxas only sees static shared memory).
+// Only the gate (NVRTC) needs it; the torch build leaves it out.
+#ifdef __CUDACC_RTC__
+template <int HEAD>
+__device__ const int decode_smem_bytes = DecodeTraits<HEAD>::kSmemBytes;
+#endif
+
 template <typename T, int HEAD>
 __device__ __forceinline__ void paged_decode_attention_block(const DecodeParams& p) {
   using Tr = DecodeTraits<HEAD>;

@@ -56,6 +56,13 @@ struct PrefillTraits {
   static_assert(kSmemBytes <= 96 * 1024, "Volta allows at most 96 KB of shared memory per block");
 };
 
+// The dynamic shared memory each variant launches with, emitted into the PTX for the sm70 gate.
+// Only the gate (NVRTC) needs it; the torch build leaves it out.
+#ifdef __CUDACC_RTC__
+template <int HEAD>
+__device__ const int prefill_smem_bytes = PrefillTraits<HEAD>::kSmemBytes;
+#endif
+
 // Writes cu_tiles[i] = sum over earlier sequences of ceil(query_len / BLOCK_M). One warp; runs once
 // per step and layer, over at most a few thousand sequences.
 __global__ void prefill_tile_map_kernel(const int* query_start_loc, int* cu_tiles, int num_seqs, int block_m) {
