@@ -3,9 +3,9 @@
 //! `tokenizer.json` defines the encoding, including which special tokens `add_special_tokens`
 //! adds (its post-processor; like transformers 5, `add_bos_token` / `add_eos_token` in the config
 //! are ignored when `tokenizer.json` exists). `tokenizer_config.json` (when the tokenizer is
-//! loaded from a model folder) supplies the names of the BOS / EOS / PAD / UNK tokens. `generation_config.json`
-//! may add further end-of-sequence ids (Llama 3 lists several), which are merged into
-//! [`Tokenizer::eos_token_ids`].
+//! loaded from a model folder) supplies the names of the BOS / EOS / PAD / UNK tokens;
+//! `generation_config.json` may add further end-of-sequence ids (Llama 3 lists several), which
+//! are merged into [`Tokenizer::eos_token_ids`].
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -31,7 +31,8 @@ struct Inner {
     special: SpecialTokens,
 }
 
-/// Special tokens and switches read from `tokenizer_config.json` / `generation_config.json`.
+/// Special tokens read from `tokenizer_config.json` / `generation_config.json`, and what the
+/// post-processor adds.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct SpecialTokens {
     bos_token: Option<String>,
