@@ -287,19 +287,22 @@ pub fn start(state: &Arc<AppState>, generation: Generation) -> Result<DeltaStrea
                 .as_mut()
                 .and_then(|p| p.split(1))
                 .ok_or_else(|| ApiError::Internal("admission permits miscounted".into()))?;
+            // Built before the request is sent so that a bad prompt never reaches the engine.
+            let detokenizer = IncrementalDetokenizer::new(
+                state.tokenizer.clone(),
+                prompt,
+                generation.options.skip_special_tokens,
+            )?;
+            let stop = StopChecker::new(
+                generation.options.stop.iter().cloned(),
+                generation.options.include_stop_str_in_output,
+            )?;
             let stream = state.client.add_request(request)?;
             choices.push(Choice {
                 index,
                 stream: Some(stream),
-                detokenizer: IncrementalDetokenizer::new(
-                    state.tokenizer.clone(),
-                    prompt,
-                    generation.options.skip_special_tokens,
-                )?,
-                stop: StopChecker::new(
-                    generation.options.stop.iter().cloned(),
-                    generation.options.include_stop_str_in_output,
-                )?,
+                detokenizer,
+                stop,
                 include_stop_str: generation.options.include_stop_str_in_output,
                 want_logprobs: generation.options.logprobs.is_some(),
                 state: state.clone(),
