@@ -262,10 +262,12 @@ fn pid_alive(pid: u32) -> bool {
     }
     // An exited child that nobody has reaped yet still answers kill(pid, 0); its state says Z.
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .map_or(true, |state| state != "Z" && state != "X"),
+        Ok(stat) => {
+            let state = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next());
+            !matches!(state, Some("Z") | Some("X"))
+        }
         Err(_) => true,
     }
 }

@@ -110,7 +110,7 @@ pub async fn completions(
     // Echo text of every choice (choice i*n+j belongs to prompt i).
     let echoes: Vec<String> = prompts
         .iter()
-        .flat_map(|(_, e)| std::iter::repeat(e.clone()).take(n))
+        .flat_map(|(_, e)| (0..n).map(move |_| e.clone()))
         .collect();
     let (prompt_ids, _): (Vec<Vec<u32>>, Vec<String>) = prompts.into_iter().unzip();
     let num_choices = prompt_ids.len() * n;
