@@ -6,8 +6,8 @@ capability and caches the result under `~/.cache/voltllm/kernels/` (or `$XDG_CAC
 processes load the cached library. To build ahead of time (for example on a V100 with a CUDA 12.x
 toolkit and a CUDA 12 build of torch):
 
-    python -m voltllm.ops.build              # for the GPU present
-    python -m voltllm.ops.build --arch 7.0   # for an explicit compute capability
+    python -m voltllm.ops              # for the GPU present
+    python -m voltllm.ops --arch 7.0   # for an explicit compute capability
 """
 
 from __future__ import annotations
@@ -81,7 +81,8 @@ def load(arch: str | None = None, verbose: bool = False) -> str:
                 verbose=verbose,
             )
         except (OSError, RuntimeError, ImportError) as err:
-            raise KernelBuildError(f"building the voltllm CUDA kernels for sm_{arch.replace('.', '')} failed: {err}") from err
+            sm = arch.replace(".", "")
+            raise KernelBuildError(f"building the voltllm CUDA kernels for sm_{sm} failed: {err}") from err
         finally:
             if previous is None:
                 os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
@@ -96,7 +97,10 @@ def main() -> None:
     parser.add_argument("--arch", help='compute capability, e.g. "7.0" (default: the GPU present)')
     parser.add_argument("--verbose", action="store_true", help="show the compiler commands")
     args = parser.parse_args()
-    arch = load(args.arch, verbose=args.verbose)
+    try:
+        arch = load(args.arch, verbose=args.verbose)
+    except KernelBuildError as err:
+        raise SystemExit(f"error: {err}") from err
     print(f"voltllm kernels built for sm_{arch.replace('.', '')} in {cache_dir(arch)}")
 
 
