@@ -99,3 +99,20 @@ ptxas info    : Used 255 registers, 1024 bytes smem, 356 bytes cmem[0]
     )
     with pytest.raises(gate.GateError, match="no entry"):
         gate.parse_ptxas(report, {"_Z3fooi": "foo<int>", "_Z3barv": "bar"})
+
+
+def test_gate_variants_match_what_the_glue_dispatches(gate) -> None:
+    """The gate must check exactly the head sizes and dtypes that the torch glue can launch."""
+    import re
+
+    from voltllm.layers.attention.sm70 import SUPPORTED_HEAD_SIZES
+
+    module = gate._variants_module()
+    glue = (REPO / "python" / "voltllm" / "ops" / "csrc" / "torch_glue.h").read_text()
+    dispatch = glue[glue.index("void dispatch_head_size") :]
+    dispatch = dispatch[: dispatch.index("\n}\n")]
+    dispatched_heads = tuple(int(h) for h in re.findall(r"case (\d+):", dispatch))
+    assert dispatched_heads == module.HEAD_SIZES == SUPPORTED_HEAD_SIZES
+    dtypes = glue[glue.index("void dispatch_dtype") :]
+    dtypes = dtypes[: dtypes.index("\n}\n")]
+    assert set(re.findall(r"fn\((__\w+)\{\}\)", dtypes)) == set(module.DTYPES)
