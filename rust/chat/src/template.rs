@@ -637,6 +637,21 @@ mod tests {
     }
 
     #[test]
+    fn raise_exception_inside_a_macro_and_a_filter_block_is_still_typed() {
+        let err = render(
+            "{% macro check(m) %}{% if m.role == 'x' %}{{ raise_exception('bad: ' ~ m.role) }}{% endif %}{% endmacro %}\
+             {% filter upper %}{% for m in messages %}{{ check(m) }}{% endfor %}{% endfilter %}",
+            json!([{"role": "user", "content": "a"}, {"role": "x", "content": "b"}]),
+            &RenderOptions::default(),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(err, ChatError::TemplateRaised(ref m) if m == "bad: x"),
+            "{err:?}"
+        );
+    }
+
+    #[test]
     fn generation_tags_render_their_body() {
         let out = render(
             "{% for m in messages %}{%- generation -%} [{{ m.content }}] {%- endgeneration %}{% endfor %}",
