@@ -72,6 +72,9 @@ pub struct EngineClientConfig {
     pub stream_capacity: usize,
     /// How often engine pids are checked; `None` disables the pid watch (engines on other hosts).
     pub pid_poll_interval: Option<Duration>,
+    /// Pids of engine processes started by the caller, watched while waiting for READY so that an
+    /// engine that crashes during start-up fails `connect` at once instead of at the timeout.
+    pub startup_pids: Vec<u32>,
 }
 
 impl EngineClientConfig {
@@ -84,6 +87,7 @@ impl EngineClientConfig {
             ready_timeout: Duration::from_secs(600),
             stream_capacity: 4096,
             pid_poll_interval: Some(Duration::from_millis(500)),
+            startup_pids: Vec::new(),
         }
     }
 }
@@ -285,6 +289,7 @@ impl EngineClient {
         let mut ready: Vec<Option<EngineReady>> = vec![None; n];
         let mut connected = vec![false; n];
         let deadline = tokio::time::Instant::now() + config.ready_timeout;
+        let mut startup_watch = tokio::time::interval(Duration::from_millis(200));
         // READY comes over PULL, but ADDs can only be routed once the engine's DEALER finished its
         // handshake with the ROUTER, so both are awaited.
         while ready.iter().any(Option::is_none) || connected.iter().any(|c| !c) {
@@ -293,6 +298,15 @@ impl EngineClient {
                 event = router_events.next() => {
                     if let Some(i) = event.as_ref().and_then(|e| accepted_index(e, n)) {
                         connected[i] = true;
+                    }
+                    None
+                }
+                _ = startup_watch.tick() => {
+                    if let Some(&pid) = config.startup_pids.iter().find(|&&pid| !pid_alive(pid)) {
+                        return Err(EngineClientError::EngineDead {
+                            engine_index: config.startup_pids.iter().position(|&p| p == pid).unwrap_or(0) as u32,
+                            reason: format!("process {pid} exited before sending READY"),
+                        });
                     }
                     None
                 }

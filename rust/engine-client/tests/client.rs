@@ -171,3 +171,23 @@ async fn utility_ping() {
     assert_eq!(v.as_str(), Some("pong"));
     assert!(client.utility(0, "nope", vec![]).await.is_err());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_that_dies_during_startup_fails_connect_fast() {
+    let (input, output) = addresses("startup");
+    let mut starting = std::process::Command::new("sleep")
+        .arg("0.3")
+        .spawn()
+        .unwrap();
+    let mut cfg = EngineClientConfig::new(input, output);
+    cfg.ready_timeout = Duration::from_secs(60);
+    cfg.startup_pids = vec![starting.id()];
+    let begun = std::time::Instant::now();
+    let err = EngineClient::connect(cfg).await.err().unwrap();
+    assert!(begun.elapsed() < Duration::from_secs(5));
+    assert!(
+        err.to_string().contains("exited before sending READY"),
+        "{err}"
+    );
+    starting.wait().unwrap();
+}

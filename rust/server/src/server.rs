@@ -47,6 +47,8 @@ pub struct ServerConfig {
     pub engine_ready_timeout: Duration,
     /// `None` disables the pid watch (engines on another host).
     pub engine_pid_poll_interval: Option<Duration>,
+    /// Pids of engines the caller started: a crash before READY fails start-up at once.
+    pub engine_pids: Vec<u32>,
     /// After an engine death, how long to keep answering (503 on /health, errors to in-flight
     /// streams) before the server exits.
     pub engine_death_grace: Duration,
@@ -75,6 +77,7 @@ impl ServerConfig {
             max_request_body_bytes: 32 << 20,
             engine_ready_timeout: Duration::from_secs(600),
             engine_pid_poll_interval: Some(Duration::from_millis(500)),
+            engine_pids: Vec::new(),
             engine_death_grace: Duration::from_secs(1),
             drain_timeout: Duration::from_secs(5),
         }
@@ -160,6 +163,7 @@ impl Server {
         engine_config.num_engines = config.num_engines;
         engine_config.ready_timeout = config.engine_ready_timeout;
         engine_config.pid_poll_interval = config.engine_pid_poll_interval;
+        engine_config.startup_pids = config.engine_pids.clone();
         tracing::info!(
             input = %config.engine_input_address,
             output = %config.engine_output_address,
