@@ -358,6 +358,7 @@ async fn bad_requests_get_openai_errors() {
     let h = harness("bad", |c, m| {
         c.api_key = Some("sekret".into());
         c.max_waiting_requests = 0;
+        c.max_request_body_bytes = 4096;
         m.max_num_seqs = 1;
         m.step_interval = Duration::from_millis(20);
     })
@@ -438,6 +439,10 @@ async fn bad_requests_get_openai_errors() {
         r.json::<Value>().await.unwrap()["error"]["type"],
         "BadRequestError"
     );
+
+    let r = post("/v1/completions", json!({"prompt": "x".repeat(10_000)})).await.unwrap();
+    assert_eq!(r.status(), 413);
+    assert_eq!(r.json::<Value>().await.unwrap()["error"]["type"], "RequestTooLargeError");
 
     // Admission: the engine runs 1 and 0 may wait, so a second concurrent request gets 503.
     let first = post(
