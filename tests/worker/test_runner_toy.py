@@ -107,3 +107,26 @@ def test_logprobs_and_last_step_logits():
         assert lp.token_ids[0] == out.new_token_ids[i] and lp.rank == 1
         assert lp.token_ids[1:] == ref.topk(4).indices.tolist()
         assert lp.logprobs == pytest.approx(ref[lp.token_ids].tolist(), abs=1e-5)
+
+
+def test_kv_cache_sizing():
+    from voltllm.worker.model_runner import ModelRunner
+
+    runner = ModelRunner(
+        MODEL,
+        device=torch.device("cpu"),
+        dtype=torch.float64,
+        vocab_size=VOCAB,
+        eos_token_ids=(0,),
+        block_size=4,
+        max_model_len=64,
+        max_num_batched_tokens=16,
+        max_num_seqs=2,
+    )
+    per_block = 2 * 4 * 2 * 8 * 8 * MODEL.num_layers  # K+V, tokens, kv heads, head size, float64, layers
+    assert runner.kv_cache_bytes_per_block() == per_block
+    assert runner.determine_num_blocks(CacheConfig(num_kv_blocks=7)) == 7
+    assert runner.determine_num_blocks(CacheConfig(kv_cache_memory_bytes=per_block * 10 + 5)) == 10
+    assert runner.determine_num_blocks(CacheConfig()) == 4 * 2 * 16  # 1 GiB, capped at 4 full batches
+    with pytest.raises(RuntimeError, match="no memory left"):
+        runner.determine_num_blocks(CacheConfig(kv_cache_memory_bytes=per_block - 1))

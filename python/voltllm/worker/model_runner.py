@@ -25,6 +25,7 @@ from voltllm.worker.sampler import Sampler, SamplingMetadata, seed_for_step
 logger = logging.getLogger(__name__)
 
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
+MAX_BATCHES_OF_KV = 4  # cap, in full batches of max_model_len sequences, on a memory-derived cache
 
 
 class Model(Protocol):
@@ -125,7 +126,13 @@ class ModelRunner:
                 f"no memory left for the KV cache ({budget / 2**30:.2f} GiB available); "
                 "lower max_num_batched_tokens or raise gpu_memory_utilization"
             )
-        return int(num_blocks)
+        # A small model on a large GPU would get millions of blocks, each a Python object in the block
+        # pool. Beyond a few full batches of full-length sequences they only feed the prefix cache.
+        blocks_per_seq = -(-self.max_model_len // self.block_size)
+        limit = MAX_BATCHES_OF_KV * self.max_num_seqs * blocks_per_seq
+        if num_blocks > limit:
+            logger.info("KV cache capped at %d blocks (memory allows %d)", limit, num_blocks)
+        return int(min(num_blocks, limit))
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         shape = self.model.kv_cache_shape_per_layer(num_blocks, self.block_size)
