@@ -25,6 +25,7 @@ from voltllm.engine.protocol import (
     EngineCoreRequest,
     EngineReady,
     FinishReason,
+    SamplingParams,
     SchedulerStats,
 )
 from voltllm.sampling_params import validate_wire_params
@@ -226,4 +227,6 @@ class EngineCore:
             )
         if isinstance(request.priority, bool) or not isinstance(request.priority, int):
             raise ValueError(f"priority must be an integer, got {request.priority!r}")
+        if not isinstance(request.sampling_params, SamplingParams):
+            raise ValueError("sampling_params must be a SamplingParams struct")
         validate_wire_params(request.sampling_params, self.vocab_size)
