@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 import stat
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -142,3 +146,44 @@ def test_missing_harness_is_one_clear_error(
 def test_usage_errors() -> None:
     assert cli.main([]) == 2
     assert cli.main(["frobnicate"]) == 2
+
+
+def _built(name: str) -> Path | None:
+    root = Path(os.environ.get("CARGO_TARGET_DIR", Path(__file__).resolve().parents[2] / "target"))
+    for profile in ("release", "debug"):
+        if (root / profile / name).is_file():
+            return root / profile / name
+    return None
+
+
+@pytest.mark.slow
+def test_end_to_end_against_mock_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real harness against the mock server: JSON with the measured delays, and the plots."""
+    harness, mock_bin = _built("voltllm-bench"), _built("examples/mock_server")
+    if harness is None or mock_bin is None:
+        pytest.skip("build with: cargo build -p voltllm-bench --bins --examples")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mock = subprocess.Popen(
+        [str(mock_bin), "--port", str(port), "--ttft-ms", "100", "--tpot-ms", "10"], stderr=subprocess.DEVNULL
+    )
+    try:
+        time.sleep(0.5)
+        monkeypatch.setenv("VOLTLLM_BENCH_BIN", str(harness))
+        monkeypatch.setitem(sys.modules, "voltllm._core", None)
+        tok = Path(__file__).resolve().parents[1] / "fixtures/smollm2/tokenizer.json"
+        code = cli.main(
+            ["serve", "--base-url", f"http://127.0.0.1:{port}", "--tokenizer", str(tok), "--num-prompts", "8",
+             "--max-concurrency", "4", "--random-input-len", "16", "--random-output-len", "11",
+             "--result-dir", str(tmp_path), "--result-filename", "e2e.json", "--disable-tqdm"]
+        )  # fmt: skip
+    finally:
+        mock.terminate()
+        mock.wait()
+    assert code == 0
+    r = json.loads((tmp_path / "e2e.json").read_text())
+    assert r["completed"] == 8 and r["total_output_tokens"] == 88
+    assert r["mean_ttft_ms"] == pytest.approx(100, rel=0.1)
+    assert r["mean_tpot_ms"] == pytest.approx(10, rel=0.1)
+    assert (tmp_path / "e2e-latency-cdf.png").is_file() and (tmp_path / "e2e-timeline.png").is_file()

@@ -99,21 +99,49 @@ fn one_line(s: &str) -> String {
     }
 }
 
+/// A request ready to go: its body is serialized ahead of time so that no client-side work
+/// happens between the send timestamp and the bytes leaving.
+#[derive(Debug, Clone)]
+pub struct PreparedRequest {
+    pub prompt_len: usize,
+    pub body: bytes::Bytes,
+}
+
+impl RequestTemplate {
+    /// Serializes the body of `req`.
+    pub fn prepare(&self, req: &SampleRequest) -> PreparedRequest {
+        PreparedRequest {
+            prompt_len: req.prompt_len,
+            body: bytes::Bytes::from(self.body(req).to_string()),
+        }
+    }
+}
+
 /// Sends `req` and streams the response. Never panics and never returns an `Err`: every failure is
 /// recorded in the output so that the run keeps going and the report can count reasons.
 pub async fn send(
     client: &reqwest::Client,
     tpl: &RequestTemplate,
-    req: &SampleRequest,
+    req: &PreparedRequest,
     bench_start: Instant,
 ) -> RequestOutput {
     let mut out = RequestOutput {
         prompt_len: req.prompt_len,
         ..Default::default()
     };
+    let mut builder = client
+        .post(&tpl.api_url)
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(req.body.clone());
+    if let Some(key) = &tpl.api_key {
+        builder = builder.bearer_auth(key);
+    }
     let sent = Instant::now();
     out.start_time = sent.duration_since(bench_start).as_secs_f64();
-    let result = stream_into(client, tpl, req, sent, &mut out).await;
+    let result = match builder.build() {
+        Ok(request) => stream_into(client, request, tpl.chat, sent, &mut out).await,
+        Err(e) => Err(format!("cannot build request: {}", error_chain(&e))),
+    };
     out.latency = sent.elapsed().as_secs_f64();
     match result {
         Ok(()) => out.success = true,
@@ -124,20 +152,13 @@ pub async fn send(
 
 async fn stream_into(
     client: &reqwest::Client,
-    tpl: &RequestTemplate,
-    req: &SampleRequest,
+    request: reqwest::Request,
+    chat: bool,
     sent: Instant,
     out: &mut RequestOutput,
 ) -> Result<(), String> {
-    let mut builder = client
-        .post(&tpl.api_url)
-        .header(reqwest::header::CONTENT_TYPE, "application/json")
-        .body(tpl.body(req).to_string());
-    if let Some(key) = &tpl.api_key {
-        builder = builder.bearer_auth(key);
-    }
-    let resp = builder
-        .send()
+    let resp = client
+        .execute(request)
         .await
         .map_err(|e| format!("request failed: {}", error_chain(&e)))?;
     let status = resp.status();
@@ -170,7 +191,7 @@ async fn stream_into(
         {
             out.output_tokens = Some(n as usize);
         }
-        if let Some(text) = chunk_text(&chunk, tpl.chat) {
+        if let Some(text) = chunk_text(&chunk, chat) {
             if out.ttft == 0.0 {
                 out.ttft = now.duration_since(sent).as_secs_f64();
             } else {

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use clap::ValueEnum;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -14,7 +15,7 @@ use tokenizers::Tokenizer;
 use tokio::sync::Semaphore;
 
 use crate::args::{DatasetName, RampUp, ServeArgs};
-use crate::client::{self, RequestOutput, RequestTemplate};
+use crate::client::{self, PreparedRequest, RequestOutput, RequestTemplate};
 use crate::dataset::{self, SampleRequest};
 use crate::error::{BenchError, Result};
 use crate::metrics::{self, Slo};
@@ -321,8 +322,9 @@ impl Session {
         if !warmups.is_empty() {
             eprintln!("Warming up with {} requests...", warmups.len());
             let offsets = vec![0.0; warmups.len()];
+            let prepared: Vec<_> = warmups.iter().map(|r| self.tpl.prepare(r)).collect();
             let w = self
-                .dispatch(warmups, Plan::Fixed(offsets), a.max_concurrency, true)
+                .dispatch(&prepared, Plan::Fixed(offsets), a.max_concurrency, true)
                 .await;
             let failed = w.iter().filter(|o| !o.success).count();
             if failed == w.len() {
@@ -341,9 +343,10 @@ impl Session {
             },
             None => Plan::Fixed(arrivals.offsets(measured.len(), rng)),
         };
+        let prepared: Vec<_> = measured.iter().map(|r| self.tpl.prepare(r)).collect();
         let started = Instant::now();
         let outputs = self
-            .dispatch(measured, plan, a.max_concurrency, a.disable_tqdm)
+            .dispatch(&prepared, plan, a.max_concurrency, a.disable_tqdm)
             .await;
         let duration_s = started.elapsed().as_secs_f64();
         let after = self.scrape().await;
@@ -410,9 +413,11 @@ impl Session {
             tokenizer_id: self.tokenizer_id.clone(),
             base_url: self.base_url.clone(),
             endpoint: a.endpoint().into(),
-            dataset_name: format!("{:?}", a.dataset_name)
-                .to_lowercase()
-                .replace("prefixrepetition", "prefix_repetition"),
+            dataset_name: a
+                .dataset_name
+                .to_possible_value()
+                .map(|v| v.get_name().to_string())
+                .unwrap_or_default(),
             num_prompts: sent,
             request_rate: a.request_rate,
             burstiness: a.burstiness,
@@ -469,7 +474,7 @@ impl Session {
     /// output per request sent, in send order.
     async fn dispatch(
         &self,
-        requests: &[SampleRequest],
+        requests: &[PreparedRequest],
         plan: Plan,
         max_concurrency: Option<usize>,
         hide_progress: bool,
@@ -479,26 +484,32 @@ impl Session {
         let start = Instant::now();
         let tpl = Arc::new(self.tpl.clone());
         let mut tasks = Vec::new();
-        let mut spawn = |req: SampleRequest, permit: Option<tokio::sync::OwnedSemaphorePermit>| {
-            let (http, tpl, pb, limit) =
-                (self.http.clone(), tpl.clone(), pb.clone(), limit.clone());
-            tasks.push(tokio::spawn(async move {
-                // With an open-loop rate the request "arrives" on schedule and then waits for a
-                // concurrency slot here, as in vLLM; its timing starts when it is actually sent.
-                let _permit = match (permit, limit) {
-                    (Some(p), _) => Some(p),
-                    (None, Some(sem)) => sem.acquire_owned().await.ok(),
-                    (None, None) => None,
-                };
-                let out = client::send(&http, &tpl, &req, start).await;
-                pb.inc(1);
-                out
-            }));
-        };
+        let mut spawn =
+            |req: PreparedRequest, permit: Option<tokio::sync::OwnedSemaphorePermit>| {
+                let (http, tpl, pb, limit) =
+                    (self.http.clone(), tpl.clone(), pb.clone(), limit.clone());
+                tasks.push(tokio::spawn(async move {
+                    // With an open-loop rate the request "arrives" on schedule and then waits for a
+                    // concurrency slot here, as in vLLM; its timing starts when it is actually sent.
+                    let _permit = match (permit, limit) {
+                        (Some(p), _) => Some(p),
+                        (None, Some(sem)) => sem.acquire_owned().await.ok(),
+                        (None, None) => None,
+                    };
+                    let out = client::send(&http, &tpl, &req, start).await;
+                    pb.inc(1);
+                    out
+                }));
+            };
         match plan {
             Plan::Fixed(offsets) => {
                 for (req, off) in requests.iter().zip(offsets) {
-                    tokio::time::sleep_until((start + Duration::from_secs_f64(off)).into()).await;
+                    let at = start + Duration::from_secs_f64(off);
+                    // Only yield to the timer when there is time to wait: a burst (rate inf) then
+                    // goes out in one pass instead of one scheduler round trip per request.
+                    if at > Instant::now() {
+                        tokio::time::sleep_until(at.into()).await;
+                    }
                     spawn(req.clone(), None);
                 }
             }
@@ -515,7 +526,9 @@ impl Session {
                     if at >= deadline {
                         break;
                     }
-                    tokio::time::sleep_until(at.into()).await;
+                    if at > Instant::now() {
+                        tokio::time::sleep_until(at.into()).await;
+                    }
                     // Closed loop without a rate: take the slot before spawning, so the number of
                     // parked tasks stays bounded.
                     let permit = match (&limit, arrivals.request_rate.is_infinite()) {

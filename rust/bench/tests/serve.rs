@@ -110,12 +110,19 @@ fn ttft_and_tpot_match_injected_delays_single_stream() {
     );
 }
 
+/// 256 streams need an optimized client and mock: an unoptimized build on a small machine spends
+/// more time per chunk than the 5% budget. Run with `cargo test --release -p voltllm-bench`.
 #[test]
+#[cfg_attr(debug_assertions, ignore = "timing at 256 streams needs --release")]
 fn ttft_and_tpot_match_injected_delays_256_streams() {
     let server = mock(300.0, 30.0);
+    // The warm-ups open the 256 pooled connections the measured run reuses, so TCP setup (and a
+    // SYN-backlog overflow on the server, which costs a 1 s retransmit) stays out of the TTFTs.
     let r = bench(
         &server,
         &[
+            "--num-warmups",
+            "256",
             "--num-prompts",
             "256",
             "--max-concurrency",

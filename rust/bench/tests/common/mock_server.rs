@@ -17,6 +17,7 @@ use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::serve::ListenerExt;
 use axum::{Json, Router};
 use futures_util::stream;
 use serde_json::{json, Value};
@@ -148,6 +149,11 @@ impl MockServer {
                 addr_tx
                     .send(listener.local_addr().expect("addr"))
                     .expect("report addr");
+                // Without TCP_NODELAY, Nagle's algorithm holds each small SSE write until the
+                // client's delayed ACK (~40 ms) once a connection is reused, distorting every ITL.
+                let listener = listener.tap_io(|tcp| {
+                    let _ = tcp.set_nodelay(true);
+                });
                 axum::serve(listener, router(cfg))
                     .with_graceful_shutdown(async {
                         let _ = stop_rx.await;
