@@ -1,7 +1,7 @@
 """`voltllm bench`: load testing of OpenAI-compatible servers.
 
 The measuring is done by the Rust harness (crate `voltllm-bench`, reached in-process through
-`voltllm._core.run_bench_cli` when the extension provides it, else as the `voltllm-bench` binary);
+`voltllm._core.bench_main` when the extension provides it, else as the `voltllm-bench` binary);
 this package runs it and draws plots from the JSON result it writes.
 """
 

@@ -52,16 +52,17 @@ def find_harness_binary() -> Path:
 def run_harness(argv: Sequence[str]) -> int:
     """Runs `voltllm-bench serve ARGV...` and returns its exit code.
 
-    In-process through the extension when it exposes `run_bench_cli`, else as a subprocess.
+    In-process through the extension (`voltllm._core.bench_main`, the crate's `run_cli` with the GIL
+    released) when it is built, else as a subprocess of the standalone binary.
     """
     try:
         from voltllm import _core  # type: ignore[attr-defined]
 
-        run_cli = getattr(_core, "run_bench_cli", None)
+        bench_main = getattr(_core, "bench_main", None)
     except ImportError:
-        run_cli = None
-    if run_cli is not None:
-        return int(run_cli(["voltllm bench", "serve", *argv]))
+        bench_main = None
+    if bench_main is not None:
+        return int(bench_main(["serve", *argv]))
     binary = find_harness_binary()
     return subprocess.run([str(binary), "serve", *argv], check=False).returncode
 

@@ -88,7 +88,7 @@ def timeline(result: dict[str, Any], bucket_s: float = 1.0) -> dict[str, np.ndar
         lo, hi = starts[i], starts[i] + lat[i]
         inflight += np.clip(np.minimum(hi, edges[1:]) - np.maximum(lo, edges[:-1]), 0, None) / bucket_s
     return {
-        "t": edges[:-1],
+        "edges": edges,
         "output_tokens_per_s": tokens / bucket_s,
         "requests_per_s": done / bucket_s,
         "concurrency": inflight,
@@ -119,7 +119,8 @@ def plot_result(result: dict[str, Any], out_dir: Path, prefix: str) -> list[Path
             ax.text(0.5, 0.5, "no samples", ha="center", va="center", transform=ax.transAxes)
             continue
         xs = np.sort(v)
-        ax.step(xs, np.arange(1, xs.size + 1) / xs.size, where="post")
+        # ECDF: 0 just before the smallest sample, k/n from the k-th sample on.
+        ax.step(np.r_[xs[0], xs], np.r_[0.0, np.arange(1, xs.size + 1) / xs.size], where="post")
         for p, style in ((50, "--"), (99, ":")):
             q = float(np.percentile(v, p))
             ax.axvline(q, color="gray", linestyle=style, label=f"p{p} = {q:.1f} ms")
@@ -139,8 +140,9 @@ def plot_result(result: dict[str, Any], out_dir: Path, prefix: str) -> list[Path
         ("concurrency", "requests in flight", f"peak {result.get('max_concurrent_requests', '?')}"),
     )
     for ax, (key, label, note) in zip(axes, series, strict=True):
-        ax.step(tl["t"], tl[key], where="post", label=note)
+        ax.stairs(tl[key], tl["edges"], label=note)
         ax.set_ylabel(label)
+        ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.legend(loc="upper right", fontsize=8)
     axes[-1].set_xlabel("seconds since the run started")

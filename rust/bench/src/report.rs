@@ -247,7 +247,10 @@ pub fn summary_only(result: &Value) -> Value {
 /// Renders the console table in the layout of `vllm bench serve`.
 pub fn table(info: &RunInfo, duration_s: f64, m: &Metrics, spec: &PercentileSpec) -> String {
     let mut s = String::new();
-    let mut line = |label: &str, value: String| s.push_str(&format!("{label:<40} {value:<10}\n"));
+    let mut line = |label: &str, value: String| {
+        s.push_str(format!("{label:<40} {value}").trim_end());
+        s.push('\n');
+    };
     let f2 = |v: f64| format!("{v:.2}");
     line_header(&mut line, " Serving Benchmark Result ", '=');
     line("Successful requests:", m.completed.to_string());

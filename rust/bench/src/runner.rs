@@ -2,7 +2,7 @@
 //! one per `--sweep` value) warm up, send the timed requests, scrape server metrics around them,
 //! summarise, print and save.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -88,8 +88,9 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
         .clone()
         .or_else(|| std::env::var("OPENAI_API_KEY").ok())
         .filter(|k| !k.is_empty());
-    let model = resolve_model(&http, &base_url, args.model.as_deref(), api_key.as_deref()).await?;
-    let (tokenizer, tokenizer_id) = resolve_tokenizer(&args, &model)?;
+    let (model, root) =
+        resolve_model(&http, &base_url, args.model.as_deref(), api_key.as_deref()).await?;
+    let (tokenizer, tokenizer_id) = resolve_tokenizer(&args, &model, root.as_deref())?;
     let extra_body = match &args.extra_body {
         None => Map::new(),
         Some(s) => match serde_json::from_str::<Value>(s) {
@@ -226,13 +227,21 @@ fn validate(args: &ServeArgs) -> Result<()> {
     Ok(())
 }
 
-/// The model name to send: `--model` checked against `/v1/models`, or the first listed model.
+/// A model as `/v1/models` lists it: `id` is the name to send, `root` (vLLM and voltllm fill it
+/// in) is often the local folder the server loaded, which then also gives the tokenizer.
+struct ListedModel {
+    id: String,
+    root: Option<String>,
+}
+
+/// The model to send: `--model` checked against `/v1/models`, or the first listed model. Returns
+/// the name and the listed `root`, if any.
 async fn resolve_model(
     http: &reqwest::Client,
     base_url: &str,
     model: Option<&str>,
     api_key: Option<&str>,
-) -> Result<String> {
+) -> Result<(String, Option<String>)> {
     let url = format!("{base_url}/v1/models");
     let mut req = http.get(&url).timeout(Duration::from_secs(30));
     if let Some(k) = api_key {
@@ -248,14 +257,18 @@ async fn resolve_model(
             "{url} refused the credentials (HTTP {status}); check --api-key"
         )));
     }
-    let listed: Vec<String> = if status.is_success() {
+    let listed: Vec<ListedModel> = if status.is_success() {
         let text = resp.text().await.unwrap_or_default();
         let body: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
         body.get("data")
             .and_then(Value::as_array)
             .map(|d| {
                 d.iter()
-                    .filter_map(|m| m.get("id").and_then(Value::as_str).map(String::from))
+                    .filter_map(|m| {
+                        let id = m.get("id").and_then(Value::as_str)?.to_string();
+                        let root = m.get("root").and_then(Value::as_str).map(String::from);
+                        Some(ListedModel { id, root })
+                    })
                     .collect()
             })
             .unwrap_or_default()
@@ -264,34 +277,57 @@ async fn resolve_model(
     };
     match model {
         // Servers without /v1/models cannot be checked; a wrong name then shows up as failed requests.
-        Some(m) if listed.is_empty() || listed.iter().any(|x| x == m) => Ok(m.to_string()),
-        Some(m) => Err(BenchError::UnknownModel {
-            model: m.into(),
-            url: base_url.into(),
-            available: listed.join(", "),
-        }),
-        None => listed.into_iter().next().ok_or(BenchError::NoModels {
-            url: base_url.into(),
-        }),
+        Some(m) if listed.is_empty() => Ok((m.to_string(), None)),
+        Some(m) => {
+            let available = listed
+                .iter()
+                .map(|x| x.id.as_str())
+                .collect::<Vec<_>>()
+                .join(", ");
+            match listed.into_iter().find(|x| x.id == m) {
+                Some(found) => Ok((found.id, found.root)),
+                None => Err(BenchError::UnknownModel {
+                    model: m.into(),
+                    url: base_url.into(),
+                    available,
+                }),
+            }
+        }
+        None => listed
+            .into_iter()
+            .next()
+            .map(|x| (x.id, x.root))
+            .ok_or(BenchError::NoModels {
+                url: base_url.into(),
+            }),
     }
 }
 
-fn resolve_tokenizer(args: &ServeArgs, model: &str) -> Result<(Tokenizer, String)> {
+/// Whether `p` is a tokenizer.json file or a folder holding one.
+fn has_tokenizer(p: &Path) -> bool {
+    p.join("tokenizer.json").is_file()
+        || (p.is_file() && p.extension().is_some_and(|e| e == "json"))
+}
+
+/// `--tokenizer`, else `--model` or the listed model's `root` when either is a local model folder.
+fn resolve_tokenizer(
+    args: &ServeArgs,
+    model: &str,
+    root: Option<&str>,
+) -> Result<(Tokenizer, String)> {
     let path = match &args.tokenizer {
         Some(p) => p.clone(),
-        None => {
-            let p = PathBuf::from(model);
-            if p.join("tokenizer.json").is_file()
-                || (p.is_file() && p.extension().is_some_and(|e| e == "json"))
-            {
-                p
-            } else {
-                return Err(BenchError::InvalidArgument(format!(
-                    "a tokenizer is needed to count tokens: pass --tokenizer PATH (a tokenizer.json or a model \
-                     folder); '{model}' is not a local folder"
-                )));
-            }
-        }
+        None => [Some(model), root]
+            .into_iter()
+            .flatten()
+            .map(PathBuf::from)
+            .find(|p| has_tokenizer(p))
+            .ok_or_else(|| {
+                BenchError::InvalidArgument(format!(
+                    "a tokenizer is needed to count tokens: pass --tokenizer PATH (a tokenizer.json or a \
+                     model folder); neither '{model}' nor the server's model root is a local folder"
+                ))
+            })?,
     };
     Ok((dataset::load_tokenizer(&path)?, path.display().to_string()))
 }
