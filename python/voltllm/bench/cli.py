@@ -52,9 +52,12 @@ def find_harness_binary() -> Path:
 def run_harness(argv: Sequence[str]) -> int:
     """Runs `voltllm-bench serve ARGV...` and returns its exit code.
 
-    In-process through the extension (`voltllm._core.bench_main`, the crate's `run_cli` with the GIL
-    released) when it is built, else as a subprocess of the standalone binary.
+    A binary named by $VOLTLLM_BENCH_BIN wins (to run a freshly built harness); otherwise in-process
+    through the extension (`voltllm._core.bench_main`, the crate's `run_cli` with the GIL released)
+    when it is built, else as a subprocess of the standalone binary.
     """
+    if os.environ.get("VOLTLLM_BENCH_BIN"):
+        return subprocess.run([os.environ["VOLTLLM_BENCH_BIN"], "serve", *argv], check=False).returncode
     try:
         from voltllm import _core  # type: ignore[attr-defined]
 
