@@ -35,6 +35,29 @@ def test_greedy_is_argmax():
     assert out.sampled_token_ids == logits.argmax(-1).tolist()
 
 
+def test_greedy_fast_path_agrees_with_full_path():
+    """A plain greedy batch skips the logits copy; asking for logprobs (which takes the full path) must
+    not change the tokens, and the fast path must not invent logprobs."""
+    logits = torch.randn(7, 50, generator=torch.Generator().manual_seed(3)).half()
+    fast = Sampler()(logits, md(7, 0.0))
+    full_md = md(7, 0.0)
+    full_md.num_logprobs = [0] * 7
+    full = Sampler()(logits, full_md)
+    assert fast.sampled_token_ids == full.sampled_token_ids == logits.float().argmax(-1).tolist()
+    assert fast.logprobs == [None] * 7
+    assert all(
+        lp is not None and lp.token_ids[0] == t
+        for lp, t in zip(full.logprobs, full.sampled_token_ids, strict=True)
+    )
+
+
+def test_greedy_fast_path_is_not_taken_with_a_logit_bias():
+    logits = torch.zeros(2, V)
+    logits[:, 0] = 1.0
+    meta = md(2, 0.0, logit_bias=[(1, torch.tensor([5]), torch.tensor([3.0]))])
+    assert Sampler()(logits, meta).sampled_token_ids == [0, 5]
+
+
 def test_temperature_sampling_matches_softmax_and_sharpens():
     f1 = frequencies(BASE, {})
     assert torch.allclose(f1, BASE.softmax(-1), atol=0.03)

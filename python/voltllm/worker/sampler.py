@@ -58,6 +58,10 @@ class Sampler:
         self.generator = generator  # noise for unseeded rows
 
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
+        if md.all_greedy and _is_plain(md):
+            # Nothing modifies the logits and nothing reads a distribution: the argmax is the answer,
+            # without copying the [N, vocab] logits (the common case of a greedy batch).
+            return SamplerOutput(logits.argmax(dim=-1).tolist(), [None] * logits.shape[0])
         logits = logits.float().clone()  # [N, vocab]
         _apply_logit_bias_and_bans(logits, md)
         _apply_penalties(logits, md)
@@ -79,6 +83,16 @@ class Sampler:
             noise[row].exponential_(generator=gen)
         # Exp(1) can round to 0; a floor keeps p / E finite (0 / 0 would be NaN, which argmax picks).
         return (probs / noise.clamp_min_(1e-20)).argmax(dim=-1)
+
+
+def _is_plain(md: SamplingMetadata) -> bool:
+    """No logit bias, banned ids, penalties or logprobs in any row."""
+    return (
+        not md.logit_bias
+        and not md.banned_token_ids
+        and md.output_token_ids is None
+        and all(n is None for n in md.num_logprobs)
+    )
 
 
 def _apply_logit_bias_and_bans(logits: torch.Tensor, md: SamplingMetadata) -> None:
