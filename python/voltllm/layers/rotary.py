@@ -138,17 +138,27 @@ def compute_inv_freq(rotary_dim: int, params: dict[str, Any], max_position_embed
     )
 
 
+def rotary_cos_sin(
+    positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 `cos, sin: [num_tokens, 1, rotary_dim / 2]` of angle `position * inv_freq`, times `scaling`."""
+    freqs = positions.float()[:, None] * inv_freq[None, :]  # [T, rotary_dim / 2]
+    return (freqs.cos() * scaling)[:, None, :], (freqs.sin() * scaling)[:, None, :]
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the NeoX halves of `x: [num_tokens, num_heads, head_size]` by precomputed cos/sin."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return rotated.to(x.dtype)
+
+
 def apply_rotary(
     positions: torch.Tensor, x: torch.Tensor, inv_freq: torch.Tensor, scaling: float = 1.0
 ) -> torch.Tensor:
     """Rotate `x: [num_tokens, num_heads, head_size]` by angle `position * inv_freq` (NeoX halves),
     with cos/sin multiplied by `scaling`."""
-    freqs = positions.float()[:, None] * inv_freq[None, :]  # [T, rotary_dim / 2]
-    cos = (freqs.cos() * scaling)[:, None, :]
-    sin = (freqs.sin() * scaling)[:, None, :]
-    x1, x2 = x.float().chunk(2, dim=-1)
-    rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    return rotated.to(x.dtype)
+    return rotate(x, *rotary_cos_sin(positions, inv_freq, scaling))
 
 
 class RotaryEmbedding(nn.Module):
@@ -170,6 +180,12 @@ class RotaryEmbedding(nn.Module):
         # The CUDA kernel's table, built up front on CUDA: building it lazily inside a CUDA-graph capture
         # would record the computation instead of running it.
         self._cos_sin = self._build_cos_sin() if inv_freq.is_cuda else None
+        # Torch path: cos/sin of the last positions tensor seen. Every layer of a step shares this module
+        # and the step's positions tensor, so cos/sin are computed once per step instead of per layer.
+        # Keyed by identity (the reference keeps the tensor alive, so its id cannot be recycled); the
+        # runner builds a fresh positions tensor each step and never writes into one it has passed on.
+        self._step_positions: torch.Tensor | None = None
+        self._step_cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def _apply(self, fn: Any, recurse: bool = True) -> RotaryEmbedding:
         # `model.to(dtype)` must not cast inv_freq; only device moves apply to it.
@@ -177,6 +193,7 @@ class RotaryEmbedding(nn.Module):
         super()._apply(fn, recurse)
         self.inv_freq = inv_freq.to(self.inv_freq.device)
         self._cos_sin = self._build_cos_sin() if self.inv_freq.is_cuda else None
+        self._step_positions = self._step_cos_sin = None  # computed on the old device
         return self
 
     def _build_cos_sin(self) -> torch.Tensor:
@@ -201,8 +218,8 @@ class RotaryEmbedding(nn.Module):
 
             ops.rotary_embedding(positions, query, key, self.cos_sin_table(), self.head_size, is_neox=True)
             return query, key
-        scaling = self.attention_scaling
-        return (
-            apply_rotary(positions, query, self.inv_freq, scaling),
-            apply_rotary(positions, key, self.inv_freq, scaling),
-        )
+        if positions is not self._step_positions or self._step_cos_sin is None:
+            self._step_cos_sin = rotary_cos_sin(positions, self.inv_freq, self.attention_scaling)
+            self._step_positions = positions
+        cos, sin = self._step_cos_sin
+        return rotate(query, cos, sin), rotate(key, cos, sin)
