@@ -97,11 +97,11 @@ class Frontend:
         self.queues[request_id] = queue
         await self.send(P.MessageType.ADD, P.EngineCoreRequest(request_id, prompt_ids, params, time.time()))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await resp.prepare(request)
         detok = Detokenizer(self.tokenizer, prompt_ids)
         created = int(time.time())
         finished = False
         try:
+            await resp.prepare(request)
             text_so_far = ""
             while not finished:
                 out = await queue.get()
@@ -122,6 +122,8 @@ class Frontend:
                 }
                 await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
             await resp.write(b"data: [DONE]\n\n")
+        except ConnectionResetError:
+            pass  # the client went away; the engine request is aborted below
         finally:
             self.queues.pop(request_id, None)
             if not finished:

@@ -85,7 +85,7 @@ def run_point(frontend: str, concurrency: int, args: argparse.Namespace, port: i
         )
         return json.loads(result.stdout.strip().splitlines()[-1])
     finally:
-        for p in reversed(procs):
+        for p in procs:  # front end first, so it does not report the engine's exit as a death
             p.terminate()
         for p in procs:
             try:
