@@ -566,12 +566,15 @@ async fn writer_task(
         };
         if let Err(e) = sent {
             let Some(inner) = inner.upgrade() else { return };
-            tracing::error!(engine, error = %e, "cannot send to engine");
-            if let Some(id) = request_id {
-                inner.fail(
-                    &id,
-                    EngineClientError::RequestFailed(format!("send to engine: {e}")),
-                );
+            match request_id {
+                Some(id) => {
+                    tracing::error!(engine, error = %e, "cannot send a request to the engine");
+                    let error = EngineClientError::RequestFailed(format!("send to engine: {e}"));
+                    inner.fail(&id, error);
+                }
+                // A lost ABORT/UTILITY only matters if the engine is alive; its death is reported
+                // by the health watch, so this stays quiet (it happens at every shutdown).
+                None => tracing::debug!(engine, error = %e, "cannot send to engine"),
             }
         }
     }

@@ -281,7 +281,7 @@ pub fn start(state: &Arc<AppState>, generation: Generation) -> Result<DeltaStrea
                 prompt_token_ids: prompt.clone(),
                 sampling_params: params,
                 arrival_time,
-                priority: 0,
+                priority: generation.options.priority,
             };
             let permit = permits
                 .as_mut()

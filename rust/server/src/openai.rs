@@ -108,6 +108,8 @@ pub struct OutputOptions {
     pub logprobs: Option<u32>,
     pub stream: bool,
     pub include_usage: bool,
+    /// Scheduling priority sent to the engine (lower runs first under the priority policy).
+    pub priority: i64,
 }
 
 /// Parses a JSON body, turning every serde failure into a 400.
@@ -273,6 +275,7 @@ pub fn sampling_params(
             .stream_options
             .as_ref()
             .is_some_and(|o| o.include_usage),
+        priority: common.priority.unwrap_or(0),
     };
     Ok((p, options))
 }

@@ -120,7 +120,8 @@ async fn completions_plain_echo_and_token_prompts() {
     let (status, body) = h
         .post(
             "/v1/completions",
-            json!({"model": "smol", "prompt": "one two three four", "max_tokens": 6}),
+            json!({"model": "smol", "prompt": "one two three four", "max_tokens": 6,
+                   "priority": -2, "seed": 11, "temperature": 0.5}),
         )
         .await;
     assert_eq!(status, 200, "{body}");
@@ -129,6 +130,13 @@ async fn completions_plain_echo_and_token_prompts() {
     assert_eq!(body["choices"][0]["finish_reason"], "length");
     assert_eq!(body["usage"]["prompt_tokens"], ids.len());
     assert_eq!(body["usage"]["completion_tokens"], 6);
+    // What reached the engine: resolved sampling parameters and the priority.
+    let sent = h.engine.as_ref().unwrap().log().added.pop().unwrap();
+    assert_eq!(sent.prompt_token_ids, ids);
+    assert_eq!(sent.priority, -2);
+    assert_eq!(sent.sampling_params.max_tokens, 6);
+    assert_eq!(sent.sampling_params.seed, Some(11));
+    assert_eq!(sent.sampling_params.temperature, 0.5);
 
     // Several token-id prompts, echo on: choice i answers prompt i, prefixed with its text.
     let (status, body) = h
@@ -440,9 +448,14 @@ async fn bad_requests_get_openai_errors() {
         "BadRequestError"
     );
 
-    let r = post("/v1/completions", json!({"prompt": "x".repeat(10_000)})).await.unwrap();
+    let r = post("/v1/completions", json!({"prompt": "x".repeat(10_000)}))
+        .await
+        .unwrap();
     assert_eq!(r.status(), 413);
-    assert_eq!(r.json::<Value>().await.unwrap()["error"]["type"], "RequestTooLargeError");
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["error"]["type"],
+        "RequestTooLargeError"
+    );
 
     // Admission: the engine runs 1 and 0 may wait, so a second concurrent request gets 503.
     let first = post(
