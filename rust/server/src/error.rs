@@ -23,6 +23,9 @@ pub enum ApiError {
     /// The requested model is not served here (404).
     #[error("The model `{0}` does not exist.")]
     ModelNotFound(String),
+    /// No route matches the method and path (404).
+    #[error("no route for {0}")]
+    RouteNotFound(String),
     /// The body is larger than the configured limit (413).
     #[error("request body is larger than {0} bytes")]
     PayloadTooLarge(usize),
@@ -51,7 +54,7 @@ impl ApiError {
         match self {
             Self::BadRequest { .. } => StatusCode::BAD_REQUEST,
             Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
-            Self::ModelNotFound(_) => StatusCode::NOT_FOUND,
+            Self::ModelNotFound(_) | Self::RouteNotFound(_) => StatusCode::NOT_FOUND,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Engine(_) | Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -63,7 +66,7 @@ impl ApiError {
         match self {
             Self::BadRequest { .. } => "BadRequestError",
             Self::Unauthorized(_) => "AuthenticationError",
-            Self::ModelNotFound(_) => "NotFoundError",
+            Self::ModelNotFound(_) | Self::RouteNotFound(_) => "NotFoundError",
             Self::PayloadTooLarge(_) => "RequestTooLargeError",
             Self::Unavailable(_) => "ServiceUnavailableError",
             Self::Engine(_) | Self::Internal(_) => "InternalServerError",

@@ -108,15 +108,8 @@ async fn require_api_key(State(state): State<Arc<AppState>>, req: Request, next:
     next.run(req).await
 }
 
-async fn not_found(req: Request) -> Response {
-    let message = format!("no route for {} {}", req.method(), req.uri().path());
-    let mut resp = ApiError::BadRequest {
-        message,
-        param: None,
-    }
-    .into_response();
-    *resp.status_mut() = axum::http::StatusCode::NOT_FOUND;
-    resp
+async fn not_found(req: Request) -> ApiError {
+    ApiError::RouteNotFound(format!("{} {}", req.method(), req.uri().path()))
 }
 
 /// The router. Layer order matters: the body limit applies to every route; authentication wraps

@@ -448,6 +448,12 @@ async fn bad_requests_get_openai_errors() {
         "BadRequestError"
     );
 
+    let r = post("/v1/embeddings", json!({"input": "x"})).await.unwrap();
+    assert_eq!(r.status(), 404);
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["error"]["type"],
+        "NotFoundError"
+    );
     let r = post("/v1/completions", json!({"prompt": "x".repeat(10_000)}))
         .await
         .unwrap();
