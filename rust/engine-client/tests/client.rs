@@ -191,3 +191,52 @@ async fn engine_that_dies_during_startup_fails_connect_fast() {
     );
     starting.wait().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_go_to_the_least_loaded_engine() {
+    let (input, output) = addresses("two");
+    let mut cfg = EngineClientConfig::new(&input, &output);
+    cfg.num_engines = 2;
+    cfg.ready_timeout = Duration::from_secs(10);
+    let client = tokio::spawn(EngineClient::connect(cfg));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut engines = Vec::new();
+    for index in 0..2 {
+        let mut mock = MockEngineConfig::new(&input, &output);
+        mock.engine_index = index;
+        mock.step_interval = Duration::from_millis(20);
+        engines.push(MockEngine::start(mock).await.unwrap());
+    }
+    let client = client.await.unwrap().unwrap();
+    assert_eq!(client.engines().len(), 2);
+    // Four long requests spread 2 + 2; after two finish on one engine, it takes the next ones.
+    let mut live: Vec<_> = (0..4)
+        .map(|i| {
+            client
+                .add_request(request(&format!("r{i}"), vec![1, 3], 100_000))
+                .unwrap()
+        })
+        .collect();
+    for s in &mut live {
+        s.next_output().await.unwrap().unwrap();
+    }
+    let counts: Vec<usize> = engines.iter().map(|e| e.log().added.len()).collect();
+    assert_eq!(counts, vec![2, 2]);
+    // Free engine 0's two requests (r0 and r2 went there, alternating), then add two more.
+    let on_zero: Vec<String> = engines[0]
+        .log()
+        .added
+        .iter()
+        .map(|r| r.request_id.clone())
+        .collect();
+    live.retain(|s| !on_zero.contains(&s.request_id().to_string()));
+    for i in 4..6 {
+        let mut s = client
+            .add_request(request(&format!("r{i}"), vec![1, 3], 100_000))
+            .unwrap();
+        s.next_output().await.unwrap().unwrap();
+        live.push(s);
+    }
+    assert_eq!(engines[0].log().added.len(), 4);
+    assert_eq!(engines[1].log().added.len(), 2);
+}
