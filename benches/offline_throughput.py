@@ -7,8 +7,13 @@ voltllm generates each sequence's own output length, while `generate_batch` take
 `max_new_tokens` for the whole batch, so it generates the mean output length for every sequence (the
 same total number of output tokens). Prints output tokens/s of each and their ratio.
 
+`--default-model` runs voltllm's embedded default model (SmolLM2-135M-Instruct, its real weights) in
+both engines instead of a dummy-weight config; with `--num-seqs 1` that is the single-chat case.
+`--threads N` sets torch's intra-op threads for both engines (default: torch's own choice).
+
     python benches/offline_throughput.py                     # GPU, Qwen3-0.6B shape, 256 seqs, 100-1024
     python benches/offline_throughput.py --tiny --num-seqs 16 --min-len 32 --max-len 256   # CPU
+    python benches/offline_throughput.py --default-model --num-seqs 16 --min-len 32 --max-len 64
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConf
 from voltllm.engine.core import resolve_device, resolve_dtype
 from voltllm.engine.llm_engine import LLMEngine
 from voltllm.engine.protocol import EngineCoreRequest, SamplingParams
+from voltllm.loader.default_model import DEFAULT_MODEL_NAME, default_model_dir
 
 # Qwen/Qwen3-0.6B config.json (architecture fields only).
 QWEN3_0_6B = {
@@ -76,7 +82,9 @@ def make_workload(args: argparse.Namespace, vocab: int) -> tuple[list[list[int]]
 
 def run_voltllm(model_dir: Path, args, prompts, output_lens) -> tuple[float, int]:
     config = EngineConfig(
-        model=ModelConfig(model=str(model_dir), load_format="dummy", dtype=args.dtype),
+        model=ModelConfig(
+            model=str(model_dir), load_format="auto" if args.default_model else "dummy", dtype=args.dtype
+        ),
         cache=CacheConfig(num_kv_blocks=args.num_kv_blocks),
         scheduler=SchedulerConfig(
             max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.num_seqs
@@ -107,8 +115,11 @@ def run_transformers(model_dir: Path, args, prompts, output_lens) -> tuple[float
 
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
-    hf_config = transformers.AutoConfig.from_pretrained(model_dir)
-    model = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=dtype).to(device).eval()
+    if args.default_model:
+        model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+    else:
+        hf_config = transformers.AutoConfig.from_pretrained(model_dir)
+        model = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=dtype).to(device).eval()
     mean_len = round(sum(output_lens) / len(output_lens))
     gen_config = transformers.GenerationConfig(
         max_new_tokens=mean_len, do_sample=False, eos_token_id=None, pad_token_id=0, use_cuda_graph=False
@@ -137,6 +148,10 @@ def hardware(device: str) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tiny", action="store_true", help="a 4-layer Qwen3 instead of the Qwen3-0.6B shape")
+    p.add_argument(
+        "--default-model", action="store_true", help="the embedded default model with its real weights"
+    )
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (both engines)")
     p.add_argument("--num-seqs", type=int, default=256)
     p.add_argument("--min-len", type=int, default=100)
     p.add_argument("--max-len", type=int, default=1024)
@@ -147,26 +162,37 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-baseline", action="store_true")
     args = p.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if args.default_model:
+        model_dir = default_model_dir()
+        vocab_size = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+        run(model_dir, args, vocab_size, f"{DEFAULT_MODEL_NAME} (real weights)")
+        return
     config = TINY if args.tiny else QWEN3_0_6B
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp)
         (model_dir / "config.json").write_text(json.dumps(config))
-        prompts, output_lens = make_workload(args, config["vocab_size"])
-        print(
-            f"workload: {args.num_seqs} seqs, in/out lengths uniform in [{args.min_len}, {args.max_len}], "
-            f"{sum(map(len, prompts))} prompt tokens, {sum(output_lens)} output tokens; "
-            f"model: {'tiny Qwen3' if args.tiny else 'Qwen3-0.6B shape'} (dummy weights); "
-            f"hardware: {hardware(args.device)}"
-        )
-        t, n = run_voltllm(model_dir, args, prompts, output_lens)
-        ours = n / t
-        print(f"voltllm:      {n:7d} output tokens in {t:8.2f} s = {ours:9.1f} tok/s")
-        if args.skip_baseline:
-            return
-        t, n = run_transformers(model_dir, args, prompts, output_lens)
-        base = n / t
-        print(f"transformers: {n:7d} output tokens in {t:8.2f} s = {base:9.1f} tok/s  (generate_batch)")
-        print(f"ratio voltllm / transformers: {ours / base:.2f}x")
+        name = "tiny Qwen3" if args.tiny else "Qwen3-0.6B shape"
+        run(model_dir, args, config["vocab_size"], f"{name} (dummy weights)")
+
+
+def run(model_dir: Path, args: argparse.Namespace, vocab_size: int, model_name: str) -> None:
+    prompts, output_lens = make_workload(args, vocab_size)
+    print(
+        f"workload: {args.num_seqs} seqs, in/out lengths uniform in [{args.min_len}, {args.max_len}], "
+        f"{sum(map(len, prompts))} prompt tokens, {sum(output_lens)} output tokens; "
+        f"model: {model_name}; hardware: {hardware(args.device)}"
+    )
+    t, n = run_voltllm(model_dir, args, prompts, output_lens)
+    ours = n / t
+    print(f"voltllm:      {n:7d} output tokens in {t:8.2f} s = {ours:9.1f} tok/s")
+    if args.skip_baseline:
+        return
+    t, n = run_transformers(model_dir, args, prompts, output_lens)
+    base = n / t
+    print(f"transformers: {n:7d} output tokens in {t:8.2f} s = {base:9.1f} tok/s  (generate_batch)")
+    print(f"ratio voltllm / transformers: {ours / base:.2f}x")
 
 
 if __name__ == "__main__":

@@ -103,9 +103,8 @@ class _Prefill:
     rows: slice  # its query rows in the flat batch
     seq_len: int
     blocks: torch.Tensor  # [num_blocks] int64, the blocks holding its context
-    masks: dict[
-        int | None, torch.Tensor | None
-    ]  # sliding window -> [query_len, seq_len] mask (None: plain causal)
+    # sliding window -> [query_len, seq_len] bool mask, or None where SDPA's causal flag is exact
+    masks: dict[int | None, torch.Tensor | None]
 
 
 class _StepPlan:
@@ -211,8 +210,9 @@ class TorchAttentionBackend(AttentionBackend):
             )
         self._write(key, value, kv_cache, plan)
         if plan.decode_rows is not None and plan.decode_all_rows:
-            return self._decode(spec, query, kv_cache, plan).to(query.dtype)
-        output = torch.zeros_like(query)  # rows of zero-length sequences do not exist; all get written
+            return self._decode(spec, query, kv_cache, plan)
+        # Every row belongs to a decode or a prefill (zero-length sequences own no rows): all are written.
+        output = torch.empty_like(query)
         if plan.decode_rows is not None:
             output.index_copy_(
                 0, plan.decode_rows, self._decode(spec, query[plan.decode_rows], kv_cache, plan)
