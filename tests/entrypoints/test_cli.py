@@ -81,7 +81,7 @@ def test_interactive_chat_in_a_terminal() -> None:
         raise AssertionError(f"timed out; screen was:\n{screen()}")
 
     try:
-        wait_for(lambda s: "> " in s and "Ctrl-D" in s, 300)
+        wait_for(lambda s: "Ctrl-D to leave" in s and s.rstrip().endswith(">"), 300)
         subprocess.run(
             ["tmux", "send-keys", "-t", session, "What is the capital of France?", "Enter"], check=True
         )

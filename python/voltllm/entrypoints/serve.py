@@ -1,7 +1,8 @@
 """`voltllm serve`: start the EngineCore process, then run the Rust HTTP front end in this process.
 
 The front end binds the two ZeroMQ sockets and waits for the engine's READY; it watches the engine's
-process id, so an engine that dies turns `/health` to 503 and makes the server exit non-zero.
+process id from the start, so an engine that dies (while loading or later) fails in-flight requests,
+turns `/health` to 503 and makes the server exit non-zero.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def serve(args: argparse.Namespace, model_dir: Path) -> int:
             served_model_name=[served_name],
             max_model_len=args.max_model_len,
             max_waiting_requests=args.max_waiting_requests,
-            engine_poll=engine_poll,
+            engine_pids=[engine.pid],
         )
         return 0
     except RuntimeError as e:

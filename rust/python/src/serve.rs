@@ -1,9 +1,8 @@
 //! `serve(...)`: the HTTP front end, run from Python with the GIL released.
 //!
 //! The server runs on its own thread and tokio runtime. The calling thread waits on it in short
-//! slices, re-attaching to Python between slices so Ctrl-C (`KeyboardInterrupt`) and the caller's
-//! engine poll are seen: an engine process that dies before it is READY would otherwise leave the
-//! server waiting for the full ready timeout.
+//! slices, re-attaching to Python between slices so that Ctrl-C raises `KeyboardInterrupt` promptly
+//! (Python only runs signal handlers on a thread that holds the interpreter).
 
 use std::path::PathBuf;
 use std::sync::{mpsc, Mutex};
@@ -14,12 +13,6 @@ use pyo3::prelude::*;
 use voltllm_server::{Server, ServerConfig, ServerError, ShutdownHandle};
 
 const POLL_SLICE: Duration = Duration::from_millis(100);
-
-/// Why the serving thread ended, if not by a normal shutdown.
-enum Outcome {
-    Done(Result<(), ServerError>),
-    EngineGone(String),
-}
 
 fn init_logging() {
     // A second serve() in one process keeps the first subscriber; that is fine.
@@ -47,15 +40,15 @@ fn serve_until(config: ServerConfig, shutdown: ShutdownHandle) -> Result<(), Ser
     })
 }
 
-/// Run the OpenAI-compatible server until Ctrl-C, an engine death, or `engine_poll()` reporting
-/// that an engine process exited (it returns None while all live, else a message).
+/// Run the OpenAI-compatible server until Ctrl-C or an engine death.
 ///
-/// Raises `RuntimeError` when the server fails (engine death, port in use, engines not ready).
+/// `engine_pids` are watched from the start, so an engine that dies while loading fails start-up at
+/// once. Raises `RuntimeError` when the server fails (engine death, port in use, engines not ready).
 #[pyfunction]
 #[pyo3(signature = (
     model_dir, engine_input_address, engine_output_address, *, host = "127.0.0.1".to_string(),
     port = 8000, api_key = None, served_model_name = None, num_engines = 1, max_model_len = None,
-    max_waiting_requests = 1024, engine_ready_timeout = 600.0, engine_poll = None
+    max_waiting_requests = 1024, engine_ready_timeout = 600.0, engine_pids = Vec::new()
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn serve(
@@ -71,10 +64,12 @@ pub fn serve(
     max_model_len: Option<u32>,
     max_waiting_requests: usize,
     engine_ready_timeout: f64,
-    engine_poll: Option<Py<PyAny>>,
+    engine_pids: Vec<u32>,
 ) -> PyResult<()> {
     if !(engine_ready_timeout.is_finite() && engine_ready_timeout > 0.0) {
-        return Err(PyValueError::new_err("engine_ready_timeout must be a positive number of seconds"));
+        return Err(PyValueError::new_err(
+            "engine_ready_timeout must be a positive number of seconds",
+        ));
     }
     init_logging();
     let mut config = ServerConfig::new(model_dir, engine_input_address, engine_output_address);
@@ -86,6 +81,7 @@ pub fn serve(
     config.max_model_len = max_model_len;
     config.max_waiting_requests = max_waiting_requests;
     config.engine_ready_timeout = Duration::from_secs_f64(engine_ready_timeout);
+    config.engine_pids = engine_pids;
 
     let shutdown = ShutdownHandle::new();
     let (done_tx, done_rx) = mpsc::channel();
@@ -101,15 +97,15 @@ pub fn serve(
 
     // A Mutex makes the receiver Sync, as `detach` requires; only this thread ever locks it.
     let done_rx = Mutex::new(done_rx);
-    let outcome = loop {
+    let result = loop {
         let received = py.detach(|| match done_rx.lock() {
             Ok(rx) => rx.recv_timeout(POLL_SLICE),
             Err(_) => Err(mpsc::RecvTimeoutError::Disconnected),
         });
         match received {
-            Ok(result) => break Outcome::Done(result),
+            Ok(result) => break result,
             Err(mpsc::RecvTimeoutError::Disconnected) => {
-                break Outcome::Done(Err(ServerError::EngineDied("server thread panicked".into())))
+                return Err(PyRuntimeError::new_err("the server thread panicked"))
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {}
         }
@@ -118,20 +114,9 @@ pub fn serve(
             py.detach(|| server_thread.join()).ok();
             return Err(interrupt);
         }
-        if let Some(poll) = &engine_poll {
-            let message: Option<String> = poll.call0(py)?.extract(py)?;
-            if let Some(message) = message {
-                shutdown.shutdown();
-                break Outcome::EngineGone(message);
-            }
-        }
     };
     py.detach(|| server_thread.join()).ok();
-    match outcome {
-        Outcome::Done(Ok(())) => Ok(()),
-        Outcome::Done(Err(e)) => Err(PyRuntimeError::new_err(e.to_string())),
-        Outcome::EngineGone(message) => Err(PyRuntimeError::new_err(message)),
-    }
+    result.map_err(|e| PyRuntimeError::new_err(e.to_string()))
 }
 
 /// `voltllm bench ...`: runs the load tester with these command-line arguments; returns the exit code.

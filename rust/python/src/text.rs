@@ -24,19 +24,24 @@ impl Tokenizer {
     /// Load `tokenizer.json` and `tokenizer_config.json` from a model folder.
     #[staticmethod]
     fn from_model_dir(path: PathBuf) -> PyResult<Self> {
-        Ok(Self { inner: RustTokenizer::from_model_dir(path).map_err(value_error)? })
+        Ok(Self {
+            inner: RustTokenizer::from_model_dir(path).map_err(value_error)?,
+        })
     }
 
     /// Load a bare `tokenizer.json`.
     #[staticmethod]
     fn from_file(path: PathBuf) -> PyResult<Self> {
-        Ok(Self { inner: RustTokenizer::from_file(path).map_err(value_error)? })
+        Ok(Self {
+            inner: RustTokenizer::from_file(path).map_err(value_error)?,
+        })
     }
 
     /// Token ids of `text`; `add_special_tokens` adds BOS/EOS as the tokenizer's post-processor says.
     #[pyo3(signature = (text, add_special_tokens = true))]
     fn encode(&self, py: Python<'_>, text: &str, add_special_tokens: bool) -> PyResult<Vec<u32>> {
-        py.detach(|| self.inner.encode(text, add_special_tokens)).map_err(value_error)
+        py.detach(|| self.inner.encode(text, add_special_tokens))
+            .map_err(value_error)
     }
 
     /// `encode` over many texts, in parallel where the tokenizer allows.
@@ -47,13 +52,15 @@ impl Tokenizer {
         texts: Vec<String>,
         add_special_tokens: bool,
     ) -> PyResult<Vec<Vec<u32>>> {
-        py.detach(|| self.inner.encode_batch(&texts, add_special_tokens)).map_err(value_error)
+        py.detach(|| self.inner.encode_batch(&texts, add_special_tokens))
+            .map_err(value_error)
     }
 
     /// Text of `ids`; unknown ids raise `ValueError`.
     #[pyo3(signature = (ids, skip_special_tokens = true))]
     fn decode(&self, py: Python<'_>, ids: Vec<u32>, skip_special_tokens: bool) -> PyResult<String> {
-        py.detach(|| self.inner.decode(&ids, skip_special_tokens)).map_err(value_error)
+        py.detach(|| self.inner.decode(&ids, skip_special_tokens))
+            .map_err(value_error)
     }
 
     /// `decode` over many id lists.
@@ -65,7 +72,8 @@ impl Tokenizer {
         skip_special_tokens: bool,
     ) -> PyResult<Vec<String>> {
         let slices: Vec<&[u32]> = batch.iter().map(Vec::as_slice).collect();
-        py.detach(|| self.inner.decode_batch(&slices, skip_special_tokens)).map_err(value_error)
+        py.detach(|| self.inner.decode_batch(&slices, skip_special_tokens))
+            .map_err(value_error)
     }
 
     /// Vocabulary size, added tokens included.
@@ -117,7 +125,10 @@ pub struct ChatTemplate {
 
 /// Python object -> JSON value, through Python's own `json` so every JSON-able value is accepted.
 fn to_json(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Value> {
-    let text: String = py.import("json")?.call_method1("dumps", (obj,))?.extract()?;
+    let text: String = py
+        .import("json")?
+        .call_method1("dumps", (obj,))?
+        .extract()?;
     serde_json::from_str(&text).map_err(|e| value_error(format!("{what}: {e}")))
 }
 
@@ -168,7 +179,8 @@ impl ChatTemplate {
             extra,
             ..RenderOptions::default()
         };
-        py.detach(|| self.inner.render(&messages, &opts)).map_err(value_error)
+        py.detach(|| self.inner.render(&messages, &opts))
+            .map_err(value_error)
     }
 }
 
@@ -199,7 +211,11 @@ impl Detokenizer {
             IncrementalDetokenizer::new(tokenizer.inner.clone(), &prompt_ids, skip_special_tokens)
                 .map_err(value_error)?;
         let stops = StopChecker::new(stop, include_stop_str_in_output).map_err(value_error)?;
-        Ok(Self { detokenizer, stops, stopped: None })
+        Ok(Self {
+            detokenizer,
+            stops,
+            stopped: None,
+        })
     }
 
     /// Add one generated token; returns the newly final text.
