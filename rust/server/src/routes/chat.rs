@@ -4,13 +4,39 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::response::{IntoResponse, Response};
 use axum::Json as JsonResponse;
+use serde::Serialize;
 use serde_json::{json, Value as Json};
 use voltllm_chat::RenderOptions;
 
-use super::{blocking, body_bytes, new_id, sse_response, usage, SharedState};
+use super::{blocking, body_bytes, new_id, sse_frame, sse_response, usage, SharedState};
 use crate::error::ApiError;
 use crate::generate::{self, unix_now, Generation, TokenLogprob};
 use crate::openai::{self, ChatRequest, MAX_LOGPROBS};
+
+/// A streamed chat chunk, serialized without building a JSON tree.
+#[derive(Serialize)]
+struct ChatChunk<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: [ChatChoice<'a>; 1],
+}
+
+#[derive(Serialize)]
+struct ChatChoice<'a> {
+    index: u32,
+    delta: ChatDelta<'a>,
+    logprobs: Option<Json>,
+    finish_reason: Option<&'static str>,
+    stop_reason: Option<&'a Json>,
+}
+
+#[derive(Serialize)]
+struct ChatDelta<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content: Option<&'a str>,
+}
 
 /// OpenAI chat `logprobs.content` entries.
 fn logprobs_json(logprobs: &[TokenLogprob]) -> Json {
@@ -109,25 +135,27 @@ pub async fn chat_completions(
 
     if stream {
         let (id2, model2) = (id.clone(), model.clone());
-        let head = move |choices: Json| json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choices});
         let prefix = (0..n)
-            .map(|i| head(json!([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}])))
+            .map(|i| json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+                            "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                         "logprobs": null, "finish_reason": null}]}))
             .collect();
         let chunk = move |d: generate::ChoiceDelta| {
-            let delta = if d.text.is_empty() {
-                json!({})
-            } else {
-                json!({"content": d.text})
-            };
-            let logprobs = if logprobs.is_some() {
-                logprobs_json(&d.logprobs)
-            } else {
-                Json::Null
-            };
-            head(
-                json!([{"index": d.index, "delta": delta, "logprobs": logprobs,
-                         "finish_reason": d.finish_reason, "stop_reason": d.stop_reason}]),
-            )
+            sse_frame(&ChatChunk {
+                id: &id,
+                object: "chat.completion.chunk",
+                created,
+                model: &model,
+                choices: [ChatChoice {
+                    index: d.index,
+                    delta: ChatDelta {
+                        content: (!d.text.is_empty()).then_some(d.text.as_str()),
+                    },
+                    logprobs: logprobs.map(|_| logprobs_json(&d.logprobs)),
+                    finish_reason: d.finish_reason,
+                    stop_reason: d.stop_reason.as_ref(),
+                }],
+            })
         };
         let usage_chunk = include_usage.then_some(move |completion: usize| {
             json!({"id": id2, "object": "chat.completion.chunk", "created": created, "model": model2,

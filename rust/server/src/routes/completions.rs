@@ -4,12 +4,32 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::response::{IntoResponse, Response};
 use axum::Json as JsonResponse;
+use serde::Serialize;
 use serde_json::{json, Map, Value as Json};
 
-use super::{blocking, body_bytes, new_id, sse_response, usage, SharedState};
+use super::{blocking, body_bytes, new_id, sse_frame, sse_response, usage, SharedState};
 use crate::error::ApiError;
 use crate::generate::{self, unix_now, Generation, TokenLogprob};
 use crate::openai::{self, CompletionRequest, PromptField};
+
+/// A streamed completions chunk, serialized without building a JSON tree.
+#[derive(Serialize)]
+struct TextChunk<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: [TextChoice<'a>; 1],
+}
+
+#[derive(Serialize)]
+struct TextChoice<'a> {
+    index: u32,
+    text: &'a str,
+    logprobs: Option<Json>,
+    finish_reason: Option<&'static str>,
+    stop_reason: Option<&'a Json>,
+}
 
 /// Legacy completions `logprobs` object; `offset` is where this piece of text starts.
 fn logprobs_json(logprobs: &[TokenLogprob], mut offset: usize) -> Json {
@@ -124,6 +144,7 @@ pub async fn completions(
         },
     )?;
 
+    let (chunk_id, chunk_model) = (id.clone(), model.clone());
     let head = move |choices: Json| json!({"id": id, "object": "text_completion", "created": created, "model": model, "choices": choices});
     if stream {
         let prefix = echoes
@@ -135,13 +156,23 @@ pub async fn completions(
             })
             .collect();
         let mut offsets: Vec<usize> = echoes.iter().map(String::len).collect();
-        let head2 = head.clone();
         let chunk = move |d: generate::ChoiceDelta| {
             let i = d.index as usize;
             let lp = logprobs.map(|_| logprobs_json(&d.logprobs, offsets[i]));
             offsets[i] += d.text.len();
-            head2(json!([{"index": i, "text": d.text, "logprobs": lp,
-                          "finish_reason": d.finish_reason, "stop_reason": d.stop_reason}]))
+            sse_frame(&TextChunk {
+                id: &chunk_id,
+                object: "text_completion",
+                created,
+                model: &chunk_model,
+                choices: [TextChoice {
+                    index: d.index,
+                    text: &d.text,
+                    logprobs: lp,
+                    finish_reason: d.finish_reason,
+                    stop_reason: d.stop_reason.as_ref(),
+                }],
+            })
         };
         let usage_chunk = include_usage.then_some(move |completion: usize| {
             let mut v = head(json!([]));

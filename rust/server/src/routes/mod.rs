@@ -8,10 +8,9 @@ use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
-use axum::http::StatusCode;
-use axum::response::sse::{Event, Sse};
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures::stream::{self, StreamExt};
 use serde_json::{json, Value as Json};
@@ -46,9 +45,27 @@ pub fn usage(prompt_tokens: usize, completion_tokens: usize) -> Json {
     })
 }
 
-/// Turns deltas into an OpenAI SSE response: `prefix` chunks first, one chunk per delta, an
-/// optional usage chunk (given the completion-token total), then `data: [DONE]`. An error midway
-/// becomes an `{"error": ...}` event followed by `[DONE]`, so clients never hang.
+/// One SSE event, `data: <json>\n\n`. serde_json escapes newlines inside strings, so the JSON
+/// always fits on one `data:` line.
+pub fn sse_frame<T: serde::Serialize + ?Sized>(value: &T) -> Bytes {
+    let mut buf = Vec::with_capacity(256);
+    buf.extend_from_slice(b"data: ");
+    if serde_json::to_writer(&mut buf, value).is_err() {
+        // Only non-string map keys can fail, and no chunk type has them.
+        buf.truncate(6);
+        buf.extend_from_slice(b"{}");
+    }
+    buf.extend_from_slice(b"\n\n");
+    Bytes::from(buf)
+}
+
+const DONE: &[u8] = b"data: [DONE]\n\n";
+
+/// Turns deltas into an OpenAI SSE response: `prefix` chunks first, one chunk per delta (`chunk`
+/// returns the framed event), an optional usage chunk (given the completion-token total), then
+/// `data: [DONE]`. An error midway becomes an `{"error": ...}` event followed by `[DONE]`, so
+/// clients never hang. Events are written as raw frames: the per-token path builds no
+/// intermediate JSON tree.
 pub fn sse_response<C, U>(
     prefix: Vec<Json>,
     deltas: DeltaStream,
@@ -56,22 +73,19 @@ pub fn sse_response<C, U>(
     usage_chunk: Option<U>,
 ) -> Response
 where
-    C: FnMut(ChoiceDelta) -> Json + Send + 'static,
+    C: FnMut(ChoiceDelta) -> Bytes + Send + 'static,
     U: FnOnce(usize) -> Json + Send + 'static,
 {
     struct St<C, U> {
         deltas: Option<DeltaStream>,
-        queue: VecDeque<Event>,
+        queue: VecDeque<Bytes>,
         chunk: C,
         usage_chunk: Option<U>,
         completion_tokens: usize,
     }
-    fn data(v: &Json) -> Event {
-        Event::default().data(v.to_string())
-    }
     let st = St {
         deltas: Some(deltas),
-        queue: prefix.iter().map(data).collect(),
+        queue: prefix.iter().map(sse_frame).collect(),
         chunk,
         usage_chunk,
         completion_tokens: 0,
@@ -85,25 +99,32 @@ where
             match deltas.next().await {
                 Some(Ok(delta)) => {
                     st.completion_tokens += delta.num_tokens;
-                    let c = (st.chunk)(delta);
-                    st.queue.push_back(data(&c));
+                    let frame = (st.chunk)(delta);
+                    st.queue.push_back(frame);
                 }
                 Some(Err(e)) => {
                     st.deltas = None;
-                    st.queue.push_back(data(&e.body()));
-                    st.queue.push_back(Event::default().data("[DONE]"));
+                    st.queue.push_back(sse_frame(&e.body()));
+                    st.queue.push_back(Bytes::from_static(DONE));
                 }
                 None => {
                     st.deltas = None;
                     if let Some(u) = st.usage_chunk.take() {
-                        st.queue.push_back(data(&u(st.completion_tokens)));
+                        st.queue.push_back(sse_frame(&u(st.completion_tokens)));
                     }
-                    st.queue.push_back(Event::default().data("[DONE]"));
+                    st.queue.push_back(Bytes::from_static(DONE));
                 }
             }
         }
     });
-    Sse::new(events).into_response()
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(events),
+    )
+        .into_response()
 }
 
 /// Runs CPU-heavy work (templating, tokenization) on the blocking pool, off the async workers.
