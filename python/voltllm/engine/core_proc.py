@@ -24,8 +24,8 @@ from typing import Any
 import msgspec
 import zmq
 
-from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from voltllm.engine import protocol
+from voltllm.engine.args import add_engine_args, engine_config_from_args
 from voltllm.engine.core import EngineCore
 from voltllm.engine.protocol import EngineError, MessageType, UtilityCall, UtilityResult
 
@@ -37,62 +37,17 @@ _IDLE_WAIT_S = 0.1  # how long the idle loop sleeps on the input queue before re
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m voltllm.engine.core_proc", description=__doc__.split("\n")[0])
-    p.add_argument(
-        "model_pos", nargs="?", default=None, metavar="MODEL", help="model folder (or use --model)"
-    )
-    p.add_argument("--model", default=None, help="model folder; omitted: the embedded default model")
+    add_engine_args(p)
+    p.add_argument("--model", dest="model_flag", default=None, help="the model folder, as a flag")
     p.add_argument("--input-address", required=True)
     p.add_argument("--output-address", required=True)
     p.add_argument("--engine-index", type=int, default=0)
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    p.add_argument("--num-kv-blocks", type=int, default=None)
-    p.add_argument("--kv-cache-memory-bytes", type=int, default=None)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--load-format", default="auto")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--attention-backend", default="auto")
-    p.add_argument("--policy", default="fcfs", choices=["fcfs", "priority"])
     p.add_argument("--served-model-name", default=None)
-    p.add_argument("--enforce-eager", action="store_true")
-    p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
     args = p.parse_args(argv)
-    if args.model is not None and args.model_pos is not None and args.model != args.model_pos:
+    if args.model_flag is not None and args.model is not None and args.model_flag != args.model:
         p.error("give the model once: positionally or with --model")
-    args.model = args.model or args.model_pos
+    args.model = args.model or args.model_flag
     return args
-
-
-def config_from_args(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(
-        model=ModelConfig(
-            model=args.model,
-            dtype=args.dtype,
-            max_model_len=args.max_model_len,
-            load_format=args.load_format,
-            seed=args.seed,
-            served_model_name=args.served_model_name,
-        ),
-        cache=CacheConfig(
-            block_size=args.block_size,
-            gpu_memory_utilization=args.gpu_memory_utilization,
-            num_kv_blocks=args.num_kv_blocks,
-            kv_cache_memory_bytes=args.kv_cache_memory_bytes,
-            enable_prefix_caching=args.enable_prefix_caching,
-        ),
-        scheduler=SchedulerConfig(
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            max_num_seqs=args.max_num_seqs,
-            policy=args.policy,
-        ),
-        device=args.device,
-        attention_backend=args.attention_backend,
-        enforce_eager=args.enforce_eager,
-    )
 
 
 class EngineCoreProc:
@@ -256,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
-        core = EngineCore.from_config(config_from_args(args), engine_index=args.engine_index)
+        core = EngineCore.from_config(engine_config_from_args(args), engine_index=args.engine_index)
         proc.loaded = True
         proc.send(MessageType.READY, core.ready_message(args.served_model_name or args.model))
         logger.info(

@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from voltllm.engine.args import add_engine_args, engine_config_from_args, to_argv
+
 
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a usage error in one line instead of the usage block."""
@@ -23,33 +25,6 @@ class _Parser(argparse.ArgumentParser):
 
 class CliError(Exception):
     """A user-facing failure: printed as one line, exit status 1."""
-
-
-def add_engine_args(p: argparse.ArgumentParser) -> None:
-    """Model and engine flags shared by serve, generate, chat and engine."""
-    p.add_argument(
-        "model",
-        nargs="?",
-        default=None,
-        help="model folder, .gguf file, or nothing for the embedded SmolLM2-135M-Instruct",
-    )
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    p.add_argument(
-        "--num-kv-blocks",
-        type=int,
-        default=None,
-        help="KV cache size in blocks (default: from memory, 1 GiB on the CPU)",
-    )
-    p.add_argument("--tensor-parallel-size", type=int, default=1)
-    p.add_argument("--enforce-eager", action="store_true", help="do not capture CUDA graphs")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "gguf", "dummy"])
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
 
 
 def resolve_model(model: str | None, load_format: str = "auto") -> Path:
@@ -69,61 +44,31 @@ def folder_load_format(load_format: str) -> str:
     return "dummy" if load_format == "dummy" else "auto"
 
 
-def engine_argv(args: argparse.Namespace, model_dir: Path) -> list[str]:
-    """Command-line flags that start an EngineCore process with these settings."""
-    argv = [
-        "--model",
-        str(model_dir),
-        "--dtype",
-        args.dtype,
-        "--max-num-seqs",
-        str(args.max_num_seqs),
-        "--max-num-batched-tokens",
-        str(args.max_num_batched_tokens),
-        "--gpu-memory-utilization",
-        str(args.gpu_memory_utilization),
-        "--seed",
-        str(args.seed),
-        "--load-format",
-        folder_load_format(args.load_format),
-        "--device",
-        args.device,
-    ]
-    if args.max_model_len is not None:
-        argv += ["--max-model-len", str(args.max_model_len)]
-    if args.num_kv_blocks is not None:
-        argv += ["--num-kv-blocks", str(args.num_kv_blocks)]
-    if args.enforce_eager:
-        argv.append("--enforce-eager")
-    if not args.enable_prefix_caching:
-        argv.append("--no-enable-prefix-caching")
-    return argv
+def resolved_engine_args(args: argparse.Namespace) -> argparse.Namespace:
+    """`args` with the model resolved to the folder the engine loads (GGUF imported, default found)."""
+    model_dir = resolve_model(args.model, args.load_format)
+    resolved = {
+        "model": str(model_dir),
+        "model_arg": args.model,
+        "load_format": folder_load_format(args.load_format),
+    }
+    return argparse.Namespace(**{**vars(args), **resolved})
 
 
 def make_llm(args: argparse.Namespace):  # -> LLM (imported lazily: torch is slow to import)
     from voltllm.entrypoints.llm import LLM
 
-    return LLM(
-        str(resolve_model(args.model, args.load_format)),
-        dtype=args.dtype,
-        max_model_len=args.max_model_len,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        tensor_parallel_size=args.tensor_parallel_size,
-        seed=args.seed,
-        load_format=folder_load_format(args.load_format),
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        enforce_eager=args.enforce_eager,
-        num_kv_blocks=args.num_kv_blocks,
-        enable_prefix_caching=args.enable_prefix_caching,
-        device=args.device,
-    )
+    try:
+        config = engine_config_from_args(resolved_engine_args(args))
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    return LLM.from_engine_config(config)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from voltllm.entrypoints.serve import serve
 
-    return serve(args, resolve_model(args.model, args.load_format))
+    return serve(args, resolved_engine_args(args))
 
 
 def cmd_engine(args: argparse.Namespace) -> int:
@@ -131,18 +76,15 @@ def cmd_engine(args: argparse.Namespace) -> int:
 
     if not args.headless:
         raise CliError("voltllm engine runs an EngineCore without a front end: pass --headless")
-    model_dir = resolve_model(args.model, args.load_format)
+    engine_args = resolved_engine_args(args)
     return engine_main(
         [
-            *engine_argv(args, model_dir),
-            "--input-address",
-            args.input_address,
-            "--output-address",
-            args.output_address,
-            "--engine-index",
-            str(args.engine_index),
+            *to_argv(engine_args, engine_args.model),
+            "--input-address", args.input_address,
+            "--output-address", args.output_address,
+            "--engine-index", str(args.engine_index),
         ]
-    )
+    )  # fmt: skip
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

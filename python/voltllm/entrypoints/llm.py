@@ -111,6 +111,16 @@ class LLM:
             enforce_eager=enforce_eager,
             tensor_parallel_size=tensor_parallel_size,
         )
+        self._start(config)
+
+    @classmethod
+    def from_engine_config(cls, config: EngineConfig) -> LLM:
+        """An `LLM` over an already built `EngineConfig` (what the CLI's flags describe)."""
+        llm = cls.__new__(cls)
+        llm._start(config)
+        return llm
+
+    def _start(self, config: EngineConfig) -> None:
         self.engine = LLMEngine(config)
         model_dir = str(self.engine.model_dir)
         self.tokenizer = _core.Tokenizer.from_model_dir(model_dir)

@@ -15,16 +15,17 @@ import tempfile
 from pathlib import Path
 
 from voltllm import _core
-from voltllm.entrypoints.cli import engine_argv
+from voltllm.engine.args import to_argv
 
 
-def serve(args: argparse.Namespace, model_dir: Path) -> int:
-    """Run until interrupted; returns the process exit status."""
+def serve(args: argparse.Namespace) -> int:
+    """Run until interrupted; `args.model` is the resolved model folder. Returns the exit status."""
+    model_dir = Path(args.model)
     run_dir = Path(tempfile.mkdtemp(prefix="voltllm-"))
     input_address = f"ipc://{run_dir}/input"
     output_address = f"ipc://{run_dir}/output"
     engine_cmd = [
-        sys.executable, "-m", "voltllm.engine.core_proc", *engine_argv(args, model_dir),
+        sys.executable, "-m", "voltllm.engine.core_proc", *to_argv(args, str(model_dir)),
         "--input-address", input_address, "--output-address", output_address, "--engine-index", "0",
     ]  # fmt: skip
     engine = subprocess.Popen(engine_cmd)
@@ -36,7 +37,7 @@ def serve(args: argparse.Namespace, model_dir: Path) -> int:
         )
 
     # vLLM names the model after the argument given; the embedded default model after its folder.
-    served_name = args.served_model_name or args.model or model_dir.name
+    served_name = args.served_model_name or args.model_arg or model_dir.name
     try:
         _core.serve(
             str(model_dir),

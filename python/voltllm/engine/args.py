@@ -1,0 +1,96 @@
+"""The engine's command-line flags, defined once.
+
+`voltllm serve / generate / chat / engine` and the EngineCore process (`python -m
+voltllm.engine.core_proc`) all take these flags; `voltllm serve` hands them on to the engine process
+it starts with `to_argv`. Names follow vLLM's.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from voltllm.config import DTYPES, LOAD_FORMATS, CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+
+# (flag, argparse keywords): the one list both `add_engine_args` and `to_argv` read.
+_FLAGS: list[tuple[str, dict[str, Any]]] = [
+    ("--dtype", {"default": "auto", "choices": DTYPES}),
+    ("--max-model-len", {"type": int, "default": None}),
+    ("--max-num-seqs", {"type": int, "default": 256}),
+    ("--max-num-batched-tokens", {"type": int, "default": 8192}),
+    ("--gpu-memory-utilization", {"type": float, "default": 0.9}),
+    (
+        "--num-kv-blocks",
+        {"type": int, "default": None, "help": "KV cache size in blocks (CPU default: 1 GiB)"},
+    ),
+    ("--kv-cache-memory-bytes", {"type": int, "default": None}),
+    ("--block-size", {"type": int, "default": 16}),
+    ("--tensor-parallel-size", {"type": int, "default": 1}),
+    ("--seed", {"type": int, "default": 0}),
+    ("--load-format", {"default": "auto", "choices": LOAD_FORMATS}),
+    ("--device", {"default": "auto", "choices": ["auto", "cpu", "cuda"]}),
+    ("--attention-backend", {"default": "auto", "help": "auto, torch or sm70"}),
+    ("--policy", {"default": "fcfs", "choices": ["fcfs", "priority"]}),
+    ("--enforce-eager", {"action": "store_true", "help": "do not capture CUDA graphs"}),
+    ("--no-enable-prefix-caching", {"action": "store_false", "dest": "enable_prefix_caching"}),
+]
+
+
+def _dest(flag: str, kwargs: dict[str, Any]) -> str:
+    return kwargs.get("dest", flag.removeprefix("--").replace("-", "_"))
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """Model, cache, scheduler and device flags, with the model folder as an optional positional."""
+    p.add_argument(
+        "model",
+        nargs="?",
+        default=None,
+        help="model folder or .gguf file; omitted: the embedded SmolLM2-135M-Instruct",
+    )
+    for flag, kwargs in _FLAGS:
+        p.add_argument(flag, **kwargs)
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    """The `EngineConfig` these flags describe. Invalid values raise `ValueError` naming the field."""
+    if args.tensor_parallel_size != 1:
+        raise ValueError("tensor_parallel_size > 1 is not supported yet; use 1")
+    return EngineConfig(
+        model=ModelConfig(
+            model=args.model,
+            dtype=args.dtype,
+            max_model_len=args.max_model_len,
+            load_format=args.load_format,
+            seed=args.seed,
+        ),
+        cache=CacheConfig(
+            block_size=args.block_size,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            num_kv_blocks=args.num_kv_blocks,
+            kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+            enable_prefix_caching=args.enable_prefix_caching,
+        ),
+        scheduler=SchedulerConfig(
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_num_seqs=args.max_num_seqs,
+            policy=args.policy,
+        ),
+        device=args.device,
+        attention_backend=args.attention_backend,
+        enforce_eager=args.enforce_eager,
+        tensor_parallel_size=args.tensor_parallel_size,
+    )
+
+
+def to_argv(args: argparse.Namespace, model: str | None) -> list[str]:
+    """The flags that reproduce `args`' engine settings on another command line, for `model`."""
+    argv = [] if model is None else [model]
+    for flag, kwargs in _FLAGS:
+        value = getattr(args, _dest(flag, kwargs))
+        switch = kwargs.get("action")
+        if switch in ("store_true", "store_false"):
+            argv += [flag] if value == (switch == "store_true") else []
+        elif value is not None:
+            argv += [flag, str(value)]
+    return argv
