@@ -1,8 +1,8 @@
 """Client headroom: the highest request rate the harness sustains, so it is never the bottleneck.
 
 Starts the zero-delay mock OpenAI server (example `mock_server`), drives it closed-loop with the
-Rust harness, and with a Python asyncio + httpx streaming client doing the same work (the baseline:
-the kind of client `vllm bench serve` is, aiohttp), and prints both rates and their ratio. With
+Rust harness, and with a Python asyncio + aiohttp streaming client doing the same work (the
+baseline: the client `vllm bench serve` uses), and prints both rates and their ratio. With
 ``--server-url`` it also measures the highest rate a real server (e.g. voltllm's front end over the
 mock engine) serves under the same harness settings, and the harness-on-mock / server ratio that must
 stay ≥ 2.
@@ -28,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import aiohttp
 import httpx
 
 REPO = Path(__file__).resolve().parents[3]
@@ -72,7 +73,8 @@ def harness_rate(url: str, args: argparse.Namespace, model: str | None) -> dict:
 
 
 async def python_client_rate(url: str, args: argparse.Namespace) -> float:
-    """Same closed loop with asyncio + httpx: `concurrency` workers, streaming, SSE parsed per line."""
+    """Same closed loop with asyncio + aiohttp (the client `vllm bench serve` uses): `concurrency`
+    workers, streaming, every SSE line parsed as JSON."""
     body = {
         "model": "mock-model",
         "prompt": "hello " * args.input_len,
@@ -82,15 +84,16 @@ async def python_client_rate(url: str, args: argparse.Namespace) -> float:
     }
     remaining = args.num_prompts
     done = 0
-    limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=args.concurrency)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60.0) as client:
+    connector = aiohttp.TCPConnector(limit=args.concurrency)
+    async with aiohttp.ClientSession(base_url=url, connector=connector) as session:
 
         async def worker() -> None:
             nonlocal remaining, done
             while remaining > 0:
                 remaining -= 1
-                async with client.stream("POST", "/v1/completions", json=body) as r:
-                    async for line in r.aiter_lines():
+                async with session.post("/v1/completions", json=body) as r:
+                    async for raw in r.content:
+                        line = raw.decode().strip()
                         if line.startswith("data: ") and line != "data: [DONE]":
                             json.loads(line[6:])
                 done += 1
@@ -137,7 +140,7 @@ def main() -> int:
     row = "{:<44}{:>10.0f}{:>12.0f}"
     print(f"{'client':<44}{'req/s':>10}{'tok/s out':>12}")
     print(row.format("voltllm-bench (Rust) vs zero-delay mock", rust_rate, rust["output_throughput"]))
-    print(row.format("baseline: Python asyncio+httpx vs same mock", py_rate, py_rate * args.output_len))
+    print(row.format("baseline: Python asyncio+aiohttp, same mock", py_rate, py_rate * args.output_len))
     print(f"ratio harness / Python baseline: {rust_rate / py_rate:.2f}x")
     if rust["failed"]:
         print(f"warning: {rust['failed']} harness requests failed: {rust['failure_reasons']}")
