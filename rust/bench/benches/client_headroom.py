@@ -135,8 +135,8 @@ def main() -> int:
 
     rust_rate = rust["request_throughput"]
     cpus = os.cpu_count()
-    print(f"machine: {cpus} CPUs; mock and client share them; {args.concurrency} streams in flight, ")
-    print(f"{args.input_len} input / {args.output_len} output tokens per request, zero server delay")
+    print(f"machine: {cpus} CPUs shared by mock and client; {args.concurrency} streams in flight;")
+    print(f"{args.input_len} input / {args.output_len} output tokens per request; zero server delay")
     row = "{:<44}{:>10.0f}{:>12.0f}"
     print(f"{'client':<44}{'req/s':>10}{'tok/s out':>12}")
     print(row.format("voltllm-bench (Rust) vs zero-delay mock", rust_rate, rust["output_throughput"]))

@@ -171,7 +171,7 @@ fn rate_limited_run_reports_goodput_and_server_metrics() {
     assert_eq!(r["num_warmups"], 3);
     // 40 requests at 40 req/s: the last is sent at t = 1 s (rescaled), so the run takes ~1.09 s.
     let d = r["duration"].as_f64().unwrap();
-    assert!((1.0..1.5).contains(&d), "duration {d}");
+    assert!((1.0..2.0).contains(&d), "duration {d}");
     assert_eq!(r["request_goodput"], 0.0, "tpot 5 ms misses a 1 ms SLO");
     assert!(r["p90_ttft_ms"].is_number());
     // Warm-ups run before the first /metrics scrape, so the delta counts exactly the 40 measured.
