@@ -31,6 +31,7 @@ _FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--device", {"default": "auto", "choices": ["auto", "cpu", "cuda"]}),
     ("--attention-backend", {"default": "auto", "help": "auto, torch or sm70"}),
     ("--policy", {"default": "fcfs", "choices": ["fcfs", "priority"]}),
+    ("--cpu-threads", {"type": int, "default": None, "help": "torch threads on the CPU (default: torch's)"}),
     ("--enforce-eager", {"action": "store_true", "help": "do not capture CUDA graphs"}),
     ("--no-enable-prefix-caching", {"action": "store_false", "dest": "enable_prefix_caching"}),
 ]
@@ -80,6 +81,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         attention_backend=args.attention_backend,
         enforce_eager=args.enforce_eager,
         tensor_parallel_size=args.tensor_parallel_size,
+        cpu_threads=args.cpu_threads,
     )
 
 

@@ -114,6 +114,8 @@ class EngineCore:
         from voltllm.loader import load_model
 
         device = resolve_device(config.device)
+        if config.cpu_threads is not None:
+            torch.set_num_threads(config.cpu_threads)
         dtype = resolve_dtype(config.model.dtype, device)
         torch.manual_seed(config.model.seed)  # dummy weights and anything else random at load time
         backend = get_attention_backend(config.attention_backend, device)

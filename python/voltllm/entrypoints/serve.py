@@ -8,6 +8,7 @@ turns `/health` to 503 and makes the server exit non-zero.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -24,6 +25,9 @@ def serve(args: argparse.Namespace) -> int:
     run_dir = Path(tempfile.mkdtemp(prefix="voltllm-"))
     input_address = f"ipc://{run_dir}/input"
     output_address = f"ipc://{run_dir}/output"
+    if args.cpu_threads is None:
+        # The front end's threads share this machine with the engine: leave them a core.
+        args = argparse.Namespace(**{**vars(args), "cpu_threads": max(1, (os.cpu_count() or 2) - 1)})
     engine_cmd = [
         sys.executable, "-m", "voltllm.engine.core_proc", *to_argv(args, str(model_dir)),
         "--input-address", input_address, "--output-address", output_address, "--engine-index", "0",
