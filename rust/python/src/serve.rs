@@ -14,16 +14,6 @@ use voltllm_server::{Server, ServerConfig, ServerError, ShutdownHandle};
 
 const POLL_SLICE: Duration = Duration::from_millis(100);
 
-fn init_logging() {
-    // A second serve() in one process keeps the first subscriber; that is fine.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .try_init();
-}
-
 fn serve_until(config: ServerConfig, shutdown: ShutdownHandle) -> Result<(), ServerError> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -71,7 +61,7 @@ pub fn serve(
             "engine_ready_timeout must be a positive number of seconds",
         ));
     }
-    init_logging();
+    voltllm_server::init_logging();
     let mut config = ServerConfig::new(model_dir, engine_input_address, engine_output_address);
     config.host = host;
     config.port = port;

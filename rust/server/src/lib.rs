@@ -24,3 +24,11 @@ pub use error::{ApiError, ServerError};
 pub use server::{
     router, run_server, run_server_blocking, shutdown_signal, Server, ServerConfig, ShutdownHandle,
 };
+
+/// Logs to stderr at `info`, or as `RUST_LOG` says. A second call (e.g. a second `serve()` from
+/// Python in one process) keeps the first subscriber.
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).try_init();
+}
