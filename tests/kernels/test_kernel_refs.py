@@ -10,9 +10,8 @@ import torch.nn.functional as F
 
 from voltllm import ops
 from voltllm.layers.attention.backend import AttentionSpec
-from voltllm.layers.attention.torch_ref import attend, gather_context
 from voltllm.layers.rotary import apply_rotary, compute_inv_freq
-from voltllm.ops.attention import PREFILL_BLOCK_M, prefill_row_tiles
+from voltllm.ops.attention import PREFILL_BLOCK_M, attend, gather_context, prefill_row_tiles
 
 
 def _paged(seq_lens: list[int], num_kv_heads: int, head_size: int, gen: torch.Generator):
@@ -60,7 +59,7 @@ def test_paged_attention_ref_matches_torch_backend_with_window() -> None:
     out = ops.paged_attention_ref(query, kv_cache, block_tables, query_lens, seq_lens, 0.25, sliding_window=7)
     for i, (start, q_len, s_len) in enumerate([(0, 12, 30), (12, 1, 19)]):
         keys, values = gather_context(kv_cache, block_tables[i], s_len)
-        expected = attend(spec, query[start : start + q_len], keys, values)
+        expected = attend(query[start : start + q_len], keys, values, spec.scale, spec.sliding_window)
         torch.testing.assert_close(out[start : start + q_len], expected, rtol=1e-5, atol=1e-5)
 
 

@@ -13,7 +13,7 @@ from paged_batch import PagedBatch
 
 from voltllm.layers.attention import AttentionSpec, TorchAttentionBackend
 from voltllm.layers.attention.backend import AttentionMetadata
-from voltllm.layers.attention.torch_ref import attend, gather_context
+from voltllm.ops.attention import attend, gather_context
 
 BLOCK_SIZE, NUM_BLOCKS, HEAD_SIZE = 4, 256, 8
 
@@ -29,7 +29,9 @@ def _per_sequence(
     ):
         if query_len:
             keys, values = gather_context(kv_cache, metadata.block_tables[i], seq_len)
-            out[start : start + query_len] = attend(spec, query[start : start + query_len], keys, values)
+            out[start : start + query_len] = attend(
+                query[start : start + query_len], keys, values, spec.scale, spec.sliding_window
+            )
         start += query_len
     return out
 

@@ -44,6 +44,43 @@ def kv_cache_write(
     kernel_ops().kv_cache_write(key, value, kv_cache, slot_mapping)
 
 
+def gather_context(
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_size]
+    block_table: torch.Tensor,  # [max_blocks_per_seq] int32
+    seq_len: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sequence's keys and values `[seq_len, num_kv_heads, head_size]`, read through its block table."""
+    block_size, num_kv_heads, head_size = kv_cache.shape[2:]
+    blocks = block_table[: -(-seq_len // block_size)].long()
+    keys = kv_cache[0, blocks].reshape(-1, num_kv_heads, head_size)[:seq_len]
+    values = kv_cache[1, blocks].reshape(-1, num_kv_heads, head_size)[:seq_len]
+    return keys, values
+
+
+def attend(
+    query: torch.Tensor,  # [query_len, num_heads, head_size]; the last query_len positions of the context
+    keys: torch.Tensor,  # [seq_len, num_kv_heads, head_size]
+    values: torch.Tensor,  # [seq_len, num_kv_heads, head_size]
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:  # [query_len, num_heads, head_size], in query's dtype
+    """The definition of paged attention for one sequence: causal (optionally sliding-window)
+    attention of its queries over its context, fp32 softmax, query heads grouped over shared KV heads."""
+    query_len, num_heads, head_size = query.shape
+    seq_len, num_kv_heads = keys.shape[:2]
+    group = num_heads // num_kv_heads
+    q = query.float().view(query_len, num_kv_heads, group, head_size)
+    scores = torch.einsum("qkgd,skd->kgqs", q, keys.float()) * scale
+    q_pos = torch.arange(seq_len - query_len, seq_len, device=query.device)[:, None]
+    k_pos = torch.arange(seq_len, device=query.device)[None, :]
+    allowed = k_pos <= q_pos
+    if sliding_window is not None:
+        allowed &= k_pos > q_pos - sliding_window
+    probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+    out = torch.einsum("kgqs,skd->qkgd", probs, values.float())
+    return out.reshape(query_len, num_heads, head_size).to(query.dtype)
+
+
 def paged_attention_ref(
     query: torch.Tensor,  # [num_tokens, num_heads, head_size]
     kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_size]
@@ -53,27 +90,14 @@ def paged_attention_ref(
     scale: float,
     sliding_window: int | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_size], fp32
-    """Reference attention in fp32: each sequence's query tokens are the last `query_len` positions of
-    its `seq_len`-token context and attend causally (within `sliding_window`, if given)."""
-    _, _, block_size, num_kv_heads, head_size = kv_cache.shape
-    num_heads = query.shape[1]
-    group = num_heads // num_kv_heads
+    """Reference attention in fp32 over a flattened batch: `attend` for each sequence in turn."""
     out = torch.empty(query.shape, dtype=torch.float32, device=query.device)
     start = 0
     for i, (q_len, s_len) in enumerate(zip(query_lens, seq_lens, strict=True)):
-        blocks = block_tables[i, : -(-s_len // block_size)].long()
-        keys = kv_cache[0, blocks].reshape(-1, num_kv_heads, head_size)[:s_len].float()
-        values = kv_cache[1, blocks].reshape(-1, num_kv_heads, head_size)[:s_len].float()
-        q = query[start : start + q_len].float().view(q_len, num_kv_heads, group, head_size)
-        scores = torch.einsum("qkgd,skd->kgqs", q, keys) * scale
-        q_pos = torch.arange(s_len - q_len, s_len, device=query.device)[:, None]
-        k_pos = torch.arange(s_len, device=query.device)[None, :]
-        allowed = k_pos <= q_pos
-        if sliding_window is not None:
-            allowed &= k_pos > q_pos - sliding_window
-        probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
-        o = torch.einsum("kgqs,skd->qkgd", probs, values)
-        out[start : start + q_len] = o.reshape(q_len, num_heads, head_size)
+        keys, values = gather_context(kv_cache, block_tables[i], s_len)
+        out[start : start + q_len] = attend(
+            query[start : start + q_len].float(), keys, values, scale, sliding_window
+        )
         start += q_len
     return out
 

@@ -3,7 +3,8 @@
 It is the oracle the CUDA kernels are tested against and the backend used on the CPU, so it stays
 plainly correct, but it must not be slow: the CPU path serves real requests.
 
-- `attend` / `gather_context` are the one-sequence definition of paged causal attention.
+- `voltllm.ops.attention.attend` / `gather_context` are the one-sequence definition of paged causal
+  attention (the kernels' oracle too).
 - `TorchAttentionBackend` computes the same thing batched. Sequences with one query token (decodes, and
   one-token chunks) are handled together: every context is gathered through the block tables at once
   into a padded `[seqs, max_ctx, kv_heads, head]` view and attended with one masked
@@ -22,60 +23,6 @@ import torch
 import torch.nn.functional as F
 
 from voltllm.layers.attention.backend import AttentionBackend, AttentionMetadata, AttentionSpec
-
-
-def write_kv_cache(
-    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
-    value: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
-    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_size]
-    slot_mapping: torch.Tensor,  # [num_tokens] int64, -1 = skip
-) -> None:
-    """Store each token's key/value at its flat cache slot; tokens with slot -1 are not written."""
-    num_kv_heads, head_size = kv_cache.shape[-2:]
-    key_slots = kv_cache[0].view(-1, num_kv_heads, head_size)
-    value_slots = kv_cache[1].view(-1, num_kv_heads, head_size)
-    valid = slot_mapping >= 0
-    slots = slot_mapping[valid]
-    key_slots[slots] = key[valid].to(kv_cache.dtype)
-    value_slots[slots] = value[valid].to(kv_cache.dtype)
-
-
-def gather_context(
-    kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A sequence's keys and values `[seq_len, num_kv_heads, head_size]`, read through its block table."""
-    block_size, num_kv_heads, head_size = kv_cache.shape[2:]
-    num_blocks = -(-seq_len // block_size)
-    blocks = block_table[:num_blocks].long()
-    keys = kv_cache[0, blocks].reshape(-1, num_kv_heads, head_size)[:seq_len]
-    values = kv_cache[1, blocks].reshape(-1, num_kv_heads, head_size)[:seq_len]
-    return keys, values
-
-
-def attend(
-    spec: AttentionSpec,
-    query: torch.Tensor,  # [query_len, num_heads, head_size]; the last query_len positions of the context
-    keys: torch.Tensor,  # [seq_len, num_kv_heads, head_size]
-    values: torch.Tensor,  # [seq_len, num_kv_heads, head_size]
-) -> torch.Tensor:  # [query_len, num_heads, head_size]
-    """Causal (optionally sliding-window) attention of one sequence's queries over its context."""
-    query_len, seq_len = query.shape[0], keys.shape[0]
-    q_per_kv = spec.num_queries_per_kv
-    # Group query heads by the KV head they share: [num_kv_heads, q_per_kv, query_len, head_size].
-    q = query.float().view(query_len, spec.num_kv_heads, q_per_kv, spec.head_size).permute(1, 2, 0, 3)
-    k = keys.float().permute(1, 0, 2)[:, None]  # [num_kv_heads, 1, seq_len, head_size]
-    v = values.float().permute(1, 0, 2)[:, None]
-    scores = torch.matmul(q, k.transpose(-1, -2)) * spec.scale  # [kv, q_per_kv, query_len, seq_len]
-
-    q_pos = torch.arange(seq_len - query_len, seq_len, device=query.device)[:, None]
-    k_pos = torch.arange(seq_len, device=query.device)[None, :]
-    allowed = k_pos <= q_pos
-    if spec.sliding_window is not None:
-        allowed &= k_pos > q_pos - spec.sliding_window
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    out = torch.matmul(probs, v)  # [kv, q_per_kv, query_len, head_size]
-    return out.permute(2, 0, 1, 3).reshape(query_len, spec.num_heads, spec.head_size).to(query.dtype)
 
 
 def _check_metadata(metadata: AttentionMetadata, num_tokens: int) -> None:
