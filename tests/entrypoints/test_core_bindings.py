@@ -1,0 +1,110 @@
+"""`voltllm._core` from Python: the Rust text layer agrees with the Python libraries it replaces."""
+
+from __future__ import annotations
+
+import pytest
+import tokenizers
+import transformers
+
+from voltllm import _core
+from voltllm.loader import default_model_dir
+
+TEXTS = [
+    "Hello, world!",
+    "  leading and trailing spaces  ",
+    "Ünïcödé, 中文字符, 한국어 and emoji 🤖🚀👍🏽",
+    "def f(x):\n\treturn x ** 2  # tabs and newlines\n",
+    "<|im_start|>user\nspecial tokens inline<|im_end|>",
+    "",
+]
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [
+        {"role": "system", "content": "You answer in one word."},
+        {"role": "user", "content": "Capital of Italy?"},
+        {"role": "assistant", "content": "Rome."},
+        {"role": "user", "content": "And of Spain?"},
+    ],
+    [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Text parts "}, {"type": "text", "text": "work."}],
+        }
+    ],
+]
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> str:
+    return str(default_model_dir())
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir: str) -> _core.Tokenizer:
+    return _core.Tokenizer.from_model_dir(model_dir)
+
+
+@pytest.mark.parametrize("text", TEXTS)
+@pytest.mark.parametrize("add_special_tokens", [True, False])
+def test_tokenizer_matches_the_tokenizers_package(
+    model_dir: str, tokenizer: _core.Tokenizer, text: str, add_special_tokens: bool
+) -> None:
+    reference = tokenizers.Tokenizer.from_file(f"{model_dir}/tokenizer.json")
+    ids = tokenizer.encode(text, add_special_tokens)
+    assert ids == reference.encode(text, add_special_tokens=add_special_tokens).ids
+    for skip in (True, False):
+        assert tokenizer.decode(ids, skip) == reference.decode(ids, skip_special_tokens=skip)
+    assert tokenizer.encode_batch([text, "x"], add_special_tokens)[0] == ids
+
+
+def test_tokenizer_metadata(tokenizer: _core.Tokenizer) -> None:
+    assert tokenizer.vocab_size == 49152
+    assert tokenizer.eos_token_ids == [tokenizer.token_to_id("<|im_end|>")]
+    assert tokenizer.id_to_token(tokenizer.token_to_id("Hello")) == "Hello"
+    with pytest.raises(ValueError):
+        tokenizer.decode([10**9])
+
+
+@pytest.mark.parametrize("messages", CONVERSATIONS)
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+def test_chat_template_matches_transformers(
+    model_dir: str, messages: list, add_generation_prompt: bool
+) -> None:
+    template = _core.ChatTemplate.from_model_dir(model_dir)
+    reference = transformers.AutoTokenizer.from_pretrained(model_dir)
+    expected = reference.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+    assert template.render(messages, add_generation_prompt=add_generation_prompt) == expected
+
+
+def test_chat_template_errors_are_value_errors(model_dir: str) -> None:
+    template = _core.ChatTemplate.from_model_dir(model_dir)
+    with pytest.raises(ValueError):
+        template.render("not a list")
+
+
+@pytest.mark.parametrize("text", TEXTS[:4])
+def test_detokenizer_streaming_equals_full_decode(tokenizer: _core.Tokenizer, text: str) -> None:
+    prompt = tokenizer.encode("Say something:", False)
+    ids = tokenizer.encode(text, False)
+    detok = _core.Detokenizer(tokenizer, prompt)
+    pieces = [detok.push(token_id) for token_id in ids]
+    pieces.append(detok.flush())
+    assert "\ufffd" not in "".join(pieces)
+    assert "".join(pieces) == tokenizer.decode(ids)
+
+
+def test_detokenizer_stops_on_a_stop_string_split_across_tokens(tokenizer: _core.Tokenizer) -> None:
+    ids = tokenizer.encode("The answer is 42. The end of the story.", False)
+    detok = _core.Detokenizer(tokenizer, [], stop=["end of"])
+    emitted = ""
+    for token_id in ids:
+        emitted += detok.push(token_id)
+        if detok.stopped is not None:
+            break
+    assert detok.stopped == "end of"
+    assert emitted == "The answer is 42. The "
+    kept = _core.Detokenizer(tokenizer, [], stop=["end of"], include_stop_str_in_output=True)
+    assert "".join(kept.push(t) for t in ids).endswith("The end of")
