@@ -26,12 +26,7 @@ CONVERSATIONS = [
         {"role": "assistant", "content": "Rome."},
         {"role": "user", "content": "And of Spain?"},
     ],
-    [
-        {
-            "role": "user",
-            "content": [{"type": "text", "text": "Text parts "}, {"type": "text", "text": "work."}],
-        }
-    ],
+    [{"role": "user", "content": "Ünïcödé and emoji 🤖 survive templating."}],
 ]
 
 
