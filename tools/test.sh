@@ -45,7 +45,7 @@ WHEEL=$(ls "$CACHE"/dist/voltllm-*.whl)
 "$VENV/bin/python" -c "import voltllm, sys; assert 'site-packages' in voltllm.__file__, voltllm.__file__"
 
 step "python: ruff"
-"$VENV/bin/ruff" check python tests benches tools
+"$VENV/bin/python" -m ruff check python tests benches tools
 
 step "python: tests"
 # Run from a directory outside the checkout's python/ so `import voltllm` resolves to the wheel.
