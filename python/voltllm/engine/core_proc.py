@@ -102,15 +102,25 @@ class EngineCoreProc:
     def _output_loop(self, address: str) -> None:
         sock = self.ctx.socket(zmq.PUSH)
         sock.setsockopt(zmq.LINGER, 2000)  # let DEAD reach the front end on the way out
+        # A PUSH with no reachable peer blocks in send; the timeout lets this thread see a shutdown
+        # instead of hanging forever once the front end is gone.
+        sock.setsockopt(zmq.SNDTIMEO, _POLL_MS)
         sock.connect(address)
         try:
-            while True:
-                frames = self.output_queue.get()
-                if frames is None:
-                    break
-                sock.send_multipart(frames)
+            while (frames := self.output_queue.get()) is not None:
+                while not self._send_or_timeout(sock, frames):
+                    if self.stop_event.is_set():
+                        return
         finally:
             sock.close()
+
+    @staticmethod
+    def _send_or_timeout(sock: zmq.Socket, frames: list[bytes]) -> bool:
+        try:
+            sock.send_multipart(frames)
+            return True
+        except zmq.Again:
+            return False
 
     def send(self, kind: MessageType, payload: object) -> None:
         self.output_queue.put(protocol.encode(kind, payload))
@@ -118,7 +128,11 @@ class EngineCoreProc:
     # ----- the busy loop ---------------------------------------------------------------------------
 
     def run(self, core: EngineCore) -> None:
+        parent = os.getppid()
         while not self.stop_event.is_set():
+            if os.getppid() != parent:  # the front end that started us is gone: nobody reads our outputs
+                logger.warning("parent process %d exited; shutting down", parent)
+                return
             self._drain_inputs(core, block=not core.has_unfinished_requests())
             if core.has_unfinished_requests():
                 self.send(MessageType.OUTPUTS, core.step())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -33,6 +34,9 @@ def serve(args: argparse.Namespace) -> int:
         "--input-address", input_address, "--output-address", output_address, "--engine-index", "0",
     ]  # fmt: skip
     engine = subprocess.Popen(engine_cmd)
+    # SIGTERM would otherwise end this process on the spot and orphan the engine: make it unwind
+    # like Ctrl-C, through the server's shutdown and the `finally` below.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
 
     def engine_poll() -> str | None:
         status = engine.poll()
@@ -59,6 +63,8 @@ def serve(args: argparse.Namespace) -> int:
     except RuntimeError as e:
         print(f"voltllm serve: error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        return 0
     finally:
         _stop(engine)
         shutil.rmtree(run_dir, ignore_errors=True)

@@ -18,6 +18,8 @@ use subtle::ConstantTimeEq;
 use tokio::sync::{Notify, Semaphore};
 use voltllm_engine_client::{EngineClient, EngineClientConfig};
 
+use axum::serve::ListenerExt as _;
+
 use crate::error::{ApiError, ServerError};
 use crate::metrics::Metrics;
 use crate::routes;
@@ -256,6 +258,13 @@ impl Server {
                 started.notify_one();
             }
         };
+        // Streamed tokens are small writes: without TCP_NODELAY each one after the first can wait
+        // for the client's delayed ACK (~40 ms), which would dominate inter-token latency.
+        let listener = listener.tap_io(|tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!("cannot set TCP_NODELAY: {e}");
+            }
+        });
         let serve = axum::serve(listener, app).with_graceful_shutdown(signal);
         let drain = config.drain_timeout;
         tokio::select! {
