@@ -10,25 +10,9 @@ use std::time::Duration;
 
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use voltllm_server::{Server, ServerConfig, ServerError, ShutdownHandle};
+use voltllm_server::{run_server_blocking, ServerConfig, ShutdownHandle};
 
 const POLL_SLICE: Duration = Duration::from_millis(100);
-
-fn serve_until(config: ServerConfig, shutdown: ShutdownHandle) -> Result<(), ServerError> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("voltllm-server")
-        .build()
-        .map_err(ServerError::Runtime)?;
-    runtime.block_on(async move {
-        // Startup (waiting for READY) must also yield to a shutdown request.
-        let server = tokio::select! {
-            server = Server::start(config) => server?,
-            _ = shutdown.wait() => return Ok(()),
-        };
-        server.run(async move { shutdown.wait().await }).await
-    })
-}
 
 /// Run the OpenAI-compatible server until Ctrl-C or an engine death.
 ///
@@ -80,7 +64,7 @@ pub fn serve(
         std::thread::Builder::new()
             .name("voltllm-serve".into())
             .spawn(move || {
-                let _ = done_tx.send(serve_until(config, shutdown));
+                let _ = done_tx.send(run_server_blocking(config, shutdown, false));
             })
             .map_err(|e| PyRuntimeError::new_err(format!("cannot start the server thread: {e}")))?
     };

@@ -19,6 +19,7 @@ use tokio::sync::{Notify, Semaphore};
 use voltllm_engine_client::{EngineClient, EngineClientConfig};
 
 use axum::serve::ListenerExt as _;
+use futures::FutureExt as _;
 
 use crate::error::{ApiError, ServerError};
 use crate::metrics::Metrics;
@@ -348,7 +349,8 @@ impl ShutdownHandle {
 }
 
 /// Blocking entry point: builds a multi-threaded tokio runtime and serves until `shutdown` is
-/// triggered (or, with `handle_signals`, Ctrl-C / SIGTERM arrives) or an engine dies.
+/// triggered (or, with `handle_signals`, Ctrl-C / SIGTERM arrives) or an engine dies. A shutdown
+/// while the engines are still starting returns `Ok(())` at once.
 pub fn run_server_blocking(
     config: ServerConfig,
     shutdown: ShutdownHandle,
@@ -360,18 +362,22 @@ pub fn run_server_blocking(
         .build()
         .map_err(ServerError::Runtime)?;
     runtime.block_on(async move {
-        let server = Server::start(config).await?;
-        server
-            .run(async move {
-                if handle_signals {
-                    tokio::select! {
-                        _ = shutdown.wait() => {}
-                        _ = shutdown_signal() => {}
-                    }
-                } else {
-                    shutdown.wait().await;
+        let stop = async move {
+            if handle_signals {
+                tokio::select! {
+                    _ = shutdown.wait() => {}
+                    _ = shutdown_signal() => {}
                 }
-            })
-            .await
+            } else {
+                shutdown.wait().await;
+            }
+        };
+        let stop = stop.shared();
+        // Start-up (waiting for the engines' READY) yields to a shutdown request too.
+        let server = tokio::select! {
+            server = Server::start(config) => server?,
+            _ = stop.clone() => return Ok(()),
+        };
+        server.run(stop).await
     })
 }
