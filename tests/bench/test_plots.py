@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import voltllm
 from voltllm.bench import cli, plots
 
 
@@ -136,6 +137,9 @@ def test_missing_harness_is_one_clear_error(
     monkeypatch.setenv("PATH", "/nonexistent")
     monkeypatch.setenv("CARGO_TARGET_DIR", "/nonexistent")
     monkeypatch.setitem(sys.modules, "voltllm._core", None)
+    # An already imported extension is also an attribute of the package, which `from voltllm import
+    # _core` would find first.
+    monkeypatch.delattr(voltllm, "_core", raising=False)
     if (Path(cli.__file__).resolve().parents[3] / "target").exists():
         pytest.skip("a repo-local target/ folder provides a harness")
     assert cli.main(["serve", "--no-plot"]) == 1

@@ -230,3 +230,33 @@ def test_greedy_output_identical_to_offline_llm(client: openai.OpenAI) -> None:
     assert [o.outputs[0].text for o in offline] == http
     chat_offline = llm.chat(QUESTION, SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)
     assert chat_offline[0].outputs[0].text == chat_http.choices[0].message.content
+
+
+def test_sigterm_stops_the_server_and_its_engine() -> None:
+    port = free_port()
+    proc = subprocess.Popen([*VOLTLLM, "serve", "--port", str(port), "--num-kv-blocks", "64"])
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            assert proc.poll() is None, "voltllm serve exited during start-up"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "server did not become healthy"
+            time.sleep(1)
+        children = subprocess.run(
+            ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True
+        ).stdout.split()
+        assert children, "no engine process under voltllm serve"
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
+        time.sleep(1)
+        for pid in children:
+            assert (
+                not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+            )
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -68,7 +68,7 @@ def make_llm(args: argparse.Namespace):  # -> LLM (imported lazily: torch is slo
 def cmd_serve(args: argparse.Namespace) -> int:
     from voltllm.entrypoints.serve import serve
 
-    return serve(args, resolved_engine_args(args))
+    return serve(resolved_engine_args(args))
 
 
 def cmd_engine(args: argparse.Namespace) -> int:
