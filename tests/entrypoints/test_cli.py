@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
 
 import pytest
-
-# The installed console script when there is one (the wheel's entry point), else the module.
-_SCRIPT = Path(sys.executable).parent / "voltllm"
-VOLTLLM = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "voltllm.entrypoints.cli"]
+from voltllm_cli import VOLTLLM
 
 
 def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

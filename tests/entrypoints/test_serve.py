@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,34 +13,15 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from voltllm_cli import start_server
 
 MODEL = "SmolLM2-135M-Instruct"
-_SCRIPT = Path(sys.executable).parent / "voltllm"
-VOLTLLM = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "voltllm.entrypoints.cli"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
-    port = free_port()
-    proc = subprocess.Popen([*VOLTLLM, "serve", "--port", str(port), "--num-kv-blocks", "1024"])
-    base = f"http://127.0.0.1:{port}"
+    proc, base = start_server("--num-kv-blocks", "1024")
     try:
-        deadline = time.monotonic() + 600
-        while True:
-            assert proc.poll() is None, "voltllm serve exited during start-up"
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "server did not become healthy"
-            time.sleep(1)
         yield base
     finally:
         proc.terminate()
@@ -233,19 +212,8 @@ def test_greedy_output_identical_to_offline_llm(client: openai.OpenAI) -> None:
 
 
 def test_sigterm_stops_the_server_and_its_engine() -> None:
-    port = free_port()
-    proc = subprocess.Popen([*VOLTLLM, "serve", "--port", str(port), "--num-kv-blocks", "64"])
+    proc, _ = start_server("--num-kv-blocks", "64")
     try:
-        deadline = time.monotonic() + 600
-        while True:
-            assert proc.poll() is None, "voltllm serve exited during start-up"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "server did not become healthy"
-            time.sleep(1)
         children = subprocess.run(
             ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True
         ).stdout.split()

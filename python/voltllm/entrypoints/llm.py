@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -259,9 +260,7 @@ class LLM:
         return {request_id: (result, _Sequence(completion, detok, wants_logprobs))}
 
     def _drive(self, live: dict[str, tuple[RequestOutput, _Sequence]], bar: tqdm) -> None:
-        pending = {id(result): 0 for result, _ in live.values()}
-        for result, _ in live.values():
-            pending[id(result)] += 1
+        pending = Counter(id(result) for result, _ in live.values())  # sequences still running per prompt
         while live:
             for out in self.engine.step():
                 if out.request_id not in live:

@@ -1,0 +1,41 @@
+"""How the entry-point tests run `voltllm`, and a started-and-healthy `voltllm serve`."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+# The installed console script when there is one (the wheel's entry point), else the module.
+_SCRIPT = Path(sys.executable).parent / "voltllm"
+VOLTLLM = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "voltllm.entrypoints.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(*args: str, timeout: float = 600) -> tuple[subprocess.Popen, str]:
+    """`voltllm serve ARGS` on a free port, returned once `/health` answers 200, with its base URL."""
+    port = free_port()
+    proc = subprocess.Popen([*VOLTLLM, "serve", "--port", str(port), *args])
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise AssertionError("voltllm serve exited during start-up")
+        try:
+            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                return proc, base
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("voltllm serve did not become healthy")
+        time.sleep(1)
