@@ -27,47 +27,13 @@ import time
 from pathlib import Path
 
 import torch
+from model_shapes import QWEN3_0_6B, TINY
 
 from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from voltllm.engine.core import resolve_device, resolve_dtype
 from voltllm.engine.llm_engine import LLMEngine
 from voltllm.engine.protocol import EngineCoreRequest, SamplingParams
 from voltllm.loader.default_model import DEFAULT_MODEL_NAME, default_model_dir
-
-# Qwen/Qwen3-0.6B config.json (architecture fields only).
-QWEN3_0_6B = {
-    "architectures": ["Qwen3ForCausalLM"],
-    "model_type": "qwen3",
-    "vocab_size": 151936,
-    "hidden_size": 1024,
-    "intermediate_size": 3072,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "hidden_act": "silu",
-    "max_position_embeddings": 40960,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 1000000,
-    "tie_word_embeddings": True,
-    "attention_bias": False,
-    "bos_token_id": 151643,
-    "eos_token_id": 151645,
-    "torch_dtype": "bfloat16",
-}
-TINY = {
-    **QWEN3_0_6B,
-    "vocab_size": 4096,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "hidden_size": 256,
-    "intermediate_size": 768,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 64,
-    "max_position_embeddings": 4096,
-}
 
 
 def make_workload(args: argparse.Namespace, vocab: int) -> tuple[list[list[int]], list[int]]:
