@@ -34,5 +34,9 @@ class LMHead(nn.Module):
         else:
             self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size))
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.weight).float()
+    def forward(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """fp32 logits; with `out` (fp32, `[rows, vocab]`) they are written there, cast on the way."""
+        logits = F.linear(hidden, self.weight)
+        if out is None:
+            return logits.float()
+        return out.copy_(logits)

@@ -268,6 +268,7 @@ class DecoderForCausalLM(nn.Module):
         self.config = hf_config
         self.variant = variant if variant is not None else variant_for(hf_config)
         self.model = DecoderModel(hf_config, self.variant, attn_backend)
+        self.attn_backend = attn_backend
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
         self.lm_head = LMHead(
             hf_config.vocab_size,
@@ -290,9 +291,10 @@ class DecoderForCausalLM(nn.Module):
             raise ValueError(f"expected {self.num_layers} KV caches, got {len(kv_caches)}")
         return self.model(input_ids, positions, metadata, kv_caches)
 
-    def compute_logits(self, hidden_rows: torch.Tensor) -> torch.Tensor:
-        """fp32 logits `[N, vocab_size]` for the selected hidden rows (usually each sequence's last)."""
-        return self.lm_head(hidden_rows)
+    def compute_logits(self, hidden_rows: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """fp32 logits `[N, vocab_size]` for the selected hidden rows (usually each sequence's last),
+        written into `out` when given (a CUDA graph's fixed output buffer)."""
+        return self.lm_head(hidden_rows, out=out)
 
     def kv_cache_shape_per_layer(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         """Shape of one layer's paged cache: `[2, num_blocks, block_size, num_kv_heads, head_size]`."""

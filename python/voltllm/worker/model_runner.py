@@ -9,7 +9,10 @@ chunk computes KV and samples nothing.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -20,7 +23,9 @@ from voltllm.config import CacheConfig
 from voltllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from voltllm.engine.protocol import SamplingParams
 from voltllm.layers.attention.backend import AttentionMetadata
+from voltllm.worker.cuda_graphs import DecodeGraphs, graph_batch_sizes
 from voltllm.worker.sampler import Sampler, SamplingMetadata, seed_for_step
+from voltllm.worker.step_inputs import PAD_SLOT, BlockTable, StepBuffers
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +46,7 @@ class Model(Protocol):
         kv_caches: list[torch.Tensor],
     ) -> torch.Tensor: ...
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor: ...
 
     def kv_cache_shape_per_layer(self, num_blocks: int, block_size: int) -> tuple[int, ...]: ...
 
@@ -52,24 +57,57 @@ class CachedRequestState:
     token_ids: list[int]  # prompt + generated so far (the runner appends what it samples)
     num_prompt_tokens: int
     sampling_params: SamplingParams
-    block_ids: list[int]
+    row: int  # this request's row of the runner's block table
+    num_blocks: int
     num_computed_tokens: int
     generator: torch.Generator | None = None
     # Bias and stop ids as tensors, built once per request rather than every step.
     cache: dict[str, Any] = field(default_factory=dict)
+    # Greedy with nothing that edits logits or reads a distribution: sampling is a bare argmax.
+    plain_greedy: bool = False
 
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
 
 
+def is_plain_greedy(p: SamplingParams) -> bool:
+    """Greedy, and no logit bias, penalties, logprobs or min_tokens: the next token is the argmax."""
+    return (
+        p.temperature == 0
+        and not p.logit_bias
+        and p.logprobs is None
+        and p.min_tokens == 0
+        and p.presence_penalty == 0
+        and p.frequency_penalty == 0
+        and p.repetition_penalty == 1
+    )
+
+
+@dataclass
+class StepTimings:
+    """Where the last `execute_model` spent its time, in seconds (host clock)."""
+
+    prepare_s: float = 0.0  # plan -> inputs on the device (host work and async uploads)
+    forward_s: float = 0.0  # enqueueing the forward and logits (a graph replay, or eager launches)
+    sync_s: float = 0.0  # sampling and waiting for the sampled ids (GPU time the host did not hide)
+    post_s: float = 0.0  # sampled ids -> runner state and output
+    cuda_graph: bool = False  # the step replayed a CUDA graph
+
+    @property
+    def host_s(self) -> float:
+        """Host time of the step: everything but waiting on the device."""
+        return self.prepare_s + self.forward_s + self.post_s
+
+
 @dataclass
 class _StepInputs:
     input_ids: torch.Tensor
     positions: torch.Tensor
-    metadata: AttentionMetadata
-    logits_indices: torch.Tensor
+    metadata: AttentionMetadata | None  # None: a CUDA graph bucket of this size runs the step
+    logits_indices: torch.Tensor | None  # None: every row samples
     sampling_req_ids: list[str]
+    graph_size: int | None = None
 
 
 class ModelRunner:
@@ -86,7 +124,9 @@ class ModelRunner:
         max_num_batched_tokens: int,
         max_num_seqs: int,
         seed: int = 0,
+        enforce_eager: bool = True,
     ) -> None:
+        """`enforce_eager=False` lets `capture_cuda_graphs` capture decode steps (CUDA only)."""
         self.model = model
         self.device = device
         self.dtype = dtype
@@ -99,6 +139,11 @@ class ModelRunner:
         self.requests: dict[str, CachedRequestState] = {}
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0
+        self.enforce_eager = enforce_eager
+        self.block_table: BlockTable | None = None
+        self.buffers: StepBuffers | None = None
+        self.graphs: DecodeGraphs | None = None
+        self.last_timings = StepTimings()
         global_generator = torch.Generator(device=device)
         global_generator.manual_seed(seed)
         self.sampler = Sampler(global_generator)
@@ -135,6 +180,7 @@ class ModelRunner:
         return int(min(num_blocks, limit))
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
+        """Allocate the paged KV cache, the block table and the persistent step inputs."""
         shape = self.model.kv_cache_shape_per_layer(num_blocks, self.block_size)
         self.kv_caches = [
             torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.model.num_layers)
@@ -146,11 +192,16 @@ class ModelRunner:
             self.block_size,
             num_blocks * self.kv_cache_bytes_per_block() / 2**30,
         )
+        max_blocks_per_seq = -(-self.max_model_len // self.block_size)
+        self.block_table = BlockTable(self.max_num_seqs, max_blocks_per_seq, self.device)
+        max_tokens = max(self.max_num_batched_tokens, self.max_num_seqs)
+        self.buffers = StepBuffers(max_tokens, self.max_num_seqs, self.device)
 
     @torch.inference_mode()
     def _profile_free_cuda_memory(self, utilization: float) -> int:
         """Run the largest step the scheduler can produce (without a KV cache to write), measure its
-        peak activation memory, and return what `utilization` of the GPU leaves for the KV cache."""
+        peak activation memory, and return what `utilization` of the GPU leaves for the KV cache
+        (less a reserve for the CUDA graphs' logits and memory pool when graphs will be captured)."""
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
         num_tokens = self.max_num_batched_tokens
@@ -162,11 +213,8 @@ class ModelRunner:
             torch.zeros(dummy_shape, dtype=self.dtype, device=self.device)
             for _ in range(self.model.num_layers)
         ]
-        starts = np.zeros(len(seq_lens), dtype=np.int64)
-        lens = np.array(seq_lens, dtype=np.int64)
-        block_tables = np.zeros((len(seq_lens), -(-max(seq_lens) // self.block_size)), dtype=np.int32)
-        inputs = self._build_inputs(starts, lens, block_tables, [0] * num_tokens, write_kv=False)
-        hidden = self.model(inputs.input_ids, inputs.positions, inputs.metadata, dummy_caches)
+        input_ids, positions, metadata = _prefill_without_cache(seq_lens, self.block_size, self.device)
+        hidden = self.model(input_ids, positions, metadata, dummy_caches)
         num_rows = min(self.max_num_seqs, num_tokens)
         self.model.compute_logits(hidden[:num_rows])
         torch.cuda.synchronize(self.device)
@@ -175,46 +223,132 @@ class ModelRunner:
         current = torch.cuda.memory_allocated(self.device)
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(self.device)
+        graphs_reserve = 0
+        if self._graphs_wanted():
+            # The shared fp32 logits buffer plus the graph pool (about one fp16 logits batch).
+            graphs_reserve = 6 * self.max_num_seqs * self.vocab_size + (256 << 20)
         # Everything now resident on the device (weights, other processes) plus the step's transient
         # peak must fit beside the KV cache inside the utilization cap.
-        budget = int(total * utilization - (total - free) - (peak - current))
+        budget = int(total * utilization - (total - free) - (peak - current) - graphs_reserve)
         logger.info(
-            "CUDA memory: total %.1f GiB, in use %.1f GiB, step peak %.2f GiB, KV budget %.2f GiB",
+            "CUDA memory: total %.1f GiB, in use %.1f GiB, step peak %.2f GiB, graphs %.2f GiB, "
+            "KV budget %.2f GiB",
             total / 2**30,
             (total - free) / 2**30,
             (peak - current) / 2**30,
+            graphs_reserve / 2**30,
             budget / 2**30,
         )
         return max(budget, 0)
+
+    # ----- CUDA graphs ---------------------------------------------------------------------------
+
+    def _graphs_wanted(self) -> bool:
+        backend = getattr(self.model, "attn_backend", None)
+        return (
+            self.device.type == "cuda"
+            and not self.enforce_eager
+            and bool(getattr(backend, "supports_cuda_graphs", False))
+        )
+
+    def capture_cuda_graphs(self) -> None:
+        """Capture the decode step for each batch-size bucket (after `initialize_kv_cache`). A no-op
+        on the CPU, with `enforce_eager`, or when the attention backend cannot be captured."""
+        if not self._graphs_wanted():
+            if self.device.type == "cuda" and not self.enforce_eager:
+                logger.info("attention backend cannot run in CUDA graphs: decode runs eagerly")
+            return
+        sizes = graph_batch_sizes(self.max_num_seqs)
+        self.graphs = DecodeGraphs(self.model, sizes, self.vocab_size, self.device)
+        self.graphs.capture(self._padding_decode_inputs, self.kv_caches)
+
+    def _padding_decode_inputs(
+        self, size: int
+    ) -> tuple[torch.Tensor, torch.Tensor, Callable[[], AttentionMetadata]]:
+        """Buffers holding `size` padding decodes, and the metadata builder a graph of that size captures."""
+        self._stage_padding(0, size)
+        self.block_table.sync_to_device()
+        ids, positions, slots, query_start_loc, seq_lens, rows = self.buffers.upload(size, size)
+
+        def build_metadata() -> AttentionMetadata:
+            return AttentionMetadata(
+                query_start_loc=query_start_loc,
+                seq_lens=seq_lens,
+                block_tables=self.block_table.on_device.index_select(0, rows),
+                slot_mapping=slots,
+                max_query_len=1,
+                # The decode kernel sizes its context split for the longest possible sequence; each
+                # sequence's real length comes from `seq_lens` on the device at replay.
+                max_seq_len=self.max_model_len,
+                query_lens_cpu=(1,) * size,
+                seq_lens_cpu=(self.max_model_len,) * size,
+            )
+
+        return ids, positions, build_metadata
+
+    def _stage_padding(self, first: int, size: int) -> None:
+        """Fill staged decode entries [first, size) with padding (and the offsets of all `size`)."""
+        ids, positions, slots, query_start_loc, seq_lens, rows = self.buffers.host_views(size, size)
+        ids[first:] = 0
+        positions[first:] = 0
+        slots[first:] = PAD_SLOT
+        query_start_loc[:] = np.arange(size + 1)
+        seq_lens[first:] = 1
+        rows[first:] = self.block_table.pad_row
 
     # ----- one step ------------------------------------------------------------------------------
 
     @torch.inference_mode()
     def execute_model(self, plan: SchedulerOutput) -> ModelRunnerOutput:
+        """Run one scheduler plan: update request states, compute, sample. Timings in `last_timings`."""
+        timings = self.last_timings = StepTimings()
+        t0 = time.perf_counter()
         self._update_states(plan)
         if plan.is_empty:
             return ModelRunnerOutput()
         inputs = self._prepare_inputs(plan)
-        hidden = self.model(inputs.input_ids, inputs.positions, inputs.metadata, self.kv_caches)
+        t1 = time.perf_counter()
+        if inputs.graph_size is not None:
+            logits = self.graphs.replay(inputs.graph_size)[: len(inputs.sampling_req_ids)]
+            timings.cuda_graph = True
+        else:
+            hidden = self.model(inputs.input_ids, inputs.positions, inputs.metadata, self.kv_caches)
+            if inputs.sampling_req_ids:
+                rows = hidden if inputs.logits_indices is None else hidden[inputs.logits_indices]
+                logits = self.model.compute_logits(rows)
+        t2 = time.perf_counter()
         out = ModelRunnerOutput()
         if inputs.sampling_req_ids:
-            logits = self.model.compute_logits(hidden[inputs.logits_indices])
-            sampled = self.sampler(logits, self._sampling_metadata(inputs.sampling_req_ids))
-            for i, request_id in enumerate(inputs.sampling_req_ids):
-                out.sampled_token_ids[request_id] = sampled.sampled_token_ids[i]
-                if sampled.logprobs[i] is not None:
-                    out.logprobs[request_id] = sampled.logprobs[i]
+            self._sample(logits, inputs.sampling_req_ids, out)
+        t3 = time.perf_counter()
         for request_id, num_tokens in plan.num_scheduled_tokens.items():
             state = self.requests[request_id]
             state.num_computed_tokens += num_tokens
-            if request_id in out.sampled_token_ids:
-                state.token_ids.append(out.sampled_token_ids[request_id])
+        for request_id, token_id in out.sampled_token_ids.items():
+            self.requests[request_id].token_ids.append(token_id)
+        t4 = time.perf_counter()
+        timings.prepare_s, timings.forward_s = t1 - t0, t2 - t1
+        timings.sync_s, timings.post_s = t3 - t2, t4 - t3
         return out
+
+    def _sample(self, logits: torch.Tensor, req_ids: list[str], out: ModelRunnerOutput) -> None:
+        states = [self.requests[r] for r in req_ids]
+        if all(s.plain_greedy for s in states):
+            # One kernel and one device->host copy: the common greedy batch needs nothing else.
+            out.sampled_token_ids.update(zip(req_ids, logits.argmax(dim=-1).tolist(), strict=True))
+            return
+        sampled = self.sampler(logits, self._sampling_metadata(req_ids))
+        for i, request_id in enumerate(req_ids):
+            out.sampled_token_ids[request_id] = sampled.sampled_token_ids[i]
+            if sampled.logprobs[i] is not None:
+                out.logprobs[request_id] = sampled.logprobs[i]
 
     def _update_states(self, plan: SchedulerOutput) -> None:
         # Finished/preempted ids first: an id may be reused by a new request in the same plan.
         for request_id in plan.finished_req_ids:
-            self.requests.pop(request_id, None)
+            state = self.requests.pop(request_id, None)
+            if state is not None:
+                self.block_table.free_row(state.row)
         for new in plan.scheduled_new_reqs:
             generator = None
             if new.sampling_params.seed is not None:
@@ -224,9 +358,11 @@ class ModelRunner:
                 token_ids=list(new.token_ids),
                 num_prompt_tokens=new.num_prompt_tokens,
                 sampling_params=new.sampling_params,
-                block_ids=list(new.block_ids),
+                row=self.block_table.add_row(list(new.block_ids)),
+                num_blocks=len(new.block_ids),
                 num_computed_tokens=new.num_computed_tokens,
                 generator=generator,
+                plain_greedy=is_plain_greedy(new.sampling_params),
             )
         for cached in plan.scheduled_cached_reqs:
             state = self.requests[cached.request_id]
@@ -234,63 +370,74 @@ class ModelRunner:
                 f"runner and scheduler disagree on {cached.request_id}: "
                 f"{state.num_computed_tokens} != {cached.num_computed_tokens}"
             )
-            state.block_ids.extend(cached.new_block_ids)
+            self.block_table.append(state.row, state.num_blocks, cached.new_block_ids)
+            state.num_blocks += len(cached.new_block_ids)
 
     def _prepare_inputs(self, plan: SchedulerOutput) -> _StepInputs:
+        """Stage the step's flat inputs on the host, upload them, and pick a CUDA graph if one fits."""
         req_ids = list(plan.num_scheduled_tokens)
         states = [self.requests[r] for r in req_ids]
-        starts = np.array([s.num_computed_tokens for s in states], dtype=np.int64)
-        lens = np.array([plan.num_scheduled_tokens[r] for r in req_ids], dtype=np.int64)
-        block_tables = np.zeros((len(states), max(len(s.block_ids) for s in states)), dtype=np.int32)
-        token_ids: list[int] = []
-        for i, (state, start, n) in enumerate(zip(states, starts.tolist(), lens.tolist(), strict=True)):
-            block_tables[i, : len(state.block_ids)] = state.block_ids
-            token_ids += state.token_ids[start : start + n]
-        inputs = self._build_inputs(starts, lens, block_tables, token_ids, write_kv=True)
+        num_seqs = len(states)
+        num_tokens = plan.total_num_scheduled_tokens
+        lens = np.fromiter(plan.num_scheduled_tokens.values(), dtype=np.int64, count=num_seqs)
+        starts = np.fromiter((s.num_computed_tokens for s in states), dtype=np.int64, count=num_seqs)
         ends = (starts + lens).tolist()
         sampling = [i for i, (s, end) in enumerate(zip(states, ends, strict=True)) if end == len(s.token_ids)]
-        qsl = np.concatenate([[0], np.cumsum(lens)])
-        inputs.logits_indices = torch.from_numpy(qsl[1:][sampling] - 1).to(self.device)
-        inputs.sampling_req_ids = [req_ids[i] for i in sampling]
-        return inputs
-
-    def _build_inputs(
-        self,
-        starts: np.ndarray,
-        lens: np.ndarray,
-        block_tables: np.ndarray,
-        token_ids: list[int],
-        write_kv: bool,
-    ) -> _StepInputs:
-        """Flat tensors for sequences whose tokens [start, start + len) are computed this step."""
-        query_start_loc = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
-        num_tokens = int(query_start_loc[-1])
-        seq_index = np.repeat(np.arange(len(lens)), lens)
-        positions = np.arange(num_tokens, dtype=np.int64) - np.repeat(query_start_loc[:-1] - starts, lens)
-        if write_kv:
-            blocks = block_tables[seq_index, positions // self.block_size].astype(np.int64)
-            slot_mapping = blocks * self.block_size + positions % self.block_size
+        sampling_req_ids = [req_ids[i] for i in sampling]
+        pure_decode = num_tokens == num_seqs
+        graph_size = None
+        if pure_decode and self.graphs is not None and len(sampling) == num_seqs:
+            graph_size = self.graphs.bucket_for(num_seqs)
+        padded = graph_size or 0
+        if graph_size is not None:
+            self._stage_padding(num_seqs, graph_size)
+        ids, positions, slots, query_start_loc, seq_lens, rows = self.buffers.host_views(
+            padded or num_tokens, padded or num_seqs
+        )
+        if pure_decode:
+            ids[:num_tokens] = [s.token_ids[s.num_computed_tokens] for s in states]
+            positions[:num_tokens] = starts
+            seq_index = slice(0, num_seqs)
         else:
-            slot_mapping = np.full(num_tokens, -1, dtype=np.int64)
-        seq_lens = (starts + lens).astype(np.int32)
-        dev = self.device
+            chunks = (
+                s.token_ids[a : a + n] for s, a, n in zip(states, starts.tolist(), lens.tolist(), strict=True)
+            )
+            ids[:num_tokens] = np.fromiter(itertools.chain.from_iterable(chunks), np.int64, num_tokens)
+            query_start_loc[0] = 0
+            np.cumsum(lens, out=query_start_loc[1 : num_seqs + 1])
+            offsets = np.repeat(query_start_loc[:num_seqs] - starts, lens)
+            positions[:num_tokens] = np.arange(num_tokens) - offsets
+            seq_index = np.repeat(np.arange(num_seqs), lens)
+        if graph_size is None and pure_decode:
+            query_start_loc[: num_seqs + 1] = np.arange(num_seqs + 1)
+        rows[:num_seqs] = [s.row for s in states]
+        token_rows = rows[:num_seqs][seq_index]
+        pos = positions[:num_tokens]
+        blocks = self.block_table.host[token_rows, pos // self.block_size]
+        slots[:num_tokens] = blocks * self.block_size + pos % self.block_size
+        seq_lens[:num_seqs] = starts + lens
+        max_seq_len = int(seq_lens[:num_seqs].max())
+        if graph_size is not None:
+            self.block_table.sync_to_device()
+            self.buffers.upload(graph_size, graph_size)
+            return _StepInputs(None, None, None, None, sampling_req_ids, graph_size)
+        self.block_table.sync_to_device()
+        logits_rows = query_start_loc[1 : num_seqs + 1][sampling] - 1
+        ids_d, positions_d, slots_d, qsl_d, seq_lens_d, rows_d = self.buffers.upload(num_tokens, num_seqs)
+        width = -(-max_seq_len // self.block_size)
         metadata = AttentionMetadata(
-            query_start_loc=torch.from_numpy(query_start_loc).to(dev),
-            seq_lens=torch.from_numpy(seq_lens).to(dev),
-            block_tables=torch.from_numpy(block_tables).to(dev),
-            slot_mapping=torch.from_numpy(slot_mapping).to(dev),
+            query_start_loc=qsl_d,
+            seq_lens=seq_lens_d,
+            block_tables=self.block_table.on_device[:, :width].index_select(0, rows_d),
+            slot_mapping=slots_d,
             max_query_len=int(lens.max()),
-            max_seq_len=int(seq_lens.max()),
+            max_seq_len=max_seq_len,
             query_lens_cpu=tuple(lens.tolist()),
-            seq_lens_cpu=tuple(seq_lens.tolist()),
+            seq_lens_cpu=tuple(seq_lens[:num_seqs].tolist()),
         )
-        return _StepInputs(
-            input_ids=torch.tensor(token_ids, dtype=torch.int64).to(dev),
-            positions=torch.from_numpy(positions).to(dev),
-            metadata=metadata,
-            logits_indices=torch.empty(0, dtype=torch.int64),
-            sampling_req_ids=[],
-        )
+        all_rows = len(sampling) == num_tokens
+        logits_indices = None if all_rows else torch.from_numpy(logits_rows).to(self.device)
+        return _StepInputs(ids_d, positions_d, metadata, logits_indices, sampling_req_ids)
 
     # ----- sampling metadata ---------------------------------------------------------------------
 
@@ -349,3 +496,27 @@ class ModelRunner:
         md.presence_penalty = col([s.sampling_params.presence_penalty for s in states])
         md.frequency_penalty = col([s.sampling_params.frequency_penalty for s in states])
         md.repetition_penalty = col([s.sampling_params.repetition_penalty for s in states])
+
+
+def _prefill_without_cache(
+    seq_lens: list[int], block_size: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """Inputs of a prefill of whole sequences that writes no KV (slots -1): the profiling step."""
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    num_tokens = int(lens.sum())
+    query_start_loc = torch.zeros(len(seq_lens) + 1, dtype=torch.int32)
+    query_start_loc[1:] = lens.cumsum(0)
+    positions = torch.cat([torch.arange(n) for n in seq_lens])
+    metadata = AttentionMetadata(
+        query_start_loc=query_start_loc.to(device),
+        seq_lens=lens.to(device),
+        block_tables=torch.zeros(
+            (len(seq_lens), -(-max(seq_lens) // block_size)), dtype=torch.int32, device=device
+        ),
+        slot_mapping=torch.full((num_tokens,), -1, dtype=torch.int64, device=device),
+        max_query_len=max(seq_lens),
+        max_seq_len=max(seq_lens),
+        query_lens_cpu=tuple(seq_lens),
+        seq_lens_cpu=tuple(seq_lens),
+    )
+    return torch.zeros(num_tokens, dtype=torch.int64, device=device), positions.to(device), metadata

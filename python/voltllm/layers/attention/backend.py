@@ -67,6 +67,9 @@ class AttentionBackend(ABC):
     """Writes a step's K/V into the paged cache and computes attention for its queries."""
 
     name: str = "abstract"
+    # True when a decode step can be captured in a CUDA graph: the backend reads lengths and block
+    # tables from device tensors only (host-side metadata may be stale on replay) and never syncs.
+    supports_cuda_graphs: bool = False
 
     @abstractmethod
     def forward(

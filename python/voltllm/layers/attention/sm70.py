@@ -21,6 +21,7 @@ class SM70AttentionBackend(AttentionBackend):
     """`AttentionBackend` over the voltllm CUDA kernels (fp16 everywhere, bf16 on SM80+)."""
 
     name = "sm70"
+    supports_cuda_graphs = True
 
     def __init__(self, device: torch.device | str = "cuda") -> None:
         device = torch.device(device)

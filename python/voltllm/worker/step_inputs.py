@@ -1,0 +1,162 @@
+"""Persistent per-step input tensors and the device-resident block table.
+
+Every step the model reads the same device tensors (token ids, positions, cache slots, sequence
+lengths, block tables), refilled in place: fixed addresses are what lets a captured CUDA graph replay
+with new inputs, and reusing buffers keeps allocation off the step's critical path. The host side
+writes numpy views of pinned staging buffers and each group goes to the device in one asynchronous copy.
+
+The block table lives on the device for the whole life of a request, one row per running request
+(`BlockTable`): a step uploads only the block ids that are new since the last step, and gathers the
+rows of the requests it runs into the step's `block_tables` buffer with one device-side index.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+PAD_SLOT = -1  # slot_mapping value the kernels skip (padding tokens write no KV)
+
+
+class _Staged:
+    """A flat pinned host buffer and its device twin; a step packs its fields back to back at the start
+    of the host buffer and uploads them with one contiguous asynchronous copy.
+
+    The layout depends only on the packed sizes, so a CUDA graph captured for one size finds its
+    inputs at the same device addresses on every replay of that size.
+    """
+
+    def __init__(self, capacity: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.device = device
+        self.dtype = dtype
+        self._resize(capacity)
+        self._uploaded: torch.cuda.Event | None = None
+
+    def _resize(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._host = torch.zeros(capacity, dtype=self.dtype, pin_memory=self.device.type == "cuda")
+        self.host = self._host.numpy()
+        self.dev = (
+            self._host if self.device.type == "cpu" else torch.zeros_like(self._host, device=self.device)
+        )
+
+    def writable(self, size: int) -> np.ndarray:
+        """The host buffer, once the previous upload has read it (usually long done), grown to `size`."""
+        if self._uploaded is not None:
+            self._uploaded.synchronize()
+        if size > self.capacity:
+            self._resize(max(size, 2 * self.capacity))
+        return self.host
+
+    def upload(self, size: int) -> torch.Tensor:
+        """Send the first `size` elements to the device; returns their device view."""
+        if self.device.type == "cpu":
+            return self.dev[:size]
+        self.dev[:size].copy_(self._host[:size], non_blocking=True)
+        if self._uploaded is None:
+            self._uploaded = torch.cuda.Event()
+        self._uploaded.record()
+        return self.dev[:size]
+
+
+class BlockTable:
+    """Block ids of every running request, one row each, on the host and (on a GPU) the device.
+
+    The host copy serves the slot computation of the step's new tokens; the device copy serves the
+    attention kernels. Row `pad_row` stays all zeros: padded batch entries of a CUDA graph point at it.
+    """
+
+    def __init__(self, num_rows: int, max_blocks_per_seq: int, device: torch.device) -> None:
+        self.num_rows = num_rows
+        self.max_blocks_per_seq = max_blocks_per_seq
+        self.device = device
+        self.host = np.zeros((num_rows + 1, max_blocks_per_seq), dtype=np.int32)
+        host_tensor = torch.from_numpy(self.host)
+        self.on_device = host_tensor if device.type == "cpu" else torch.zeros_like(host_tensor, device=device)
+        self._free_rows = list(range(num_rows - 1, -1, -1))
+        self._pending: list[tuple[int, int, int]] = []  # (row, first column, end column) to upload
+        self._upload = _Staged(2048, torch.int64, device)
+
+    @property
+    def pad_row(self) -> int:
+        return self.num_rows
+
+    def add_row(self, block_ids: list[int]) -> int:
+        """Take a free row for a new request and fill it with its block ids."""
+        if not self._free_rows:
+            raise RuntimeError(f"more than {self.num_rows} running requests in the model runner")
+        row = self._free_rows.pop()
+        self.append(row, 0, block_ids)
+        return row
+
+    def append(self, row: int, first_column: int, block_ids: list[int] | tuple[int, ...]) -> None:
+        """Write `block_ids` into `row` from `first_column` on (a request's newly allocated blocks)."""
+        if not block_ids:
+            return
+        end = first_column + len(block_ids)
+        if end > self.max_blocks_per_seq:
+            raise ValueError(f"a request needs {end} blocks; the table holds {self.max_blocks_per_seq}")
+        self.host[row, first_column:end] = block_ids
+        if self.device.type != "cpu":
+            self._pending.append((row, first_column, end))
+
+    def free_row(self, row: int) -> None:
+        # Stale ids stay in the row: a request only reads the columns it has written itself.
+        self._free_rows.append(row)
+
+    def sync_to_device(self) -> None:
+        """Upload the ids written since the last call: one copy and one scatter, however many."""
+        if not self._pending:
+            return
+        count = sum(end - first for _, first, end in self._pending)
+        staged = self._upload.writable(2 * count)
+        width = self.max_blocks_per_seq
+        at = 0
+        for row, first, end in self._pending:
+            n = end - first
+            staged[at : at + n] = np.arange(row * width + first, row * width + end)
+            staged[count + at : count + at + n] = self.host[row, first:end]
+            at += n
+        self._pending.clear()
+        upload = self._upload.upload(2 * count)
+        self.on_device.view(-1).index_copy_(0, upload[:count], upload[count:].to(torch.int32))
+
+
+class StepBuffers:
+    """The device tensors the model reads every step, packed per step size.
+
+    Per token (int64): input ids, positions, cache slots. Per sequence (int32): query start offsets
+    (one more entry), sequence lengths, block-table rows.
+    """
+
+    def __init__(self, max_tokens: int, max_seqs: int, device: torch.device) -> None:
+        self.tokens = _Staged(3 * max_tokens, torch.int64, device)
+        self.seqs = _Staged(3 * max_seqs + 1, torch.int32, device)
+
+    def host_views(self, num_tokens: int, num_seqs: int) -> tuple[np.ndarray, ...]:
+        """Writable host arrays: input_ids, positions, slots, query_start_loc, seq_lens, table_rows."""
+        t, s = num_tokens, num_seqs
+        tok = self.tokens.writable(3 * t)
+        seq = self.seqs.writable(3 * s + 1)
+        return (
+            tok[:t],
+            tok[t : 2 * t],
+            tok[2 * t : 3 * t],
+            seq[: s + 1],
+            seq[s + 1 : 2 * s + 1],
+            seq[2 * s + 1 : 3 * s + 1],
+        )
+
+    def upload(self, num_tokens: int, num_seqs: int) -> tuple[torch.Tensor, ...]:
+        """Device views, in `host_views` order, after sending what the host wrote."""
+        t, s = num_tokens, num_seqs
+        tok = self.tokens.upload(3 * t)
+        seq = self.seqs.upload(3 * s + 1)
+        return (
+            tok[:t],
+            tok[t : 2 * t],
+            tok[2 * t : 3 * t],
+            seq[: s + 1],
+            seq[s + 1 : 2 * s + 1],
+            seq[2 * s + 1 : 3 * s + 1],
+        )
