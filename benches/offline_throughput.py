@@ -49,14 +49,17 @@ def make_workload(args: argparse.Namespace, vocab: int) -> tuple[list[list[int]]
 def run_voltllm(model_dir: Path, args, prompts, output_lens) -> tuple[float, int]:
     config = EngineConfig(
         model=ModelConfig(
-            model=str(model_dir), load_format="auto" if args.default_model else "dummy", dtype=args.dtype
+            model=str(model_dir),
+            load_format="auto" if args.default_model else "dummy",
+            dtype=args.dtype,
+            max_model_len=args.max_model_len,
         ),
         cache=CacheConfig(num_kv_blocks=args.num_kv_blocks),
         scheduler=SchedulerConfig(
             max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.num_seqs
         ),
         device=args.device,
-        enforce_eager=True,
+        enforce_eager=args.enforce_eager,
     )
     engine = LLMEngine(config)
     warm = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
@@ -126,6 +129,8 @@ def main() -> None:
     p.add_argument("--num-kv-blocks", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-model-len", type=int, default=4096, help="as nano-vllm's benchmark")
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     p.add_argument("--skip-baseline", action="store_true")
     args = p.parse_args()
     if args.threads is not None:
