@@ -29,8 +29,9 @@ What it does, in order:
     python benches/serving.py --tiny --num-seqs 16 --min-len 32 --max-len 64 --ttft-num-prompts 8   # CPU
 
 Engine flags (`--dtype`, `--max-num-seqs` 256, `--max-num-batched-tokens` 8192, `--enforce-eager`,
-`--num-kv-blocks`, `--cpu-threads`, ...) are those of `voltllm serve`; `--cpu-threads` defaults to the
-cores minus one, as `voltllm serve` does, for both runs.
+`--num-kv-blocks`, `--cpu-threads`, ...) are those of `voltllm serve`; `--max-model-len` defaults to
+4096 (as nano-vllm's benchmark and offline_throughput.py) and `--cpu-threads` to the cores minus one
+(as `voltllm serve` does), for both runs.
 """
 
 from __future__ import annotations
@@ -294,6 +295,7 @@ def parse_args() -> argparse.Namespace:
         default=SMOLLM2_TOKENIZER,
         help="folder with a byte-level BPE tokenizer.json and tokenizer_config.json (default: SmolLM2's)",
     )
+    p.set_defaults(max_model_len=4096)  # as nano-vllm's benchmark and offline_throughput.py
     args = p.parse_args()
     if args.model is not None:
         p.error("the model folder is written by this script (Qwen3-0.6B shape, or --tiny)")
