@@ -130,14 +130,18 @@ def length_flags(min_len: int, max_len: int) -> tuple[int, float]:
 
 
 def run_harness(url: str, tokenizer: Path, result: Path, flags: list[str]) -> dict[str, Any]:
-    """Runs `voltllm bench serve` against `url` and returns the result JSON it wrote."""
+    """Runs the load tester (`voltllm bench serve` without plots) against `url` in a subprocess and
+    returns the result JSON it wrote."""
+    # The Rust harness through the extension, as `voltllm bench serve` runs it, but without importing
+    # the plotting package (matplotlib may be missing on a GPU machine).
+    harness = "import sys; from voltllm import _core; sys.exit(_core.bench_main(sys.argv[1:]))"
     cmd = [
-        sys.executable, "-m", "voltllm.bench", "serve", "--base-url", url, "--model", SERVED_NAME,
+        sys.executable, "-c", harness, "serve", "--base-url", url, "--model", SERVED_NAME,
         "--tokenizer", str(tokenizer), "--dataset-name", "random", "--ignore-eos", "--temperature", "0",
         "--save-result", "--result-dir", str(result.parent), "--result-filename", result.name,
-        "--no-plot", "--disable-tqdm", *flags,
+        "--disable-tqdm", *flags,
     ]  # fmt: skip
-    print("$ " + " ".join(cmd[2:]), flush=True)
+    print("$ voltllm bench " + " ".join(cmd[3:]), flush=True)
     subprocess.run(cmd, check=True)
     return json.loads(result.read_text())
 
@@ -419,7 +423,7 @@ if __name__ == "__main__":
     except KeyboardInterrupt:
         sys.exit(130)
     except subprocess.CalledProcessError as e:
-        print(f"serving.py: error: {' '.join(e.cmd[2:4])} exited with status {e.returncode}", file=sys.stderr)
+        print(f"serving.py: error: the load tester exited with status {e.returncode}", file=sys.stderr)
         sys.exit(1)
     except (RuntimeError, ValueError) as e:
         print(f"serving.py: error: {e}", file=sys.stderr)
