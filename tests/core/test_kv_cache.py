@@ -109,3 +109,37 @@ def test_reset_prefix_cache_only_when_idle():
     kv.free(a)
     assert kv.reset_prefix_cache() is True
     assert kv.get_computed_blocks(req("b", list(range(1, 10))))[1] == 0
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_decode_adds_and_registers_blocks_exactly_at_block_boundaries(caching):
+    """Between boundaries a decode's allocation is a no-op (the fast path); at each boundary the new
+    block comes, and a block that fills up is registered in the prefix cache."""
+    kv = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=caching)
+    r = req("a", [1, 2, 3, 4, 5])
+    for token in range(100, 115):
+        num_blocks_before = len(kv.get_block_ids("a"))
+        num_new = r.num_tokens - r.num_computed_tokens
+        added = kv.allocate_slots(r, num_new)
+        total = r.num_computed_tokens + num_new
+        assert len(kv.get_block_ids("a")) == -(-total // 4)
+        assert len(added) == -(-total // 4) - num_blocks_before
+        registered = [b.block_hash is not None for b in kv.req_to_blocks["a"]]
+        assert sum(registered) == (total // 4 if caching else 0)
+        r.num_computed_tokens = total
+        r.append_output_token(token)
+    kv.free(r)
+    assert kv.num_free_blocks == 16
+
+
+def test_blocks_filled_by_decodes_serve_later_prefix_hits():
+    kv = KVCacheManager(num_blocks=16, block_size=4)
+    a = req("a", [1, 2, 3])
+    for token in range(50, 60):  # decodes fill blocks 0-2 (12 tokens), none of them a prompt block
+        kv.allocate_slots(a, a.num_tokens - a.num_computed_tokens)
+        a.num_computed_tokens = a.num_tokens
+        a.append_output_token(token)
+    kv.free(a)
+    b = req("b", a.all_token_ids[:12] + [99])
+    hits, num = kv.get_computed_blocks(b)
+    assert num == 12 and len(hits) == 3

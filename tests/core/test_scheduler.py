@@ -198,3 +198,35 @@ def test_prefix_hits_counted_and_skip_computation():
     assert b.num_cached_tokens == 16
     stats = s.get_stats()
     assert stats.prefix_cache_queries == 34 and stats.prefix_cache_hits == 16
+
+
+def test_decode_plans_carry_new_blocks_only_at_block_boundaries():
+    s = make(block_size=4, budget=64)
+    add(s, "a", 5, max_tokens=14)
+    plan, _ = step(s)
+    seen_blocks = list(plan.scheduled_new_reqs[0].block_ids)
+    while s.has_unfinished_requests():
+        plan, _ = step(s)
+        [cached] = plan.scheduled_cached_reqs
+        computed = s.requests["a"].num_computed_tokens - 1 if "a" in s.requests else None
+        # This step computes token `cached.num_computed_tokens`; it needs a block when that position
+        # starts one.
+        assert bool(cached.new_block_ids) == (cached.num_computed_tokens % 4 == 0)
+        assert computed is None or computed == cached.num_computed_tokens
+        seen_blocks += cached.new_block_ids
+        if "a" in s.requests:
+            assert seen_blocks == s.kv.get_block_ids("a")
+    assert len(seen_blocks) == -(-(5 + 14 - 1) // 4)  # the last sampled token is never computed
+
+
+def test_whole_batch_finishing_in_one_step():
+    s = make(num_blocks=128, budget=256, max_seqs=64)
+    for i in range(40):
+        add(s, f"r{i}", 3, max_tokens=4, first_token=5 * i + 1)
+    outs = []
+    while s.has_unfinished_requests():
+        outs = step(s)[1]
+    assert len(outs) == 40 and all(o.finish_reason == "length" for o in outs)
+    assert not s.running and not s.requests and s.kv.num_free_blocks == 128
+    assert s.schedule().finished_req_ids == {f"r{i}" for i in range(40)}
+    assert s.get_stats().num_generation_tokens == 160

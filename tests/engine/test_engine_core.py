@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from types import SimpleNamespace
+
 import pytest
 import torch
 from toy_model import VOCAB, ToyLoaded, ToyModel
@@ -118,3 +121,47 @@ def test_user_sampling_params_validate_and_convert():
     ]:
         with pytest.raises(ValueError, match=field):
             UserSamplingParams(**bad)
+
+
+class _Runner:
+    """Delegates to the real runner; reports a fixed split when `timings` is given, else none."""
+
+    def __init__(self, runner, timings: SimpleNamespace | None) -> None:
+        self._runner, self._timings = runner, timings
+
+    def execute_model(self, plan):
+        out = self._runner.execute_model(plan)
+        if self._timings is not None:
+            self.last_timings = self._timings
+        return out
+
+
+def test_step_timings_cover_the_step(core):
+    core.runner = _Runner(core.runner, None)
+    core.add_request(request("a", max_tokens=4))
+    core.add_request(request("b", prompt=[1, 2, 3, 4, 5, 6], max_tokens=4))
+    for _ in range(4):
+        start = time.perf_counter()
+        core.step()
+        wall = time.perf_counter() - start
+        t = core.last_step_timings
+        parts = (t.schedule_s, t.execute_s, t.update_s, t.outputs_s)
+        assert min(parts) >= 0 and t.execute_s > 0
+        assert sum(parts) <= t.total_s <= wall
+        assert t.total_s - sum(parts) <= max(0.25 * t.total_s, 2e-3)  # only glue between the parts
+        # A runner that reports no split leaves it at 0: the whole step is host time.
+        assert (t.prepare_s, t.forward_s, t.sync_s, t.post_s) == (0, 0, 0, 0) and t.host_s == t.total_s
+    while core.scheduler.has_work():  # the runner is told about finished requests
+        core.step()
+    idle = core.step()
+    assert idle.outputs == [] and core.last_step_timings.execute_s == 0
+
+
+def test_step_timings_take_the_runner_split(core):
+    split = SimpleNamespace(prepare_s=1e-4, forward_s=2e-4, sync_s=3e-4, post_s=4e-4)
+    core.runner = _Runner(core.runner, split)
+    core.add_request(request("a"))
+    core.step()
+    t = core.last_step_timings
+    assert (t.prepare_s, t.forward_s, t.sync_s, t.post_s) == (1e-4, 2e-4, 3e-4, 4e-4)
+    assert t.host_s == pytest.approx(t.total_s - 3e-4)

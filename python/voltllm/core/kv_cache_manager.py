@@ -27,6 +27,10 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks, enable_caching=enable_prefix_caching)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self._num_hashed_blocks: dict[str, int] = {}  # how many of a request's blocks are registered
+        # Per request, the token count up to which `allocate_slots` (without prefix hits) has nothing
+        # to do: no block to add and none filled up to register. Read-only outside this class; it
+        # spares the scheduler's decode loop any call in here between block boundaries.
+        self.quiet_until: dict[str, int] = {}
         self.prefix_cache_queries = 0  # cumulative tokens looked up
         self.prefix_cache_hits = 0  # cumulative tokens found
 
@@ -74,30 +78,39 @@ class KVCacheManager:
         request: Request,
         num_new_tokens: int,
         new_computed_blocks: Sequence[KVCacheBlock] = (),
-    ) -> list[KVCacheBlock] | None:
+    ) -> Sequence[KVCacheBlock] | None:
         """Make room for `num_new_tokens` more tokens of `request` (after `new_computed_blocks`, the
         prefix hits found for it this step). Returns the blocks added to its table, or None — changing
         nothing — when the pool is too small right now."""
-        blocks = self.req_to_blocks.setdefault(request.request_id, [])
+        request_id = request.request_id
+        if not new_computed_blocks and (
+            request.num_computed_tokens + num_new_tokens <= self.quiet_until.get(request_id, -1)
+        ):
+            return ()  # most decodes: inside the last block, which they do not fill
+        blocks = self.req_to_blocks.setdefault(request_id, [])
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
         num_total = num_computed + num_new_tokens
         num_new_blocks = max(0, cdiv(num_total, self.block_size) - len(blocks) - len(new_computed_blocks))
-        # Reviving a free cached block takes it out of the free pool as surely as allocating one.
-        num_revived = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
-        if num_new_blocks + num_revived > self.pool.num_free_blocks:
-            if not blocks:
-                del self.req_to_blocks[request.request_id]
-            return None
-        self.pool.touch(new_computed_blocks)
-        added = [*new_computed_blocks, *self.pool.allocate(num_new_blocks)]
-        blocks.extend(added)
+        added: Sequence[KVCacheBlock] = ()  # a decode that only fills its last block adds none
+        if num_new_blocks or new_computed_blocks:
+            # Reviving a free cached block takes it out of the free pool as surely as allocating one.
+            num_revived = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+            if num_new_blocks + num_revived > self.pool.num_free_blocks:
+                if not blocks:
+                    del self.req_to_blocks[request.request_id]
+                return None
+            self.pool.touch(new_computed_blocks)
+            added = [*new_computed_blocks, *self.pool.allocate(num_new_blocks)]
+            blocks.extend(added)
         self._cache_full_blocks(request, blocks, num_total)
+        self.quiet_until[request_id] = self._quiet_limit(request_id, len(blocks))
         return added
 
     def free(self, request: Request) -> None:
         """Release a finished, aborted or preempted request's blocks (cached ones stay reusable)."""
         blocks = self.req_to_blocks.pop(request.request_id, [])
         self._num_hashed_blocks.pop(request.request_id, None)
+        self.quiet_until.pop(request.request_id, None)
         self.pool.free(reversed(blocks))
 
     def reset_prefix_cache(self) -> bool:
@@ -117,6 +130,13 @@ class KVCacheManager:
         for i in range(start, num_full):
             self.pool.cache_block(blocks[i], hashes[i])
         self._num_hashed_blocks[request.request_id] = num_full
+
+    def _quiet_limit(self, request_id: str, num_blocks: int) -> int:
+        limit = num_blocks * self.block_size
+        if self.enable_prefix_caching:
+            # One token short of filling the first block not yet registered.
+            limit = min(limit, (self._num_hashed_blocks.get(request_id, 0) + 1) * self.block_size - 1)
+        return limit
 
     def _block_hashes(self, request: Request) -> list[bytes]:
         """The chained hashes of every full block of the request's known tokens (memoised on it)."""

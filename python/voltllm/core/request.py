@@ -77,6 +77,8 @@ class Request:
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0
+        # num_tokens at which max_tokens is reached (max_model_len may stop it earlier).
+        self.max_num_tokens = len(self.prompt_token_ids) + sampling_params.max_tokens
         self.num_cached_tokens = 0  # prompt tokens served by the prefix cache at first scheduling
         self.num_preemptions = 0
         self.stop_reason: int | None = None

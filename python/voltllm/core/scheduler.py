@@ -128,21 +128,7 @@ class Scheduler:
         cached_reqs: list[CachedRequestData] = []
         self._preempted_this_step = False
 
-        i = 0
-        while i < len(self.running) and budget > 0:
-            request = self.running[i]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            new_blocks = self._allocate_or_preempt(request, num_new, first_victim_index=i)
-            if new_blocks is None:
-                continue  # the request itself was preempted: running[i] is now the next one
-            cached_reqs.append(
-                CachedRequestData(
-                    request.request_id, tuple(b.block_id for b in new_blocks), request.num_computed_tokens
-                )
-            )
-            num_scheduled[request.request_id] = num_new
-            budget -= num_new
-            i += 1
+        budget = self._schedule_running(budget, num_scheduled, cached_reqs)
         # After a preemption the cache is full: admitting new work would only thrash it.
         while (
             not self._preempted_this_step
@@ -169,32 +155,93 @@ class Scheduler:
         self._finished_req_ids = set()
         return plan
 
+    def _schedule_running(
+        self, budget: int, num_scheduled: dict[str, int], cached_reqs: list[CachedRequestData]
+    ) -> int:
+        """Schedule running requests in order until the budget runs out; returns what is left of it.
+
+        The hot loop at large decode batches: per request a few attribute reads, and no call into the
+        KV cache manager while the request's tokens stay inside its blocks (`kv.quiet_until`)."""
+        running, quiet_until, empty = self.running, self.kv.quiet_until, ()
+        i = 0
+        while i < len(running) and budget > 0:
+            request = running[i]
+            request_id, num_computed = request.request_id, request.num_computed_tokens
+            num_new = len(request.all_token_ids) - num_computed
+            if num_new > budget:
+                num_new = budget
+            if num_computed + num_new <= quiet_until.get(request_id, -1):
+                new_block_ids = empty
+            else:
+                new_blocks = self.kv.allocate_slots(request, num_new)
+                if new_blocks is None:
+                    new_blocks = self._preempt_until_fits(request, num_new, first_victim_index=i)
+                    if new_blocks is None:
+                        continue  # the request itself was preempted: running[i] is now the next one
+                new_block_ids = tuple([b.block_id for b in new_blocks])
+            cached_reqs.append(CachedRequestData(request_id, new_block_ids, num_computed))
+            num_scheduled[request_id] = num_new
+            budget -= num_new
+            i += 1
+        return budget
+
     def update_from_output(
         self, plan: SchedulerOutput, runner_output: ModelRunnerOutput
     ) -> list[EngineCoreOutput]:
         """Advance each scheduled request by its computed tokens, append sampled tokens, apply stop
         conditions and free finished requests. Returns one output per request that sampled."""
+        # Runs once per request per step: locals instead of attribute chains, and the stop checks
+        # behind one cheap test that no stop condition can hold.
         outputs = []
         now = time.time()
+        sampled, logprobs = runner_output.sampled_token_ids, runner_output.logprobs
+        requests, running_status, max_model_len = self.requests, RequestStatus.RUNNING, self.max_model_len
+        finished: list[tuple[Request, RequestStatus]] = []
         for request_id, num_tokens in plan.num_scheduled_tokens.items():
-            request = self.requests.get(request_id)
-            if request is None or request.status is not RequestStatus.RUNNING:
+            request = requests.get(request_id)
+            if request is None or request.status is not running_status:
                 continue  # aborted between schedule() and now
             start = request.num_computed_tokens
-            self.num_prompt_tokens += max(0, min(request.num_prompt_tokens, start + num_tokens) - start)
+            num_prompt = len(request.prompt_token_ids)
+            if start < num_prompt:
+                self.num_prompt_tokens += min(num_prompt, start + num_tokens) - start
             request.num_computed_tokens = start + num_tokens
-            token_id = runner_output.sampled_token_ids.get(request_id)
+            token_id = sampled.get(request_id)
             if token_id is None:
                 continue  # a prefill chunk that did not reach the end of the prompt
             if request.first_token_ts is None:
                 request.first_token_ts = now
-            request.append_output_token(token_id)
-            self.num_generation_tokens += 1
-            finish_status = self._check_stop(request, token_id)
-            if finish_status is not None:
-                self._finish(request, finish_status)
-            logprob = runner_output.logprobs.get(request_id)
-            outputs.append(self.make_output(request, [token_id], [logprob] if logprob is not None else None))
+            request.output_token_ids.append(token_id)
+            all_tokens = request.all_token_ids
+            all_tokens.append(token_id)
+            reason = None
+            if (
+                token_id in request.stop_token_ids
+                or len(all_tokens) >= request.max_num_tokens
+                or len(all_tokens) >= max_model_len
+            ):
+                finish_status = self._check_stop(request, token_id)
+                if finish_status is not None:
+                    finished.append((request, finish_status))
+                    reason = finish_status.finish_reason.value
+            logprob = logprobs.get(request_id) if logprobs else None
+            outputs.append(
+                EngineCoreOutput(
+                    request_id,
+                    [token_id],
+                    [logprob] if logprob is not None else None,
+                    reason,
+                    request.stop_reason,
+                    None,
+                    request.num_cached_tokens,
+                    request.queued_ts,
+                    request.scheduled_ts,
+                    request.first_token_ts,
+                )
+            )
+        self.num_generation_tokens += len(outputs)
+        if finished:
+            self._finish_running(finished)
         return outputs
 
     def make_output(
@@ -227,16 +274,17 @@ class Scheduler:
 
     # ----- helpers -----------------------------------------------------------------------------
 
-    def _allocate_or_preempt(self, request: Request, num_new: int, first_victim_index: int):
-        """Allocate room for `num_new` tokens of a running request, preempting others (never one
-        already scheduled this step) until it fits. Returns the new blocks, or None when the request
-        itself had to be preempted."""
-        while (new_blocks := self.kv.allocate_slots(request, num_new)) is None:
+    def _preempt_until_fits(self, request: Request, num_new: int, first_victim_index: int):
+        """Preempt others (never one already scheduled this step) until `num_new` more tokens of a
+        running request fit. Returns the new blocks, or None when the request itself had to be
+        preempted."""
+        while True:
             victim = self._pick_victim(first_victim_index)
             self._preempt(victim)
             if victim is request:
                 return None
-        return new_blocks
+            if (new_blocks := self.kv.allocate_slots(request, num_new)) is not None:
+                return new_blocks
 
     def _pick_victim(self, first_index: int) -> Request:
         candidates = self.running[first_index:]
@@ -275,11 +323,12 @@ class Scheduler:
 
     def _check_stop(self, request: Request, token_id: int) -> RequestStatus | None:
         params = request.sampling_params
+        num_output = len(request.output_token_ids)
         # The sampler masks stop tokens until min_tokens others exist; check the same bound here.
-        if token_id in request.stop_token_ids and request.num_output_tokens > params.min_tokens:
+        if token_id in request.stop_token_ids and num_output > params.min_tokens:
             request.stop_reason = token_id
             return RequestStatus.FINISHED_STOPPED
-        if request.num_output_tokens >= params.max_tokens or request.num_tokens >= self.max_model_len:
+        if num_output >= params.max_tokens or len(request.all_token_ids) >= self.max_model_len:
             return RequestStatus.FINISHED_LENGTH_CAPPED
         return None
 
@@ -288,6 +337,16 @@ class Scheduler:
             self.running.remove(request)
         elif request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
             self.waiting.remove(request)
+        self._release(request, status)
+
+    def _finish_running(self, finished: list[tuple[Request, RequestStatus]]) -> None:
+        """Finish several running requests with one pass over `running` (not one removal each, which
+        is quadratic when a whole batch ends in the same step)."""
+        for request, status in finished:
+            self._release(request, status)
+        self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+
+    def _release(self, request: Request, status: RequestStatus) -> None:
         request.transition(status)
         self.kv.free(request)
         del self.requests[request.request_id]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,35 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name not in _DTYPES:
         raise ValueError(f"dtype must be one of auto, {', '.join(_DTYPES)}; got {name!r}")
     return _DTYPES[name]
+
+
+@dataclass
+class EngineStepTimings:
+    """Where one `EngineCore.step()` spent its time, in seconds (perf_counter, refreshed every step).
+
+    `execute_s` is the whole `runner.execute_model` call; `prepare_s` / `forward_s` / `sync_s` /
+    `post_s` are its split as the runner reports it (`ModelRunner.last_timings`), all 0 when the runner
+    reports none. `sync_s` is time spent waiting for the device, so it is the one part that is not host
+    work.
+    """
+
+    schedule_s: float = 0.0
+    execute_s: float = 0.0
+    prepare_s: float = 0.0
+    forward_s: float = 0.0
+    sync_s: float = 0.0
+    post_s: float = 0.0
+    update_s: float = 0.0
+    outputs_s: float = 0.0
+    total_s: float = 0.0
+
+    @property
+    def host_s(self) -> float:
+        """Wall time of the step minus the wait for the device."""
+        return self.total_s - self.sync_s
+
+
+_RUNNER_PARTS = ("prepare_s", "forward_s", "sync_s", "post_s")
 
 
 class EngineCore:
@@ -106,6 +136,7 @@ class EngineCore:
         kv = KVCacheManager(num_blocks, block_size, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(sched, kv, max_model_len)
         self._pending: list[EngineCoreOutput] = []  # error / abort notices for the next step
+        self.last_step_timings = EngineStepTimings()
 
     @classmethod
     def from_config(cls, config: EngineConfig, engine_index: int = 0) -> EngineCore:
@@ -155,18 +186,38 @@ class EngineCore:
     # ----- the loop body -------------------------------------------------------------------------
 
     def step(self) -> EngineCoreOutputs:
-        """Schedule -> execute -> update. Returns every output produced since the last step."""
+        """Schedule -> execute -> update. Returns every output produced since the last step; where the
+        time went is left in `last_step_timings`."""
+        t = EngineStepTimings()
+        start = time.perf_counter()
         outputs, self._pending = self._pending, []
         if self.scheduler.has_work():
             plan = self.scheduler.schedule()
+            t0 = time.perf_counter()
             runner_output = self.runner.execute_model(plan)
+            t1 = time.perf_counter()
             outputs += self.scheduler.update_from_output(plan, runner_output)
-        return EngineCoreOutputs(
+            t2 = time.perf_counter()
+            t.schedule_s, t.execute_s, t.update_s = t0 - start, t1 - t0, t2 - t1
+            self._copy_runner_timings(t)
+        t3 = time.perf_counter()
+        result = EngineCoreOutputs(
             engine_index=self.engine_index,
             outputs=outputs,
             scheduler_stats=self.scheduler.get_stats(),
             timestamp=time.time(),
         )
+        end = time.perf_counter()
+        t.outputs_s, t.total_s = end - t3, end - start
+        self.last_step_timings = t
+        return result
+
+    def _copy_runner_timings(self, t: EngineStepTimings) -> None:
+        # A runner without `last_timings` (or an empty plan's stale one) leaves the split at 0.
+        runner = getattr(self.runner, "last_timings", None)
+        if runner is not None:
+            for name in _RUNNER_PARTS:
+                setattr(t, name, float(getattr(runner, name, 0.0)))
 
     # ----- utilities -----------------------------------------------------------------------------
 
