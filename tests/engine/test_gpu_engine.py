@@ -33,16 +33,29 @@ SHAPES = {
     ),
 }
 NUM_PROMPTS = 12
+NEAR_TIE = 0.1  # fp32 logit difference below which fp16 rounding may pick either token
 
 
 @pytest.fixture(scope="module", params=sorted(SHAPES))
 def checkpoint(request, tmp_path_factory):
-    """(model dir, transformers model in fp16 on the GPU) for one shape."""
+    """(model dir, transformers model in fp32 on the GPU) for one shape."""
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(SHAPES[request.param](), dtype=torch.float32)
     model_dir = tmp_path_factory.mktemp(request.param)
     model.save_pretrained(model_dir)
-    return model_dir, model.to("cuda", torch.float16).eval()
+    fp32 = model.to("cuda").eval()
+    return model_dir, fp32
+
+
+def fp32_margin(model, prompt: list[int], prefix: list[int], a: int, b: int) -> float:
+    """|logit(a) - logit(b)| of the fp32 model after prompt + prefix: how close a divergence was."""
+    with torch.inference_mode():
+        logits = model(torch.tensor([prompt + prefix], device="cuda")).logits[0, -1].float()
+    return abs(float(logits[a] - logits[b]))
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), None)
 
 
 def prompts_and_lengths(vocab: int) -> tuple[list[list[int]], list[int]]:
@@ -55,7 +68,9 @@ def prompts_and_lengths(vocab: int) -> tuple[list[list[int]], list[int]]:
     return prompts, [8 + 3 * i for i in range(NUM_PROMPTS)]
 
 
-def generate(model_dir, backend: str, enforce_eager: bool, sampling: dict | None = None) -> dict[str, list[int]]:
+def generate(
+    model_dir, backend: str, enforce_eager: bool, sampling: dict | None = None
+) -> dict[str, list[int]]:
     config = EngineConfig(
         model=ModelConfig(model=str(model_dir), dtype="float16"),
         cache=CacheConfig(num_kv_blocks=512),
@@ -66,10 +81,9 @@ def generate(model_dir, backend: str, enforce_eager: bool, sampling: dict | None
     )
     engine = LLMEngine(config)
     prompts, lengths = prompts_and_lengths(engine.vocab_size)
+    sampling = sampling or {"temperature": 0.0}
     requests = [
-        EngineCoreRequest(
-            str(i), p, SamplingParams(max_tokens=n, ignore_eos=True, **(sampling or {"temperature": 0.0})), 0.0
-        )
+        EngineCoreRequest(str(i), p, SamplingParams(max_tokens=n, ignore_eos=True, **sampling), 0.0)
         for i, (p, n) in enumerate(zip(prompts, lengths, strict=True))
     ]
     outputs = engine.generate_token_ids(requests)
@@ -77,26 +91,42 @@ def generate(model_dir, backend: str, enforce_eager: bool, sampling: dict | None
 
 
 def test_sm70_backend_matches_torch_backend_and_transformers(checkpoint):
-    model_dir, hf_model = checkpoint
-    sm70 = generate(model_dir, "sm70", enforce_eager=True)
-    torch_backend = generate(model_dir, "torch", enforce_eager=True)
-    prompts, lengths = prompts_and_lengths(hf_model.config.vocab_size)
+    """fp16 greedy decoding against transformers in fp32 (the exact oracle). Sequences must be identical,
+    except that fp16 rounding may flip a genuine near-tie: then the two tokens' fp32 logits must be
+    within NEAR_TIE of each other, and the sequence is compared only up to there (as vLLM's
+    `check_logprobs_close`). Most sequences must match in full."""
+    model_dir, _, hf_fp32 = checkpoint
+    outputs = {
+        "sm70": generate(model_dir, "sm70", enforce_eager=True),
+        "torch": generate(model_dir, "torch", enforce_eager=True),
+    }
+    prompts, lengths = prompts_and_lengths(hf_fp32.config.vocab_size)
+    full_matches, failures = 0, []
     for i, (prompt, n) in enumerate(zip(prompts, lengths, strict=True)):
         with torch.inference_mode():
-            ref = hf_model.generate(
+            ref = hf_fp32.generate(
                 torch.tensor([prompt], device="cuda"),
                 max_new_tokens=n,
                 do_sample=False,
                 eos_token_id=None,
                 pad_token_id=0,
             )[0, len(prompt) :].tolist()
-        assert sm70[str(i)] == ref, f"prompt {i}: sm70 backend differs from transformers"
-        assert torch_backend[str(i)] == ref, f"prompt {i}: torch backend differs from transformers"
+        for name, tokens in outputs.items():
+            ours = tokens[str(i)]
+            at = first_divergence(ours, ref)
+            if at is None:
+                full_matches += 1
+                continue
+            margin = fp32_margin(hf_fp32, prompt, ref[:at], ref[at], ours[at])
+            if margin >= NEAR_TIE:
+                failures.append(f"prompt {i} {name} at token {at}: fp32 logit margin {margin:.4f}")
+    assert not failures, "differs from transformers beyond a near-tie: " + "; ".join(failures)
+    assert full_matches >= 0.75 * 2 * NUM_PROMPTS, f"only {full_matches} of {2 * NUM_PROMPTS} matched in full"
 
 
 @pytest.mark.parametrize("sampling", [None, {"temperature": 0.8, "top_p": 0.9, "seed": 7}])
 def test_cuda_graphs_match_eager(checkpoint, sampling, monkeypatch):
-    model_dir, _ = checkpoint
+    model_dir = checkpoint[0]
     replayed: list[int] = []
     original = DecodeGraphs.replay
 

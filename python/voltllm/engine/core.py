@@ -118,6 +118,7 @@ class EngineCore:
             max_num_batched_tokens=sched.max_num_batched_tokens,
             max_num_seqs=sched.max_num_seqs,
             seed=config.model.seed,
+            enforce_eager=config.enforce_eager,
         )
         num_blocks = self.runner.determine_num_blocks(config.cache)
         if num_blocks * block_size < max_model_len:
@@ -133,6 +134,7 @@ class EngineCore:
         self.max_model_len = max_model_len
         self.runner.max_model_len = max_model_len
         self.runner.initialize_kv_cache(num_blocks)
+        self.runner.capture_cuda_graphs()  # warm-up at start-up, not on the first request
         kv = KVCacheManager(num_blocks, block_size, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(sched, kv, max_model_len)
         self._pending: list[EngineCoreOutput] = []  # error / abort notices for the next step

@@ -1,0 +1,74 @@
+"""Where a decode step's GPU time goes: per-kernel device time of eager decode steps (torch profiler).
+
+Runs one request of a dummy-weight model eagerly and profiles a few decode steps at the given batch
+size; prints each kernel's calls and device time per step, largest first, and the total. With CUDA
+graphs the same kernels run back to back, so this total (plus about a microsecond a kernel) is what a
+graph replay costs.
+
+    python benches/decode_profile.py --model qwen3-0.6b --batch 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from decode_latency import MODELS  # noqa: E402
+
+from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
+from voltllm.engine.llm_engine import LLMEngine  # noqa: E402
+from voltllm.engine.protocol import EngineCoreRequest, SamplingParams  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="qwen3-0.6b", choices=list(MODELS))
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--context", type=int, default=512)
+    p.add_argument("--steps", type=int, default=5)
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "config.json").write_text(json.dumps(MODELS[args.model]))
+        engine = LLMEngine(
+            EngineConfig(
+                model=ModelConfig(model=tmp, load_format="dummy", dtype="float16", max_model_len=4096),
+                cache=CacheConfig(num_kv_blocks=4096),
+                scheduler=SchedulerConfig(max_num_seqs=max(args.batch, 8), max_num_batched_tokens=8192),
+                device="cuda",
+                enforce_eager=True,
+            )
+        )
+    params = SamplingParams(temperature=0.0, max_tokens=10 + args.steps, ignore_eos=True)
+    for i in range(args.batch):
+        engine.add_request(EngineCoreRequest(str(i), [5 + i] * args.context, params, 0.0))
+    for _ in range(8):  # prefill and warm-up decodes
+        engine.step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.steps):
+            engine.step()
+        torch.cuda.synchronize()
+    per_kernel: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            entry = per_kernel[event.name[:90]]
+            entry[0] += 1
+            entry[1] += event.device_time
+    rows = sorted(per_kernel.items(), key=lambda kv: -kv[1][1])
+    total = sum(t for _, t in per_kernel.values()) / args.steps
+    calls = sum(c for c, _ in per_kernel.values()) / args.steps
+    print(f"{args.model} batch {args.batch} ctx {args.context}: {calls:.0f} kernels, {total:.1f} us per step")
+    for name, (count, us) in rows[:25]:
+        print(f"{us / args.steps:9.1f} us {count / args.steps:6.0f}x  {name}")
+
+
+if __name__ == "__main__":
+    main()
