@@ -95,7 +95,7 @@ def test_sm70_backend_matches_torch_backend_and_transformers(checkpoint):
     except that fp16 rounding may flip a genuine near-tie: then the two tokens' fp32 logits must be
     within NEAR_TIE of each other, and the sequence is compared only up to there (as vLLM's
     `check_logprobs_close`). Most sequences must match in full."""
-    model_dir, _, hf_fp32 = checkpoint
+    model_dir, hf_fp32 = checkpoint
     outputs = {
         "sm70": generate(model_dir, "sm70", enforce_eager=True),
         "torch": generate(model_dir, "torch", enforce_eager=True),
