@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from voltllm.layers.linear import linear
+
 
 class VocabEmbedding(nn.Module):
     """`ids -> weight[ids]` with `weight: [vocab_size, hidden_size]`."""
@@ -36,7 +38,7 @@ class LMHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """fp32 logits; with `out` (fp32, `[rows, vocab]`) they are written there, cast on the way."""
-        logits = F.linear(hidden, self.weight)
+        logits = linear(hidden, self.weight)
         if out is None:
             return logits.float()
         return out.copy_(logits)

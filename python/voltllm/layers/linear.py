@@ -14,9 +14,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from voltllm.ops.linear import gemv, gemv_applies
+
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`x @ weight.T + bias` (the op a quantized GEMM kernel will replace)."""
+    """`x @ weight.T + bias`. Decode batches of a few rows on a GPU take the GEMV kernel, which reads
+    the weight at close to memory bandwidth; everything else is a torch GEMM."""
+    if gemv_applies(x, weight):
+        return gemv(x, weight, bias)
     return F.linear(x, weight, bias)
 
 

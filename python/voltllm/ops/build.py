@@ -24,6 +24,7 @@ SOURCES = (
     "ops_elementwise.cu",
     "ops_decode_attention.cu",
     "ops_prefill_attention.cu",
+    "ops_linear.cu",
     "torch_bindings.cpp",
 )
 _lock = threading.Lock()

@@ -1,0 +1,77 @@
+"""Decode-shaped linear layers: the GEMV kernel against torch's GEMM (cuBLAS), as weight bandwidth.
+
+For the linear layers of the Qwen3-0.6B and Llama-3-8B shapes at 1, 2, 4 and 8 input rows, prints the
+time of each, the weight bytes read per second as a fraction of the device copy bandwidth measured in
+the same run, and the speed-up of the kernel. Weights rotate over enough copies to exceed the L2
+cache, so every call reads from memory as in a real forward pass. Sets `GEMV_MAX_ROWS`.
+
+    python benches/gemv.py
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from decode_latency import copy_bandwidth  # noqa: E402
+
+from voltllm.ops.linear import gemv  # noqa: E402
+
+SHAPES = {  # name -> (n, k)
+    "qwen3 qkv": (4096, 1024),
+    "qwen3 o": (1024, 2048),
+    "qwen3 gate_up": (6144, 1024),
+    "qwen3 down": (1024, 3072),
+    "qwen3 lm_head": (151936, 1024),
+    "llama qkv": (6144, 4096),
+    "llama o": (4096, 4096),
+    "llama gate_up": (28672, 4096),
+    "llama down": (4096, 14336),
+}
+
+
+def time_us(fn, copies: int, iters: int = 30) -> float:
+    for i in range(3):
+        fn(i % copies)
+    samples = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for i in range(iters):
+            fn(i % copies)
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / iters)
+    return statistics.median(samples)
+
+
+def main() -> None:
+    bandwidth = copy_bandwidth()
+    print(f"GPU: {torch.cuda.get_device_name()}; copy bandwidth {bandwidth / 1e9:.0f} GB/s")
+    print("| layer | rows | cuBLAS (us) | GEMV (us) | GEMV bw / copy bw | speed-up |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name, (n, k) in SHAPES.items():
+        nbytes = n * k * 2
+        copies = max(1, -(-256 * 2**20 // nbytes))
+        weights = [torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02 for _ in range(copies)]
+        for rows in (1, 2, 4, 8):
+            x = torch.randn(rows, k, device="cuda", dtype=torch.float16)
+            out = torch.empty(rows, n, device="cuda", dtype=torch.float16)
+            torch_us = time_us(lambda i: F.linear(x, weights[i]), copies)  # noqa: B023
+            gemv_us = time_us(lambda i: gemv(x, weights[i], out=out), copies)  # noqa: B023
+            fraction = nbytes / (gemv_us * 1e-6) / bandwidth
+            print(
+                f"| {name} | {rows} | {torch_us:.1f} | {gemv_us:.1f} | {fraction:.2f} | "
+                f"{torch_us / gemv_us:.2f}x |",
+                flush=True,
+            )
+        weights.clear()
+
+
+if __name__ == "__main__":
+    main()
