@@ -10,10 +10,15 @@ For each kernel source in `python/voltllm/ops/csrc/` it instantiates the variant
 `voltllm/ops/variants.py` through NVRTC name expressions, compiles to PTX for compute_70, rejects
 instructions Volta lacks (cp.async, ldmatrix, wgmma, TMA/bulk copies, bf16 MMA), assembles the PTX with
 `ptxas -arch=sm_70 -v` and prints registers, static and dynamic shared memory (the latter read from a
-`__device__` constant each attention header emits), stack and spills per kernel. The
-bf16 tensor-core attention variants are checked the same way against compute_80/sm_80. Exit status is
-non-zero on any compile error, forbidden instruction, sm_70 register spill or shared memory over 96 KB
-(spills of the sm_80-only bf16 variants are reported, not fatal).
+`__device__` constant each attention header emits), stack and spills per kernel. The SM80+ variants
+(bf16 v6 attention, every v8 attention kernel) are checked the same way against compute_80/sm_80, and
+every variant is also compiled for compute_90/sm_90 (what an H100/H200 build runs), so that a GPU
+build cannot fail on code the CPU never compiled. Exit status is non-zero on any compile error,
+forbidden instruction, sm_70 register spill, or shared memory over 96 KB on sm_70 / 99 KB on sm_80+
+(the smallest opt-in limit of SM80+ GPUs, sm_86/sm_89). Spills on sm_80/sm_90 are reported, not fatal.
+
+    python tools/sm70_gate.py              # sm_70, sm_80 and sm_90
+    python tools/sm70_gate.py --arch 90    # one architecture
 """
 
 from __future__ import annotations
@@ -32,6 +37,13 @@ REPO = Path(__file__).resolve().parent.parent
 CSRC = REPO / "python" / "voltllm" / "ops" / "csrc"
 VARIANTS = REPO / "python" / "voltllm" / "ops" / "variants.py"
 VOLTA_SMEM_LIMIT = 96 * 1024
+SM80_SMEM_LIMIT = 99 * 1024  # sm_86 / sm_89 opt-in maximum; sm_80 and sm_90 allow more
+ARCHS = (70, 80, 90)
+
+
+def smem_limit(arch: int) -> int:
+    return VOLTA_SMEM_LIMIT if arch < 80 else SM80_SMEM_LIMIT
+
 
 # PTX that Volta cannot run, with the reason printed when it shows up.
 FORBIDDEN_PTX = {
@@ -181,9 +193,14 @@ def _variants_module():
     return module
 
 
-def load_variants() -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+def load_variants() -> dict[int, dict[str, list[str]]]:
+    """Architecture -> kernel source -> the name expressions checked for it."""
     module = _variants_module()
-    return module.sm70_variants(), module.sm80_bf16_variants()
+    sm80: dict[str, list[str]] = {}
+    for part in (module.sm80_bf16_variants(), module.sm80_variants()):
+        for source, exprs in part.items():
+            sm80.setdefault(source, []).extend(exprs)
+    return {70: module.sm70_variants(), 80: sm80, 90: module.sm90_variants()}
 
 
 def check_source(
@@ -212,17 +229,17 @@ def check_source(
     return reports
 
 
-def run_gate(keep: Path | None = None) -> list[tuple[int, KernelReport]]:
+def run_gate(keep: Path | None = None, archs: tuple[int, ...] = ARCHS) -> list[tuple[int, KernelReport]]:
     """Checks every variant; returns (arch, report) pairs or raises GateError on the first failure."""
     tools = Toolchain.find()
-    sm70, sm80 = load_variants()
+    variants = load_variants()
     probes = _variants_module().dynamic_smem_probes()
     results: list[tuple[int, KernelReport]] = []
     with tempfile.TemporaryDirectory() as tmp:
         workdir = keep or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        for arch, variants in ((70, sm70), (80, sm80)):
-            for source, exprs in variants.items():
+        for arch in archs:
+            for source, exprs in variants[arch].items():
                 results.extend((arch, r) for r in check_source(tools, source, exprs, arch, workdir, probes))
     return results
 
@@ -230,26 +247,32 @@ def run_gate(keep: Path | None = None) -> list[tuple[int, KernelReport]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keep", type=Path, help="write the PTX and cubins here")
+    parser.add_argument(
+        "--arch", type=int, action="append", choices=ARCHS, help="check only this architecture (repeatable)"
+    )
     args = parser.parse_args()
     try:
-        results = run_gate(args.keep)
+        results = run_gate(args.keep, tuple(args.arch) if args.arch else ARCHS)
     except GateError as err:
         print(f"sm70 gate FAILED: {err}", file=sys.stderr)
         return 1
     failures = []
-    print(f"{'arch':<6}{'kernel':<68}{'regs':>5}{'smem':>7}{'dyn smem':>9}{'stack':>6}{'spill st/ld':>13}")
+    print(f"{'arch':<6}{'kernel':<70}{'regs':>5}{'smem':>7}{'dyn smem':>9}{'stack':>6}{'spill st/ld':>13}")
     for arch, r in results:
         print(
-            f"sm_{arch:<3}{r.expr:<68}{r.registers:>5}{r.smem:>7}{r.dynamic_smem:>9}{r.stack:>6}"
+            f"sm_{arch:<3}{r.expr:<70}{r.registers:>5}{r.smem:>7}{r.dynamic_smem:>9}{r.stack:>6}"
             f"{f'{r.spill_stores}/{r.spill_loads}':>13}"
         )
         if (r.spill_stores or r.spill_loads) and arch == 70:
             failures.append(f"{r.expr} (sm_{arch}) spills registers")
-        if r.smem + r.dynamic_smem > VOLTA_SMEM_LIMIT:
+        if r.smem + r.dynamic_smem > smem_limit(arch):
             failures.append(f"{r.expr} (sm_{arch}) uses {r.smem + r.dynamic_smem} bytes of shared memory")
     if failures:
         print("sm70 gate FAILED:\n  " + "\n  ".join(failures), file=sys.stderr)
         return 1
+    spilling = sorted({f"{r.expr} (sm_{arch})" for arch, r in results if r.spill_stores or r.spill_loads})
+    if spilling:
+        print("spills (not fatal above sm_70):\n  " + "\n  ".join(spilling))
     print(f"sm70 gate passed: {len(results)} kernels")
     return 0
 

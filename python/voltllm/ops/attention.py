@@ -3,10 +3,17 @@
 Each op runs the CUDA kernel for CUDA tensors and its plain-torch reference (`*_ref`, the test oracle)
 elsewhere. KV cache layout (see `voltllm.layers.attention.backend`):
 `kv_cache: [2, num_blocks, block_size=16, num_kv_heads, head_size]`.
+
+Kernel variants (docs/kernels.md): the decode and prefill ops take `variant=`; without it the
+environment variables `VOLTLLM_DECODE_KERNEL` (v6 | v8 | v8-reduce) and `VOLTLLM_PREFILL_KERNEL`
+(v6 | v8) choose, and v6 is the default. The v8 kernels need SM80 or newer; on older GPUs (Volta)
+every variant runs v6.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Sequence
 
 import torch
@@ -15,6 +22,64 @@ from voltllm.ops._dispatch import kernel_ops, use_kernels
 
 BLOCK_SIZE = 16  # tokens per KV block the kernels are written for
 PREFILL_BLOCK_M = 64  # query rows per prefill thread block (PrefillTraits::kBlockM)
+# Query rows per v8 prefill thread block, by head size (PrefillV8Traits::kBlockM).
+PREFILL_V8_BLOCK_M = {64: 128, 128: 128, 256: 64}
+
+DECODE_ENV = "VOLTLLM_DECODE_KERNEL"
+PREFILL_ENV = "VOLTLLM_PREFILL_KERNEL"
+# v8: mma.sync decode with the split merge in the kernel; v8-reduce: the same kernel, splits merged
+# by v6's reduce kernel (isolates what the in-kernel merge is worth).
+DECODE_VARIANTS = ("v6", "v8", "v8-reduce")
+PREFILL_VARIANTS = ("v6", "v8")
+DEFAULT_DECODE_VARIANT = "v6"
+DEFAULT_PREFILL_VARIANT = "v6"
+
+
+def _choose(variant: str | None, env: str, known: tuple[str, ...], default: str) -> str:
+    name = variant if variant is not None else os.environ.get(env) or default
+    if name not in known:
+        source = "argument" if variant is not None else env
+        raise ValueError(f"unknown kernel variant {name!r} (from {source}); known: {known}")
+    return name
+
+
+def decode_variant(variant: str | None = None) -> str:
+    """The decode kernel variant a call runs: `variant`, else $VOLTLLM_DECODE_KERNEL, else the default."""
+    return _choose(variant, DECODE_ENV, DECODE_VARIANTS, DEFAULT_DECODE_VARIANT)
+
+
+def prefill_variant(variant: str | None = None) -> str:
+    """The prefill kernel variant a call runs: `variant`, else $VOLTLLM_PREFILL_KERNEL, else the default."""
+    return _choose(variant, PREFILL_ENV, PREFILL_VARIANTS, DEFAULT_PREFILL_VARIANT)
+
+
+@functools.cache
+def _has_sm80(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 8
+
+
+def runs_v8(device: torch.device) -> bool:
+    """Whether the v8 kernels run on `device` (SM80 and newer); elsewhere v6 serves every variant."""
+    return device.type == "cuda" and _has_sm80(device.index if device.index is not None else 0)
+
+
+# Per device: zeroed int32 tickets for the v8 decode split merge. The kernel resets every ticket it
+# uses, so a buffer stays zero between calls and CUDA graph replays need no memset of it.
+_tickets: dict[torch.device, torch.Tensor] = {}
+# Every ticket buffer ever handed out: a captured CUDA graph keeps pointing at the one it saw.
+_tickets_kept: list[torch.Tensor] = []
+
+
+def _ticket_buffer(device: torch.device, needed: int) -> torch.Tensor:
+    buf = _tickets.get(device)
+    if buf is not None and buf.numel() >= needed:
+        return buf
+    fresh = torch.zeros(max(needed, 4096), dtype=torch.int32, device=device)
+    _tickets_kept.append(fresh)
+    # Zeros made during a capture exist only when the graph replays the memset: not for eager calls.
+    if not torch.cuda.is_current_stream_capturing():
+        _tickets[device] = fresh
+    return fresh
 
 
 def kv_cache_write_ref(
@@ -117,9 +182,15 @@ def paged_decode_attention(
     scale: float,
     sliding_window: int | None = None,
     out: torch.Tensor | None = None,
+    variant: str | None = None,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_size]
-    """Attention of each sequence's newest token over its whole paged context (split-K on long ones)."""
+    """Attention of each sequence's newest token over its whole paged context (split-K on long ones).
+
+    `variant` picks the kernel (`DECODE_VARIANTS`; see the module docstring). Every variant is CUDA-graph
+    safe: per-sequence lengths come from `seq_lens` on the device, `seq_lens_cpu` only bounds them.
+    """
     window = _window(sliding_window)
+    name = decode_variant(variant)
     if not use_kernels(query):
         result = paged_attention_ref(
             query, kv_cache, block_tables, [1] * len(seq_lens_cpu), seq_lens_cpu, scale, sliding_window
@@ -131,15 +202,21 @@ def paged_decode_attention(
     if out is None:
         out = torch.empty_like(query)
     max_seq_len = max(seq_lens_cpu, default=1)
-    kernel_ops().paged_decode_attention(
-        out, query, kv_cache, block_tables, seq_lens, max_seq_len, scale, window
+    if name == "v6" or not runs_v8(query.device):
+        kernel_ops().paged_decode_attention(
+            out, query, kv_cache, block_tables, seq_lens, max_seq_len, scale, window
+        )
+        return out
+    tickets = _ticket_buffer(query.device, query.shape[0] * kv_cache.shape[3])
+    kernel_ops().paged_decode_attention_v8(
+        out, query, kv_cache, block_tables, seq_lens, max_seq_len, scale, window, tickets, name == "v8"
     )
     return out
 
 
-def prefill_row_tiles(query_lens: Sequence[int]) -> int:
+def prefill_row_tiles(query_lens: Sequence[int], block_m: int = PREFILL_BLOCK_M) -> int:
     """Thread blocks (per head) the prefill kernel needs for these query lengths."""
-    return sum(-(-q // PREFILL_BLOCK_M) for q in query_lens)
+    return sum(-(-q // block_m) for q in query_lens)
 
 
 def paged_prefill_attention(
@@ -153,10 +230,14 @@ def paged_prefill_attention(
     scale: float,
     sliding_window: int | None = None,
     out: torch.Tensor | None = None,
+    variant: str | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_size]
     """Causal attention of a mixed batch (prefills, chunked prefills with a cached prefix, decodes)
-    over the paged cache. The step's keys/values must already be in the cache (`kv_cache_write`)."""
+    over the paged cache. The step's keys/values must already be in the cache (`kv_cache_write`).
+
+    `variant` picks the kernel (`PREFILL_VARIANTS`; see the module docstring)."""
     window = _window(sliding_window)
+    name = prefill_variant(variant)
     if not use_kernels(query):
         result = paged_attention_ref(
             query, kv_cache, block_tables, query_lens_cpu, seq_lens_cpu, scale, sliding_window
@@ -167,15 +248,11 @@ def paged_prefill_attention(
         return out
     if out is None:
         out = torch.empty_like(query)
-    kernel_ops().paged_prefill_attention(
-        out,
-        query,
-        kv_cache,
-        block_tables,
-        seq_lens,
-        query_start_loc,
-        prefill_row_tiles(query_lens_cpu),
-        scale,
-        window,
-    )
+    if name == "v8" and runs_v8(query.device):
+        op = kernel_ops().paged_prefill_attention_v8
+        row_tiles = prefill_row_tiles(query_lens_cpu, PREFILL_V8_BLOCK_M[query.shape[-1]])
+    else:
+        op = kernel_ops().paged_prefill_attention
+        row_tiles = prefill_row_tiles(query_lens_cpu)
+    op(out, query, kv_cache, block_tables, seq_lens, query_start_loc, row_tiles, scale, window)
     return out

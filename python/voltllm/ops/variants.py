@@ -1,11 +1,16 @@
 """Every kernel variant that voltllm ships, as C++ name expressions, one list per kernel source.
 
 This module is the single list both proofs read: `tools/sm70_gate.py` instantiates each expression
-with NVRTC and assembles it for sm_70, and the torch glue (`csrc/torch_ops.cu`) dispatches over the
-same dtypes and head sizes. It imports nothing, so the gate can load it without torch.
+with NVRTC and assembles it, and the torch glue (`csrc/ops_*.cu`) dispatches over the same dtypes, head
+sizes and group tiles. It imports nothing, so the gate can load it without torch.
 
-bf16 tensor-core math needs SM80: the bf16 attention variants are checked for compute_80 instead of
-compute_70, and the glue refuses them on older GPUs.
+Architectures:
+  * sm_70 (Volta): the element-wise kernels and the fp16 v6 attention kernels; the v8 attention
+    kernels too, whose bodies compile to a trap there (the Python layer runs v6 on Volta), so that a
+    V100 build of the extension cannot break.
+  * sm_80: the bf16 v6 attention kernels (bf16 tensor-core math needs SM80) and every v8 attention
+    kernel (mma.sync m16n8k16, ldmatrix, cp.async).
+  * sm_90: everything, as the H200 build compiles it.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ HEAD_SIZES = (64, 128, 256)
 FP16 = "__half"
 BF16 = "__nv_bfloat16"
 DTYPES = (FP16, BF16)
+# v8 decode: query heads per kv head are tiled by 8 (NT = 1 for groups up to 8, 2 up to 16).
+DECODE_V8_GROUP_TILES = (1, 2)
 
 
 def _elementwise() -> dict[str, list[str]]:
@@ -29,6 +36,7 @@ def _elementwise() -> dict[str, list[str]]:
             f"voltllm::rotary_embedding_kernel<{t}, {neox}>" for t in DTYPES for neox in ("true", "false")
         ],
         "activation.cuh": [f"voltllm::silu_and_mul_kernel<{t}, {vec}>" for t in DTYPES for vec in (1, 8)],
+        "gemv.cuh": [f"voltllm::gemv_kernel<{t}, {rows}>" for t in DTYPES for rows in (1, 2, 4, 8)],
     }
     return variants
 
@@ -45,8 +53,30 @@ def _attention(dtype: str) -> dict[str, list[str]]:
     }
 
 
+def _attention_v8(dtype: str) -> dict[str, list[str]]:
+    return {
+        "paged_decode_attention_v8.cuh": [
+            f"voltllm::paged_decode_v8_kernel<{dtype}, {h}, {nt}>"
+            for h in HEAD_SIZES
+            for nt in DECODE_V8_GROUP_TILES
+        ],
+        "paged_prefill_attention_v8.cuh": [
+            f"voltllm::paged_prefill_v8_kernel<{dtype}, {h}>" for h in HEAD_SIZES
+        ],
+    }
+
+
+def _merge(*parts: dict[str, list[str]]) -> dict[str, list[str]]:
+    merged: dict[str, list[str]] = {}
+    for part in parts:
+        for source, exprs in part.items():
+            merged.setdefault(source, []).extend(e for e in exprs if e not in merged.get(source, []))
+    return merged
+
+
 def dynamic_smem_probes() -> dict[str, str]:
-    """Kernel expression -> a `__device__` constant holding the dynamic shared memory it launches with."""
+    """Kernel expression -> a `__device__` constant holding the dynamic shared memory it launches with
+    (for the v8 decode kernel, whose block size is chosen per call: its largest block)."""
     probes: dict[str, str] = {}
     for dtype in DTYPES:
         for h in HEAD_SIZES:
@@ -56,16 +86,29 @@ def dynamic_smem_probes() -> dict[str, str]:
             probes[f"voltllm::paged_prefill_attention_kernel<{dtype}, {h}>"] = (
                 f"voltllm::prefill_smem_bytes<{h}>"
             )
+            probes[f"voltllm::paged_prefill_v8_kernel<{dtype}, {h}>"] = f"voltllm::prefill_v8_smem_bytes<{h}>"
+            for nt in DECODE_V8_GROUP_TILES:
+                probes[f"voltllm::paged_decode_v8_kernel<{dtype}, {h}, {nt}>"] = (
+                    f"voltllm::decode_v8_smem_bytes<{h}, {nt}>"
+                )
     return probes
 
 
 def sm70_variants() -> dict[str, list[str]]:
     """Kernel source -> name expressions that must compile for compute_70 and assemble for sm_70."""
-    variants = _elementwise()
-    variants.update(_attention(FP16))
-    return variants
+    return _merge(_elementwise(), _attention(FP16), _attention_v8(FP16))
 
 
 def sm80_bf16_variants() -> dict[str, list[str]]:
-    """The bf16 tensor-core variants, shipped for SM80 and newer only."""
+    """The bf16 v6 tensor-core variants, shipped for SM80 and newer only."""
     return _attention(BF16)
+
+
+def sm80_variants() -> dict[str, list[str]]:
+    """The v8 attention variants (both dtypes), whose real bodies exist from SM80 on."""
+    return _merge(_attention_v8(FP16), _attention_v8(BF16))
+
+
+def sm90_variants() -> dict[str, list[str]]:
+    """Every variant, as a build for an H100/H200 compiles it."""
+    return _merge(sm70_variants(), sm80_bf16_variants(), sm80_variants())

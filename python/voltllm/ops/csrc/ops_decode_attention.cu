@@ -1,9 +1,10 @@
-// Torch glue for paged decode attention: checks, device guard, stream, dtype dispatch.
+// Torch glue for paged decode attention (v6 and v8): checks, device guard, stream, dtype dispatch.
 #include "torch_glue.h"
 
 #include <cmath>
 
 #include "paged_decode_attention.cuh"
+#include "paged_decode_attention_v8.cuh"
 
 namespace voltllm {
 
@@ -28,24 +29,36 @@ Split choose_split(int64_t span, int64_t base_blocks, int64_t resident_blocks) {
   return {(span + partition - 1) / partition, partition};
 }
 
+// The checks both decode variants share.
+AttentionShape check_decode(const at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
+                            const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t max_seq_len,
+                            const char* op) {
+  const auto shape = check_attention(out, query, kv_cache, block_tables, seq_lens, op);
+  TORCH_CHECK(seq_lens.size(0) == query.size(0), op, ": one query token per sequence expected");
+  TORCH_CHECK(shape.num_heads / shape.num_kv_heads <= 16, op, ": at most 16 query heads per kv head");
+  TORCH_CHECK(max_seq_len >= 1, op, ": max_seq_len must be >= 1");
+  TORCH_CHECK(max_seq_len <= block_tables.size(1) * kBlockSize, op, ": max_seq_len ", num(max_seq_len),
+              " exceeds the block table (", num(block_tables.size(1)), " blocks)");
+  return shape;
+}
+
+// Context positions one sequence's splits must cover: with a window, only its last blocks.
+int64_t decode_span(int64_t max_seq_len, int64_t sliding_window) {
+  return sliding_window > 0 ? std::min<int64_t>(max_seq_len, sliding_window + kBlockSize) : max_seq_len;
+}
+
 }  // namespace
 
 void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
                             const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t max_seq_len,
                             double scale, int64_t sliding_window) {
-  const auto shape = check_attention(out, query, kv_cache, block_tables, seq_lens, "paged_decode_attention");
+  const auto shape = check_decode(out, query, kv_cache, block_tables, seq_lens, max_seq_len, "paged_decode_attention");
   const int64_t num_seqs = query.size(0);
-  TORCH_CHECK(seq_lens.size(0) == num_seqs, "paged_decode_attention: one query token per sequence expected");
-  TORCH_CHECK(shape.num_heads / shape.num_kv_heads <= 16,
-              "paged_decode_attention: at most 16 query heads per kv head");
-  TORCH_CHECK(max_seq_len >= 1, "paged_decode_attention: max_seq_len must be >= 1");
-  TORCH_CHECK(max_seq_len <= block_tables.size(1) * kBlockSize, "paged_decode_attention: max_seq_len ",
-              num(max_seq_len), " exceeds the block table (", num(block_tables.size(1)), " blocks)");
   if (num_seqs == 0) return;
   const at::cuda::OptionalCUDAGuard guard(query.device());
   const auto stream = at::cuda::getCurrentCUDAStream();
   const int num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const int64_t span = sliding_window > 0 ? std::min<int64_t>(max_seq_len, sliding_window + kBlockSize) : max_seq_len;
+  const int64_t span = decode_span(max_seq_len, sliding_window);
 
   DecodeParams p{};
   p.out = out.data_ptr();
@@ -94,6 +107,109 @@ void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::
         paged_decode_reduce_kernel<T, H>
             <<<dim3(shape.num_heads, num_seqs), H * kReduceGroups, reduce_smem, stream>>>(p);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
+      }
+    });
+  });
+}
+
+namespace {
+
+// One v8 launch: the block size and split count come from plan_decode_v8, fed with this GPU's
+// occupancy for each block size. Splits either merge in the kernel (a ticket per (sequence, kv
+// head)) or, with fused_merge off, in v6's reduce kernel (same partial layout).
+template <typename T, int H, int NT>
+void launch_decode_v8(DecodeV8Params p, const at::Tensor& query, const AttentionShape& shape, int64_t num_seqs,
+                      int64_t span, cudaStream_t stream) {
+  using Tr = DecodeV8Traits<H, NT>;
+  auto* kernel = paged_decode_v8_kernel<T, H, NT>;
+  set_smem(kernel, Tr::smem_bytes(Tr::kMaxWarps));
+  int resident[3] = {0, 0, 0};
+  for (int i = 0; i < 3; ++i) {
+    const int warps = 4 << i;
+    if (warps > Tr::kMaxWarps) continue;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident[i], kernel, 32 * warps,
+                                                                 Tr::smem_bytes(warps)));
+  }
+  const int num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const DecodeV8Plan plan = plan_decode_v8(span, num_seqs * shape.num_kv_heads, num_sms, resident, Tr::kMaxWarps);
+  p.max_splits = static_cast<int>(plan.splits);
+  // The kernel recomputes each sequence's split count from its own length with this partition.
+  p.partition_size = static_cast<int>(plan.partition);
+  at::Tensor partial_out, partial_stats;
+  if (plan.splits > 1) {
+    const auto f32 = query.options().dtype(at::kFloat);
+    partial_out = at::empty({num_seqs, shape.num_heads, plan.splits, shape.head_size}, f32);
+    partial_stats = at::empty({2, num_seqs, shape.num_heads, plan.splits}, f32);
+    p.partial_out = partial_out.data_ptr<float>();
+    p.partial_max = partial_stats[0].data_ptr<float>();
+    p.partial_sum = partial_stats[1].data_ptr<float>();
+  }
+  const dim3 grid(shape.num_kv_heads, num_seqs, plan.splits);
+  kernel<<<grid, 32 * plan.warps, Tr::smem_bytes(plan.warps), stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (plan.splits > 1 && !p.fused_merge) {
+    DecodeParams r{};
+    r.out = p.out;
+    r.seq_lens = p.seq_lens;
+    r.partial_out = p.partial_out;
+    r.partial_max = p.partial_max;
+    r.partial_sum = p.partial_sum;
+    r.out_stride = p.out_stride;
+    r.num_heads = p.num_heads;
+    r.max_splits = p.max_splits;
+    r.partition_size = p.partition_size;
+    r.sliding_window = p.sliding_window;
+    const int reduce_smem = static_cast<int>(plan.splits * sizeof(float));
+    paged_decode_reduce_kernel<T, H><<<dim3(shape.num_heads, num_seqs), H * kReduceGroups, reduce_smem, stream>>>(r);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+}
+
+}  // namespace
+
+void paged_decode_attention_v8(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
+                               const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t max_seq_len,
+                               double scale, int64_t sliding_window, at::Tensor& tickets, bool fused_merge) {
+  const char* op = "paged_decode_attention_v8";
+  const auto shape = check_decode(out, query, kv_cache, block_tables, seq_lens, max_seq_len, op);
+  const int64_t num_seqs = query.size(0);
+  check_cuda(tickets, "tickets");
+  TORCH_CHECK(tickets.scalar_type() == at::kInt && tickets.is_contiguous() &&
+                  tickets.numel() >= num_seqs * shape.num_kv_heads,
+              op, ": tickets must be a contiguous int32 tensor of at least num_seqs * num_kv_heads zeros");
+  if (num_seqs == 0) return;
+  const at::cuda::OptionalCUDAGuard guard(query.device());
+  TORCH_CHECK(at::cuda::getCurrentDeviceProperties()->major >= 8, op,
+              ": needs SM80 or newer (the v6 kernel serves older GPUs)");
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  const int64_t span = decode_span(max_seq_len, sliding_window);
+  const int64_t group = shape.num_heads / shape.num_kv_heads;
+
+  DecodeV8Params p{};
+  p.out = out.data_ptr();
+  p.query = query.data_ptr();
+  p.key_cache = kv_cache[0].data_ptr();
+  p.value_cache = kv_cache[1].data_ptr();
+  p.block_tables = block_tables.data_ptr<int>();
+  p.seq_lens = seq_lens.data_ptr<int>();
+  p.tickets = tickets.data_ptr<int>();
+  p.query_stride = query.stride(0);
+  p.out_stride = out.stride(0);
+  p.num_heads = shape.num_heads;
+  p.num_kv_heads = shape.num_kv_heads;
+  p.max_blocks_per_seq = block_tables.size(1);
+  p.sliding_window = sliding_window > 0 ? sliding_window : 0;
+  p.scale_log2 = static_cast<float>(scale * 1.4426950408889634 /* log2(e) */);
+  p.fused_merge = fused_merge ? 1 : 0;
+
+  dispatch_dtype(query.scalar_type(), op, [&](auto t) {
+    using T = decltype(t);
+    dispatch_head_size(shape.head_size, op, [&](auto h) {
+      constexpr int H = decltype(h)::value;
+      if (group <= 8) {
+        launch_decode_v8<T, H, 1>(p, query, shape, num_seqs, span, stream);
+      } else {
+        launch_decode_v8<T, H, 2>(p, query, shape, num_seqs, span, stream);
       }
     });
   });

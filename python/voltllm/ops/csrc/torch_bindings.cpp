@@ -15,11 +15,20 @@ void paged_prefill_attention(at::Tensor& out, const at::Tensor& query, const at:
                              const at::Tensor& query_start_loc, int64_t num_row_tiles, double scale,
                              int64_t sliding_window);
 int64_t prefill_block_m();
+void paged_decode_attention_v8(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
+                               const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t max_seq_len,
+                               double scale, int64_t sliding_window, at::Tensor& tickets, bool fused_merge);
+void paged_prefill_attention_v8(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
+                                const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                                const at::Tensor& query_start_loc, int64_t num_row_tiles, double scale,
+                                int64_t sliding_window);
+int64_t prefill_block_m_v8(int64_t head_size);
 void rms_norm(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight, double eps);
 void fused_add_rms_norm(at::Tensor& input, at::Tensor& residual, const at::Tensor& weight, double eps);
 void rotary_embedding(const at::Tensor& positions, at::Tensor& query, const std::optional<at::Tensor>& key,
                       const at::Tensor& cos_sin_cache, int64_t head_size, bool is_neox);
 void silu_and_mul(at::Tensor& out, const at::Tensor& input);
+void gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
 }  // namespace voltllm
 
 TORCH_LIBRARY(voltllm_C, m) {
@@ -31,20 +40,32 @@ TORCH_LIBRARY(voltllm_C, m) {
       "paged_prefill_attention(Tensor(a!) out, Tensor query, Tensor kv_cache, Tensor block_tables, "
       "Tensor seq_lens, Tensor query_start_loc, int num_row_tiles, float scale, int sliding_window) -> ()");
   m.def("prefill_block_m() -> int", &voltllm::prefill_block_m);
+  m.def(
+      "paged_decode_attention_v8(Tensor(a!) out, Tensor query, Tensor kv_cache, Tensor block_tables, "
+      "Tensor seq_lens, int max_seq_len, float scale, int sliding_window, Tensor(b!) tickets, "
+      "bool fused_merge) -> ()");
+  m.def(
+      "paged_prefill_attention_v8(Tensor(a!) out, Tensor query, Tensor kv_cache, Tensor block_tables, "
+      "Tensor seq_lens, Tensor query_start_loc, int num_row_tiles, float scale, int sliding_window) -> ()");
+  m.def("prefill_block_m_v8(int head_size) -> int", &voltllm::prefill_block_m_v8);
   m.def("rms_norm(Tensor(a!) out, Tensor input, Tensor weight, float eps) -> ()");
   m.def("fused_add_rms_norm(Tensor(a!) input, Tensor(b!) residual, Tensor weight, float eps) -> ()");
   m.def(
       "rotary_embedding(Tensor positions, Tensor(a!) query, Tensor(b!)? key, Tensor cos_sin_cache, "
       "int head_size, bool is_neox) -> ()");
   m.def("silu_and_mul(Tensor(a!) out, Tensor input) -> ()");
+  m.def("gemv(Tensor(a!) out, Tensor x, Tensor weight, Tensor? bias) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(voltllm_C, CUDA, m) {
   m.impl("kv_cache_write", &voltllm::kv_cache_write);
   m.impl("paged_decode_attention", &voltllm::paged_decode_attention);
   m.impl("paged_prefill_attention", &voltllm::paged_prefill_attention);
+  m.impl("paged_decode_attention_v8", &voltllm::paged_decode_attention_v8);
+  m.impl("paged_prefill_attention_v8", &voltllm::paged_prefill_attention_v8);
   m.impl("rms_norm", &voltllm::rms_norm);
   m.impl("fused_add_rms_norm", &voltllm::fused_add_rms_norm);
   m.impl("rotary_embedding", &voltllm::rotary_embedding);
   m.impl("silu_and_mul", &voltllm::silu_and_mul);
+  m.impl("gemv", &voltllm::gemv);
 }
