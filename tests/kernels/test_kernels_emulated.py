@@ -1,0 +1,253 @@
+"""The v8 attention kernels' exact CUDA source, run on the CPU through the emulator in tests/kernels/emu.
+
+`emu/harness.cpp` compiles the kernel headers with g++ against `emu/cuda_emu.h`, which runs every
+thread of a block as a fiber and implements mma.sync m16n8k16, ldmatrix, cp.async, shuffles and
+barriers as the PTX ISA documents them. Blocks and threads run in seeded random orders, cp.async
+copies land only when waited for, and shared memory starts as garbage, so ordering mistakes show up as
+wrong results. Outputs start as NaN; each case compares against `paged_attention_ref`.
+
+This is what proves the v8 index arithmetic without a GPU; the GPU tests (test_kernels_cuda.py) prove
+the same kernels on hardware.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import math
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from voltllm import ops
+
+HERE = Path(__file__).resolve().parent
+CSRC = HERE.parents[1] / "python" / "voltllm" / "ops" / "csrc"
+EMU = HERE / "emu"
+LOG2E = 1.4426950408889634
+# fp16 / bf16 rounding of P and of the output, as for the GPU tests.
+REL_TOL = {torch.float16: 4e-3, torch.bfloat16: 2e-2}
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to build the kernel emulator")
+
+
+@pytest.fixture(scope="module")
+def emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    sources = sorted([*EMU.rglob("*.h"), *EMU.rglob("*.cpp"), *CSRC.glob("*.cuh")])
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:16]
+    lib = tmp_path_factory.mktemp("emu") / f"harness-{digest}.so"
+    cmd = [
+        "g++", "-std=c++17", "-O1", "-fPIC", "-shared", "-Wno-unknown-pragmas",
+        f"-I{EMU / 'include'}", f"-I{EMU}", f"-I{CSRC}", str(EMU / "harness.cpp"), "-o", str(lib),
+    ]  # fmt: skip
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return ctypes.CDLL(str(lib))
+
+
+def _ptr(t: torch.Tensor | None) -> ctypes.c_void_p:
+    return ctypes.c_void_p(t.data_ptr() if t is not None else None)
+
+
+class Paged:
+    """A random paged batch on the CPU: shuffled blocks; optionally NaN in every slot no sequence owns."""
+
+    def __init__(
+        self,
+        query_lens: list[int],
+        seq_lens: list[int],
+        num_kv_heads: int,
+        group: int,
+        head: int,
+        dtype: torch.dtype,
+        seed: int,
+        poison: bool = False,
+    ) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        rng = random.Random(seed)
+        self.query_lens, self.seq_lens = query_lens, seq_lens
+        self.num_kv_heads, self.num_heads, self.head = num_kv_heads, num_kv_heads * group, head
+        blocks = [-(-s // 16) for s in seq_lens]
+        num_blocks = sum(blocks) + 3
+        perm = list(range(num_blocks))
+        rng.shuffle(perm)
+        self.tables = torch.zeros(len(seq_lens), max(blocks) + 2, dtype=torch.int32)
+        used = 0
+        for i, n in enumerate(blocks):
+            self.tables[i, :n] = torch.tensor(perm[used : used + n])
+            used += n
+        self.kv = torch.randn(2, num_blocks, 16, num_kv_heads, head, generator=gen).to(dtype)
+        if poison:
+            owned = torch.zeros(num_blocks * 16, dtype=torch.bool)
+            for i, s in enumerate(seq_lens):
+                for pos in range(s):
+                    owned[int(self.tables[i, pos // 16]) * 16 + pos % 16] = True
+            self.kv.view(2, num_blocks * 16, -1)[:, ~owned] = float("nan")
+        self.query = torch.randn(sum(query_lens), self.num_heads, head, generator=gen).to(dtype)
+        self.out = torch.full_like(self.query, float("nan"))
+        self.seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32)
+        self.scale = 1 / math.sqrt(head)
+        self.bf16 = int(dtype == torch.bfloat16)
+
+    def rel_err(self, window: int | None = None) -> float:
+        ref = ops.paged_attention_ref(
+            self.query, self.kv, self.tables, self.query_lens, self.seq_lens, self.scale, window
+        )
+        assert torch.isfinite(self.out).all(), "output has NaN/inf: an element was not written"
+        return float((self.out.double() - ref.double()).norm() / ref.double().norm())
+
+
+# ---------------------------------------------------------------- decode
+
+
+def run_decode(
+    emu: ctypes.CDLL,
+    b: Paged,
+    warps: int,
+    partition: int | None = None,
+    window: int = 0,
+    fused: bool = True,
+    seed: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One v8 decode launch; returns the tickets and the split partials (out, stats)."""
+    span = max(b.seq_lens) if window == 0 else min(max(b.seq_lens), window + 16)
+    partition = partition or -(-span // 16) * 16
+    splits = -(-span // partition)
+    num_seqs = len(b.seq_lens)
+    partial_out = torch.full((num_seqs, b.num_heads, splits, b.head), float("nan"))
+    partial_max = torch.full((num_seqs, b.num_heads, splits), float("nan"))
+    partial_sum = torch.full((num_seqs, b.num_heads, splits), float("nan"))
+    tickets = torch.zeros(num_seqs * b.num_kv_heads, dtype=torch.int32)
+    k, v = b.kv[0].contiguous(), b.kv[1].contiguous()
+    emu.emu_decode_v8(
+        ctypes.c_int(b.bf16), ctypes.c_int(b.head), _ptr(b.out), _ptr(b.query), _ptr(k), _ptr(v),
+        _ptr(b.tables), _ptr(b.seq_lens_t), _ptr(partial_out), _ptr(partial_max), _ptr(partial_sum),
+        _ptr(tickets), ctypes.c_longlong(b.query.stride(0)), ctypes.c_longlong(b.out.stride(0)),
+        ctypes.c_int(num_seqs), ctypes.c_int(b.num_heads), ctypes.c_int(b.num_kv_heads),
+        ctypes.c_int(b.tables.shape[1]), ctypes.c_int(splits), ctypes.c_int(partition), ctypes.c_int(window),
+        ctypes.c_float(b.scale * LOG2E), ctypes.c_int(int(fused)), ctypes.c_int(warps), ctypes.c_uint(seed),
+    )  # fmt: skip
+    return tickets, partial_out, torch.stack([partial_max, partial_sum])
+
+
+@pytest.mark.parametrize(
+    "head,group,dtype,warps",
+    [
+        (128, 8, torch.float16, 4),
+        (128, 8, torch.float16, 16),
+        (128, 4, torch.bfloat16, 8),
+        (64, 4, torch.float16, 4),
+        (256, 1, torch.float16, 8),
+        (64, 12, torch.float16, 4),  # two 8-head column tiles
+        (128, 16, torch.bfloat16, 8),
+    ],
+)
+def test_decode_v8_unsplit(emu: ctypes.CDLL, head: int, group: int, dtype: torch.dtype, warps: int) -> None:
+    seq_lens = [1, 15, 16, 17, 100, 333]
+    b = Paged([1] * len(seq_lens), seq_lens, 2, group, head, dtype, seed=head + group)
+    run_decode(emu, b, warps)
+    assert b.rel_err() < REL_TOL[dtype]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_decode_v8_split_merge_in_kernel(emu: ctypes.CDLL, seed: int) -> None:
+    """Splits of different sequences finish in a different order for each seed; the last one merges."""
+    seq_lens = [700, 17, 160, 1, 64, 65]
+    b = Paged([1] * len(seq_lens), seq_lens, 2, 8, 128, torch.float16, seed=seed, poison=True)
+    tickets, _, _ = run_decode(emu, b, warps=4, partition=64, seed=seed)
+    assert b.rel_err() < REL_TOL[torch.float16]
+    assert torch.equal(tickets, torch.zeros_like(tickets))  # reset for the next call / graph replay
+
+
+def test_decode_v8_split_partials_for_the_reduce_kernel(emu: ctypes.CDLL) -> None:
+    """With fused_merge off the kernel leaves v6-layout partials: merging them gives the attention."""
+    seq_lens = [500, 17, 129]
+    b = Paged([1] * 3, seq_lens, 2, 8, 64, torch.float16, seed=4)
+    tickets, partial_out, stats = run_decode(emu, b, warps=4, partition=128, fused=False)
+    assert torch.equal(tickets, torch.zeros_like(tickets))
+    split_seqs = [i for i, s in enumerate(seq_lens) if s > 128]
+    assert torch.isnan(b.out[split_seqs]).all()  # split sequences are left to the reduce kernel
+    for i in split_seqs:
+        n = -(-seq_lens[i] // 128)
+        maxima, sums = stats[0, i, :, :n], stats[1, i, :, :n]
+        w = sums * torch.exp2(maxima - maxima.max(dim=-1, keepdim=True).values)
+        b.out[i] = ((w[..., None] * partial_out[i, :, :n]).sum(1) / w.sum(-1, keepdim=True)).to(b.out.dtype)
+    assert b.rel_err() < REL_TOL[torch.float16]
+
+
+@pytest.mark.parametrize("window", [1, 37, 100])
+def test_decode_v8_sliding_window(emu: ctypes.CDLL, window: int) -> None:
+    seq_lens = [1, 50, 300, 301, 90]
+    b = Paged([1] * 5, seq_lens, 1, 8, 128, torch.float16, seed=window)
+    tickets, _, _ = run_decode(emu, b, warps=8, partition=32, window=window)
+    assert b.rel_err(window) < REL_TOL[torch.float16]
+    assert not tickets.any()
+
+
+def test_decode_v8_plan(emu: ctypes.CDLL) -> None:
+    def plan(span: int, base: int, sms: int, resident: tuple[int, int, int], max_warps: int = 16):
+        out = (ctypes.c_longlong * 3)()
+        sizes = (ctypes.c_longlong(span), ctypes.c_longlong(base), ctypes.c_longlong(sms))
+        emu.emu_plan_decode_v8(*sizes, *resident, max_warps, out)
+        return tuple(out)
+
+    # H200, head 128, group 8: 16-warp blocks fit once per SM, 8-warp twice, 4-warp four times.
+    resident = (4, 2, 1)
+    assert plan(32768, 4, 132, resident) == (16, 33, 1008)  # 1 x 32k: one wave of 16-warp blocks
+    assert plan(8192, 64, 132, resident) == (16, 2, 4096)  # 16 x 8k
+    assert plan(4096, 256, 132, resident) == (8, 1, 4096)  # 64 x 4k: one wave of 8-warp blocks
+    assert plan(1024, 1024, 132, resident) == (4, 1, 1024)  # 256 x 1k: many waves, smallest blocks
+    assert plan(1, 4, 132, resident) == (16, 1, 16)  # a one-token context is never split
+    assert plan(32768, 4, 132, resident, max_warps=8) == (8, 64, 512)  # launch bounds cap the block
+    assert plan(32768, 4, 132, (4, 2, 0)) == (8, 64, 512)  # 16 warps do not fit at all
+
+
+# ---------------------------------------------------------------- prefill
+
+
+def run_prefill(emu: ctypes.CDLL, b: Paged, window: int = 0, seed: int = 1) -> None:
+    block_m = emu.emu_prefill_v8_block_m(b.head)
+    assert block_m == ops.attention.PREFILL_V8_BLOCK_M[b.head]
+    starts = [0]
+    for q in b.query_lens:
+        starts.append(starts[-1] + q)
+    qsl = torch.tensor(starts, dtype=torch.int32)
+    cu_tiles = torch.zeros(len(b.seq_lens) + 1, dtype=torch.int32)
+    k, v = b.kv[0].contiguous(), b.kv[1].contiguous()
+    emu.emu_prefill_v8(
+        ctypes.c_int(b.bf16), ctypes.c_int(b.head), _ptr(b.out), _ptr(b.query), _ptr(k), _ptr(v),
+        _ptr(b.tables), _ptr(b.seq_lens_t), _ptr(qsl), _ptr(cu_tiles), ctypes.c_longlong(b.query.stride(0)),
+        ctypes.c_longlong(b.out.stride(0)), ctypes.c_int(len(b.seq_lens)), ctypes.c_int(b.num_heads),
+        ctypes.c_int(b.num_kv_heads), ctypes.c_int(b.tables.shape[1]), ctypes.c_int(window),
+        ctypes.c_float(b.scale * LOG2E),
+        ctypes.c_int(ops.attention.prefill_row_tiles(b.query_lens, block_m)), ctypes.c_uint(seed),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "query_lens,seq_lens,head,group,dtype",
+    [
+        ([1], [1], 128, 1, torch.float16),
+        ([17], [17], 128, 2, torch.float16),
+        ([130], [130], 128, 1, torch.float16),  # two row tiles, the second one partial
+        ([100, 1, 33], [300, 50, 33], 64, 2, torch.float16),  # prefix hit, decode row, fresh prefill
+        ([70, 1, 33], [200, 50, 33], 256, 1, torch.bfloat16),
+        ([40, 9], [40, 200], 128, 4, torch.bfloat16),
+    ],
+)
+def test_prefill_v8(
+    emu: ctypes.CDLL, query_lens: list[int], seq_lens: list[int], head: int, group: int, dtype: torch.dtype
+) -> None:
+    b = Paged(query_lens, seq_lens, 1, group, head, dtype, seed=sum(seq_lens), poison=True)
+    run_prefill(emu, b)
+    assert b.rel_err() < REL_TOL[dtype]
+
+
+@pytest.mark.parametrize("window", [1, 37, 128])
+def test_prefill_v8_sliding_window(emu: ctypes.CDLL, window: int) -> None:
+    b = Paged([150, 1, 33], [300, 50, 33], 1, 2, 128, torch.float16, seed=window)
+    run_prefill(emu, b, window=window, seed=window)
+    assert b.rel_err(window) < REL_TOL[torch.float16]
