@@ -8,8 +8,12 @@ Prints one table:
     (fp16, causal, 32 heads, head 128); target >= 1.0x;
   * fused ops against the unfused torch sequence they replace; target >= 2x each.
 
+Every attention kernel variant gets its own rows in the one table (the default is marked), with the
+baselines measured once in the same run; `vs v6` is each variant's relative difference from v6's output
+on the same inputs (a sanity check, not a timing).
+
 Times are medians of CUDA-event timings after warm-up; inputs rotate over several buffers where one
-input set would fit in L2. Usage: python benches/kernels.py [--json results.json]
+input set would fit in L2. Usage: python benches/kernels.py [--json results.json] [--only attention]
 """
 
 from __future__ import annotations
@@ -28,6 +32,13 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
 
 from voltllm import ops  # noqa: E402
+from voltllm.ops.attention import (  # noqa: E402
+    DECODE_VARIANTS,
+    DEFAULT_DECODE_VARIANT,
+    DEFAULT_PREFILL_VARIANT,
+    PREFILL_VARIANTS,
+    runs_v8,
+)
 from voltllm.ops.build import load  # noqa: E402
 
 DEVICE = "cuda"
@@ -59,7 +70,15 @@ def copy_bandwidth() -> float:
     return 2 * n / (ms * 1e-3)
 
 
-def decode_case(batch: int, ctx: int, copy_bw: float) -> dict:
+def _label(variant: str, default: str) -> str:
+    return f"{variant} (default)" if variant == default else variant
+
+
+def _diff(out: torch.Tensor, base: torch.Tensor) -> float:
+    return float((out.double() - base.double()).norm() / base.double().norm())
+
+
+def decode_case(batch: int, ctx: int, copy_bw: float) -> list[dict]:
     num_heads, num_kv_heads, head = 32, 4, 128
     blocks_per_seq = ctx // 16
     kv_bytes = 2 * batch * ctx * num_kv_heads * head * 2
@@ -77,29 +96,43 @@ def decode_case(batch: int, ctx: int, copy_bw: float) -> dict:
     seq_lens_cpu = [ctx] * batch
     out = torch.empty_like(query)
     scale = 1 / math.sqrt(head)
+    rows = []
+    base_out = None
+    for variant in DECODE_VARIANTS:
 
-    def run(i: int) -> None:
-        ops.paged_decode_attention(query, kv_cache, tables[i % sets], seq_lens, seq_lens_cpu, scale, out=out)
+        def run(i: int, variant: str = variant) -> None:
+            ops.paged_decode_attention(
+                query, kv_cache, tables[i % sets], seq_lens, seq_lens_cpu, scale, out=out, variant=variant
+            )
 
-    eager_ms = time_ms(run, iters=8 * sets)
-    # Decode steps run as CUDA graphs in the engine; replaying one measures the GPU, not Python.
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for s in range(sets):
-            run(s)
-    ms = time_ms(lambda i: graph.replay(), iters=8) / sets
-    bw = kv_bytes / (ms * 1e-3)
-    return {
-        "case": f"decode {batch}x{ctx}",
-        "ms": ms,
-        "eager ms": eager_ms,
-        "GB/s": bw / 1e9,
-        "ratio": bw / copy_bw,
-        "target": 0.70,
-    }
+        eager_ms = time_ms(run, iters=8 * sets)
+        # Decode steps run as CUDA graphs in the engine; replaying one measures the GPU, not Python.
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for s in range(sets):
+                run(s)
+        ms = time_ms(lambda i, g=graph: g.replay(), iters=8) / sets
+        run(0)
+        result = out.clone()
+        base_out = result if base_out is None else base_out
+        bw = kv_bytes / (ms * 1e-3)
+        rows.append(
+            {
+                "case": f"decode {batch}x{ctx}",
+                "variant": _label(variant, DEFAULT_DECODE_VARIANT),
+                "ms": ms,
+                "eager ms": eager_ms,
+                "GB/s": bw / 1e9,
+                "ratio": bw / copy_bw,
+                "target": 0.70,
+                "vs v6": _diff(result, base_out),
+            }
+        )
+        del graph
+    return rows
 
 
-def prefill_case(batch: int, seq: int) -> dict:
+def prefill_case(batch: int, seq: int) -> list[dict]:
     num_heads, head = 32, 128
     flops = 4 * batch * num_heads * seq * seq * head / 2  # QK^T and PV, causal half
     q = torch.randn(batch, num_heads, seq, head, device=DEVICE, dtype=torch.float16)
@@ -127,23 +160,34 @@ def prefill_case(batch: int, seq: int) -> dict:
     lens = [seq] * batch
     out = torch.empty_like(query)
     scale = 1 / math.sqrt(head)
-
-    def ours(i: int) -> None:
-        ops.paged_prefill_attention(query, kv_cache, perm, seq_lens, qsl, lens, lens, scale, out=out)
-
-    ms = time_ms(ours, iters=5)
     # Same function as SDPA (sanity check of the benchmark itself).
-    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    err = float((out.double() - token_major(ref).double()).norm() / token_major(ref).double().norm())
-    return {
-        "case": f"prefill {batch}x{seq}",
-        "ms": ms,
-        "TFLOP/s": flops / (ms * 1e-3) / 1e12,
-        "base TFLOP/s": flops / (base_ms * 1e-3) / 1e12,
-        "ratio": base_ms / ms,
-        "target": 1.0,
-        "rel_err": err,
-    }
+    ref = token_major(F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    rows = []
+    base_out = None
+    for variant in PREFILL_VARIANTS:
+
+        def ours(i: int, variant: str = variant) -> None:
+            ops.paged_prefill_attention(
+                query, kv_cache, perm, seq_lens, qsl, lens, lens, scale, out=out, variant=variant
+            )
+
+        ms = time_ms(ours, iters=5)
+        result = out.clone()
+        base_out = result if base_out is None else base_out
+        rows.append(
+            {
+                "case": f"prefill {batch}x{seq}",
+                "variant": _label(variant, DEFAULT_PREFILL_VARIANT),
+                "ms": ms,
+                "TFLOP/s": flops / (ms * 1e-3) / 1e12,
+                "base TFLOP/s": flops / (base_ms * 1e-3) / 1e12,
+                "ratio": base_ms / ms,
+                "target": 1.0,
+                "rel_err": _diff(result, ref),
+                "vs v6": _diff(result, base_out),
+            }
+        )
+    return rows
 
 
 def _torch_rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -221,24 +265,33 @@ def fused_cases() -> list[dict]:
 def _ratio(name: str, baseline: Callable[[int], object], fused: Callable[[int], object]) -> dict:
     base_ms = time_ms(baseline)
     ms = time_ms(fused)
-    return {"case": name, "ms": ms, "base ms": base_ms, "ratio": base_ms / ms, "target": 2.0}
+    return {"case": name, "variant": "", "ms": ms, "base ms": base_ms, "ratio": base_ms / ms, "target": 2.0}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--only", choices=("attention", "fused"), help="run one group of rows")
     args = parser.parse_args()
     load()
     name = torch.cuda.get_device_name()
     copy_bw = copy_bandwidth()
-    rows = [decode_case(b, c, copy_bw) for b, c in ((1, 32768), (16, 8192), (64, 4096), (256, 1024))]
-    rows += [prefill_case(8, 2048), prefill_case(1, 16384)]
-    rows += fused_cases()
+    rows: list[dict] = []
+    if args.only != "fused":
+        for b, c in ((1, 32768), (16, 8192), (64, 4096), (256, 1024)):
+            rows += decode_case(b, c, copy_bw)
+        rows += prefill_case(8, 2048) + prefill_case(1, 16384)
+    if args.only != "attention":
+        rows += fused_cases()
+    if runs_v8(torch.device("cuda")):
+        v8 = "v8 = the SM80+ path (mma.sync m16n8k16)"
+    else:
+        v8 = "v8 falls back to v6 on this GPU"
     print(
         f"\nGPU: {name}; torch {torch.__version__}; "
-        f"device copy bandwidth {copy_bw / 1e9:.0f} GB/s (read+write)"
+        f"device copy bandwidth {copy_bw / 1e9:.0f} GB/s (read+write); {v8}"
     )
-    print(f"{'case':<24}{'ms':>9}  {'measure':<34}{'ratio':>8}{'target':>8}  ok")
+    print(f"{'case':<20}{'variant':<15}{'ms':>9}  {'measure':<34}{'ratio':>8}{'target':>8}  ok  {'vs v6':>8}")
     for r in rows:
         if "GB/s" in r:
             measure = f"{r['GB/s']:.0f} GB/s KV (eager {r['eager ms']:.3f} ms)"
@@ -246,8 +299,12 @@ def main() -> None:
             measure = f"{r['TFLOP/s']:.0f} vs SDPA-eff {r['base TFLOP/s']:.0f} TFLOP/s"
         else:
             measure = f"unfused torch {r['base ms']:.3f} ms"
-        ok = "yes" if r["ratio"] >= r["target"] else "NO"
-        print(f"{r['case']:<24}{r['ms']:>9.3f}  {measure:<34}{r['ratio']:>8.2f}{r['target']:>8.2f}  {ok}")
+        ok = "yes" if r["ratio"] >= r["target"] else "NO "
+        diff = f"{r['vs v6']:8.1e}" if "vs v6" in r else ""
+        print(
+            f"{r['case']:<20}{r['variant']:<15}{r['ms']:>9.3f}  {measure:<34}{r['ratio']:>8.2f}"
+            f"{r['target']:>8.2f}  {ok} {diff}"
+        )
     if args.json:
         args.json.write_text(json.dumps({"gpu": name, "copy_GBps": copy_bw / 1e9, "rows": rows}, indent=1))
 

@@ -11,7 +11,18 @@ import torch.nn.functional as F
 from voltllm import ops
 from voltllm.layers.attention.backend import AttentionSpec
 from voltllm.layers.rotary import apply_rotary, compute_inv_freq
-from voltllm.ops.attention import PREFILL_BLOCK_M, attend, gather_context, prefill_row_tiles
+from voltllm.ops.attention import (
+    DECODE_ENV,
+    PREFILL_BLOCK_M,
+    PREFILL_ENV,
+    PREFILL_V8_BLOCK_M,
+    attend,
+    decode_variant,
+    gather_context,
+    prefill_row_tiles,
+    prefill_variant,
+    runs_v8,
+)
 
 
 def _paged(seq_lens: list[int], num_kv_heads: int, head_size: int, gen: torch.Generator):
@@ -131,3 +142,44 @@ def test_rotary_ref_neox_matches_layer_and_gptj_matches_pairwise() -> None:
 def test_prefill_row_tiles() -> None:
     assert PREFILL_BLOCK_M == 64
     assert prefill_row_tiles([1, 64, 65, 0, 128]) == 1 + 1 + 2 + 0 + 2
+
+
+def test_prefill_row_tiles_of_the_v8_blocks() -> None:
+    assert PREFILL_V8_BLOCK_M == {64: 128, 128: 128, 256: 64}
+    assert prefill_row_tiles([1, 128, 129, 0], PREFILL_V8_BLOCK_M[128]) == 1 + 1 + 2 + 0
+    assert prefill_row_tiles([1, 128, 129, 0], PREFILL_V8_BLOCK_M[256]) == 1 + 2 + 3 + 0
+
+
+def test_kernel_variant_selection(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(DECODE_ENV, raising=False)
+    monkeypatch.delenv(PREFILL_ENV, raising=False)
+    assert (decode_variant(), prefill_variant()) == ("v6", "v6")  # v6 stays the default until measured
+    monkeypatch.setenv(DECODE_ENV, "v8")
+    monkeypatch.setenv(PREFILL_ENV, "v8")
+    assert (decode_variant(), prefill_variant()) == ("v8", "v8")
+    assert decode_variant("v8-reduce") == "v8-reduce"  # an argument beats the environment
+    monkeypatch.setenv(PREFILL_ENV, "v7")
+    with pytest.raises(ValueError, match=PREFILL_ENV):
+        prefill_variant()
+    with pytest.raises(ValueError, match="argument"):
+        decode_variant("fast")
+    assert not runs_v8(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("variant", ["v6", "v8", "v8-reduce"])
+def test_every_decode_variant_runs_the_reference_on_cpu(variant: str) -> None:
+    gen = torch.Generator().manual_seed(4)
+    seq_lens = [3, 40]
+    kv_cache, block_tables = _paged(seq_lens, 2, 16, gen)
+    query = torch.randn(2, 8, 16, generator=gen)
+    out = ops.paged_decode_attention(
+        query, kv_cache, block_tables, torch.tensor(seq_lens), seq_lens, 0.25, variant=variant
+    )
+    expected = ops.paged_attention_ref(query, kv_cache, block_tables, [1, 1], seq_lens, 0.25)
+    torch.testing.assert_close(out, expected)
+    qsl = torch.tensor([0, 1, 2], dtype=torch.int32)
+    lens = torch.tensor(seq_lens)
+    out = ops.paged_prefill_attention(
+        query, kv_cache, block_tables, lens, qsl, [1, 1], seq_lens, 0.25, variant=variant[:2]
+    )
+    torch.testing.assert_close(out, expected)

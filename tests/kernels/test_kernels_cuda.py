@@ -6,6 +6,7 @@ Skipped without a CUDA device (tests/conftest.py).
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import zlib
@@ -15,7 +16,12 @@ import torch
 
 from voltllm import ops
 from voltllm.layers.attention.backend import AttentionMetadata, AttentionSpec
-from voltllm.ops.attention import PREFILL_BLOCK_M
+from voltllm.ops.attention import (
+    DECODE_VARIANTS,
+    PREFILL_BLOCK_M,
+    PREFILL_V8_BLOCK_M,
+    PREFILL_VARIANTS,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -132,22 +138,40 @@ DECODE_CASES = [
 ] + [("mixed", head, group) for head in (64, 128, 256) for group in (1, 4, 8)]
 
 
-@pytest.mark.parametrize("kind,head_size,group", DECODE_CASES)
-@pytest.mark.parametrize("dtype", _dtypes())
-def test_paged_decode_attention(kind: str, head_size: int, group: int, dtype: torch.dtype) -> None:
+@functools.lru_cache(maxsize=2)
+def _decode_case(kind: str, head_size: int, group: int, dtype: torch.dtype):
+    """(seq_lens, batch, reference) of one decode case, shared by the variants that test it in a row."""
     rng = random.Random(zlib.crc32(f"{kind}-{head_size}-{group}".encode()))
     seq_lens = _decode_lens(kind, rng)
     num_kv_heads = 2 if group == 8 else 4
     batch = PagedBatch([1] * len(seq_lens), seq_lens, num_kv_heads * group, num_kv_heads, head_size, dtype, 7)
+    return seq_lens, batch, batch.reference()
+
+
+@pytest.mark.parametrize("variant", DECODE_VARIANTS)
+@pytest.mark.parametrize("kind,head_size,group", DECODE_CASES)
+@pytest.mark.parametrize("dtype", _dtypes())
+def test_paged_decode_attention(
+    kind: str, head_size: int, group: int, dtype: torch.dtype, variant: str
+) -> None:
+    seq_lens, batch, reference = _decode_case(kind, head_size, group, dtype)
     out = torch.full_like(batch.query, float("nan"))
     ops.paged_decode_attention(
-        batch.query, batch.kv_cache, batch.block_tables, batch.seq_lens_t, seq_lens, batch.scale, out=out
+        batch.query,
+        batch.kv_cache,
+        batch.block_tables,
+        batch.seq_lens_t,
+        seq_lens,
+        batch.scale,
+        out=out,
+        variant=variant,
     )
-    assert rel_err(out, batch.reference()) < REL_TOL[dtype]
+    assert rel_err(out, reference) < REL_TOL[dtype]
 
 
+@pytest.mark.parametrize("variant", DECODE_VARIANTS)
 @pytest.mark.parametrize("window", [1, 100, 1000])
-def test_paged_decode_attention_sliding_window(window: int) -> None:
+def test_paged_decode_attention_sliding_window(window: int, variant: str) -> None:
     seq_lens = [1, 50, 999, 1000, 1001, 5000]
     batch = PagedBatch([1] * 6, seq_lens, 16, 4, 128, torch.float16, 11)
     out = torch.full_like(batch.query, float("nan"))
@@ -160,16 +184,61 @@ def test_paged_decode_attention_sliding_window(window: int) -> None:
         batch.scale,
         window,
         out=out,
+        variant=variant,
     )
     assert rel_err(out, batch.reference(window)) < REL_TOL[torch.float16]
 
 
-def test_unowned_cache_slots_never_leak_into_outputs() -> None:
+@pytest.mark.parametrize("variant", DECODE_VARIANTS)
+def test_decode_cuda_graph_replays_with_shorter_sequences(variant: str) -> None:
+    """Captured once with a fixed max_seq_len, replayed with other (shorter) device lengths: each replay
+    is right, and the v8 split tickets are back to zero after every call."""
+    seq_lens = [4000, 100, 1, 2500]
+    batch = PagedBatch([1] * 4, seq_lens, 32, 4, 128, torch.float16, 21)
+    out = torch.full_like(batch.query, float("nan"))
+
+    def step() -> None:
+        ops.paged_decode_attention(
+            batch.query,
+            batch.kv_cache,
+            batch.block_tables,
+            batch.seq_lens_t,
+            seq_lens,
+            batch.scale,
+            out=out,
+            variant=variant,
+        )
+
+    step()  # eager warm-up, as the engine does before capturing
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for lens in ([4000, 100, 1, 2500], [17, 3000, 1, 64], [1, 1, 1, 1], [4000, 4000, 4000, 4000]):
+        batch.seq_lens_t.copy_(torch.tensor(lens, dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        reference = ops.paged_attention_ref(
+            batch.query, batch.kv_cache, batch.block_tables, [1] * 4, lens, batch.scale
+        )
+        assert rel_err(out, reference) < REL_TOL[torch.float16], lens
+    for tickets in ops.attention._tickets_kept:
+        assert not tickets.any()
+
+
+@pytest.mark.parametrize("variant", DECODE_VARIANTS)
+def test_unowned_cache_slots_never_leak_into_outputs(variant: str) -> None:
     seq_lens = [1, 17, 100, 1000, 4097]
     batch = PagedBatch([1] * 5, seq_lens, 32, 4, 128, torch.float16, 13, poison_unused=True)
     out = torch.full_like(batch.query, float("nan"))
     ops.paged_decode_attention(
-        batch.query, batch.kv_cache, batch.block_tables, batch.seq_lens_t, seq_lens, batch.scale, out=out
+        batch.query,
+        batch.kv_cache,
+        batch.block_tables,
+        batch.seq_lens_t,
+        seq_lens,
+        batch.scale,
+        out=out,
+        variant=variant,
     )
     assert rel_err(out, batch.reference()) < REL_TOL[torch.float16]
     query_lens, seq_lens = [1, 30, 7], [1, 50, 300]
@@ -185,6 +254,7 @@ def test_unowned_cache_slots_never_leak_into_outputs() -> None:
         seq_lens,
         batch.scale,
         out=out,
+        variant="v8" if variant.startswith("v8") else "v6",
     )
     assert rel_err(out, batch.reference()) < REL_TOL[torch.float16]
 
@@ -202,16 +272,27 @@ PREFILL_SHAPES = {
 }
 
 
+@functools.lru_cache(maxsize=2)
+def _prefill_case(shape: str, head_size: int, group: int, dtype: torch.dtype):
+    """(batch, reference) of one prefill case, shared by the variants that test it in a row."""
+    query_lens, seq_lens = PREFILL_SHAPES[shape]
+    num_kv_heads = 2
+    batch = PagedBatch(query_lens, seq_lens, num_kv_heads * group, num_kv_heads, head_size, dtype, 3)
+    return batch, batch.reference()
+
+
+@pytest.mark.parametrize("variant", PREFILL_VARIANTS)
 @pytest.mark.parametrize(
     "shape,head_size,group",
     [(s, 128, 4) for s in PREFILL_SHAPES]
     + [("mixed", h, g) for h in (64, 128, 256) for g in (1, 4, 8) if (h, g) != (128, 4)],
 )
 @pytest.mark.parametrize("dtype", _dtypes())
-def test_paged_prefill_attention(shape: str, head_size: int, group: int, dtype: torch.dtype) -> None:
+def test_paged_prefill_attention(
+    shape: str, head_size: int, group: int, dtype: torch.dtype, variant: str
+) -> None:
     query_lens, seq_lens = PREFILL_SHAPES[shape]
-    num_kv_heads = 2
-    batch = PagedBatch(query_lens, seq_lens, num_kv_heads * group, num_kv_heads, head_size, dtype, 3)
+    batch, reference = _prefill_case(shape, head_size, group, dtype)
     out = torch.full_like(batch.query, float("nan"))
     ops.paged_prefill_attention(
         batch.query,
@@ -223,11 +304,13 @@ def test_paged_prefill_attention(shape: str, head_size: int, group: int, dtype: 
         seq_lens,
         batch.scale,
         out=out,
+        variant=variant,
     )
-    assert rel_err(out, batch.reference()) < REL_TOL[dtype]
+    assert rel_err(out, reference) < REL_TOL[dtype]
 
 
-def test_paged_prefill_many_sequences_and_window() -> None:
+@pytest.mark.parametrize("variant", PREFILL_VARIANTS)
+def test_paged_prefill_many_sequences_and_window(variant: str) -> None:
     rng = random.Random(5)
     query_lens = [rng.randint(1, 200) for _ in range(64)]
     seq_lens = [q + rng.randint(0, 500) for q in query_lens]
@@ -245,6 +328,7 @@ def test_paged_prefill_many_sequences_and_window() -> None:
             batch.scale,
             window,
             out=out,
+            variant=variant,
         )
         assert rel_err(out, batch.reference(window)) < REL_TOL[torch.float16], window
 
@@ -252,11 +336,17 @@ def test_paged_prefill_many_sequences_and_window() -> None:
 # ---------------------------------------------------------------- backend
 
 
+@pytest.mark.parametrize("variant", ["v6", "v8"])
 @pytest.mark.parametrize("decode", [True, False])
-def test_sm70_backend_matches_torch_backend(decode: bool) -> None:
+def test_sm70_backend_matches_torch_backend(
+    decode: bool, variant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The backend picks its kernels from the environment, as a server started with the variables would."""
     from voltllm.layers.attention.sm70 import SM70AttentionBackend
     from voltllm.layers.attention.torch_ref import TorchAttentionBackend
 
+    monkeypatch.setenv(ops.attention.DECODE_ENV, variant)
+    monkeypatch.setenv(ops.attention.PREFILL_ENV, variant)
     query_lens = [1] * 9 if decode else [1, 40, 1, 200, 3]
     seq_lens = [1, 16, 17, 100, 555, 2000, 31, 64, 65] if decode else [20, 40, 300, 1200, 3]
     batch = PagedBatch(query_lens, seq_lens, 16, 2, 128, torch.float16, 9)
@@ -350,3 +440,9 @@ def test_bad_input_raises_clear_errors() -> None:
             batch.query, batch.kv_cache, batch.block_tables, batch.seq_lens_t, [10_000], batch.scale
         )
     assert torch.ops.voltllm_C.prefill_block_m() == PREFILL_BLOCK_M
+    for head_size, block_m in PREFILL_V8_BLOCK_M.items():
+        assert torch.ops.voltllm_C.prefill_block_m_v8(head_size) == block_m
+    with pytest.raises(ValueError, match="unknown kernel variant"):
+        ops.paged_decode_attention(
+            batch.query, batch.kv_cache, batch.block_tables, batch.seq_lens_t, [20], 0.1, variant="v7"
+        )
