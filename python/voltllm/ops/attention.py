@@ -250,7 +250,9 @@ def paged_prefill_attention(
         out = torch.empty_like(query)
     if name == "v8" and runs_v8(query.device):
         op = kernel_ops().paged_prefill_attention_v8
-        row_tiles = prefill_row_tiles(query_lens_cpu, PREFILL_V8_BLOCK_M[query.shape[-1]])
+        # An unsupported head size gets the glue's error, not a KeyError here.
+        block_m = PREFILL_V8_BLOCK_M.get(query.shape[-1], PREFILL_BLOCK_M)
+        row_tiles = prefill_row_tiles(query_lens_cpu, block_m)
     else:
         op = kernel_ops().paged_prefill_attention
         row_tiles = prefill_row_tiles(query_lens_cpu)
