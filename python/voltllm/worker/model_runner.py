@@ -266,7 +266,7 @@ class ModelRunner:
         self, size: int
     ) -> tuple[torch.Tensor, torch.Tensor, Callable[[], AttentionMetadata]]:
         """Buffers holding `size` padding decodes, and the metadata builder a graph of that size captures."""
-        self._stage_padding(0, size)
+        self._stage_padding(self.buffers.host_views(size, size), 0)
         self.block_table.sync_to_device()
         ids, positions, slots, query_start_loc, seq_lens, rows = self.buffers.upload(size, size)
 
@@ -286,13 +286,13 @@ class ModelRunner:
 
         return ids, positions, build_metadata
 
-    def _stage_padding(self, first: int, size: int) -> None:
-        """Fill staged decode entries [first, size) with padding (and the offsets of all `size`)."""
-        ids, positions, slots, query_start_loc, seq_lens, rows = self.buffers.host_views(size, size)
+    def _stage_padding(self, views: tuple[np.ndarray, ...], first: int) -> None:
+        """Fill staged decode entries from `first` on with padding (and every query offset)."""
+        ids, positions, slots, query_start_loc, seq_lens, rows = views
         ids[first:] = 0
         positions[first:] = 0
         slots[first:] = PAD_SLOT
-        query_start_loc[:] = np.arange(size + 1)
+        query_start_loc[:] = np.arange(len(query_start_loc))
         seq_lens[first:] = 1
         rows[first:] = self.block_table.pad_row
 
@@ -388,12 +388,10 @@ class ModelRunner:
         graph_size = None
         if pure_decode and self.graphs is not None and len(sampling) == num_seqs:
             graph_size = self.graphs.bucket_for(num_seqs)
-        padded = graph_size or 0
+        views = self.buffers.host_views(graph_size or num_tokens, graph_size or num_seqs)
         if graph_size is not None:
-            self._stage_padding(num_seqs, graph_size)
-        ids, positions, slots, query_start_loc, seq_lens, rows = self.buffers.host_views(
-            padded or num_tokens, padded or num_seqs
-        )
+            self._stage_padding(views, num_seqs)
+        ids, positions, slots, query_start_loc, seq_lens, rows = views
         if pure_decode:
             ids[:num_tokens] = [s.token_ids[s.num_computed_tokens] for s in states]
             positions[:num_tokens] = starts
@@ -417,11 +415,10 @@ class ModelRunner:
         slots[:num_tokens] = blocks * self.block_size + pos % self.block_size
         seq_lens[:num_seqs] = starts + lens
         max_seq_len = int(seq_lens[:num_seqs].max())
+        self.block_table.sync_to_device()
         if graph_size is not None:
-            self.block_table.sync_to_device()
             self.buffers.upload(graph_size, graph_size)
             return _StepInputs(None, None, None, None, sampling_req_ids, graph_size)
-        self.block_table.sync_to_device()
         logits_rows = query_start_loc[1 : num_seqs + 1][sampling] - 1
         ids_d, positions_d, slots_d, qsl_d, seq_lens_d, rows_d = self.buffers.upload(num_tokens, num_seqs)
         width = -(-max_seq_len // self.block_size)

@@ -23,14 +23,16 @@ class _Staged:
     of the host buffer and uploads them with one contiguous asynchronous copy.
 
     The layout depends only on the packed sizes, so a CUDA graph captured for one size finds its
-    inputs at the same device addresses on every replay of that size.
+    inputs at the same device addresses on every replay of that size. Slices are cached per size:
+    creating tensor views costs microseconds, and a decode step's host budget is tens of them.
     """
 
     def __init__(self, capacity: int, dtype: torch.dtype, device: torch.device) -> None:
         self.device = device
         self.dtype = dtype
+        self._uploaded = torch.cuda.Event() if device.type == "cuda" else None
+        self._upload_in_flight = False
         self._resize(capacity)
-        self._uploaded: torch.cuda.Event | None = None
 
     def _resize(self, capacity: int) -> None:
         self.capacity = capacity
@@ -39,24 +41,30 @@ class _Staged:
         self.dev = (
             self._host if self.device.type == "cpu" else torch.zeros_like(self._host, device=self.device)
         )
+        self._slices: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def writable(self, size: int) -> np.ndarray:
         """The host buffer, once the previous upload has read it (usually long done), grown to `size`."""
-        if self._uploaded is not None:
+        if self._upload_in_flight:
             self._uploaded.synchronize()
+            self._upload_in_flight = False
         if size > self.capacity:
             self._resize(max(size, 2 * self.capacity))
         return self.host
 
     def upload(self, size: int) -> torch.Tensor:
         """Send the first `size` elements to the device; returns their device view."""
-        if self.device.type == "cpu":
-            return self.dev[:size]
-        self.dev[:size].copy_(self._host[:size], non_blocking=True)
-        if self._uploaded is None:
-            self._uploaded = torch.cuda.Event()
-        self._uploaded.record()
-        return self.dev[:size]
+        slices = self._slices.get(size)
+        if slices is None:
+            if len(self._slices) > 256:
+                self._slices.clear()
+            slices = self._slices[size] = (self.dev[:size], self._host[:size])
+        dev, host = slices
+        if self.device.type != "cpu":
+            dev.copy_(host, non_blocking=True)
+            self._uploaded.record()
+            self._upload_in_flight = True
+        return dev
 
 
 class BlockTable:
@@ -132,6 +140,7 @@ class StepBuffers:
     def __init__(self, max_tokens: int, max_seqs: int, device: torch.device) -> None:
         self.tokens = _Staged(3 * max_tokens, torch.int64, device)
         self.seqs = _Staged(3 * max_seqs + 1, torch.int32, device)
+        self._views: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
 
     def host_views(self, num_tokens: int, num_seqs: int) -> tuple[np.ndarray, ...]:
         """Writable host arrays: input_ids, positions, slots, query_start_loc, seq_lens, table_rows."""
@@ -152,6 +161,18 @@ class StepBuffers:
         t, s = num_tokens, num_seqs
         tok = self.tokens.upload(3 * t)
         seq = self.seqs.upload(3 * s + 1)
+        if tok.device.type == "cpu":
+            # Fresh view objects each step: the torch rotary path caches cos/sin per positions object.
+            return self._device_views(tok, seq, t, s)
+        views = self._views.get((t, s))
+        if views is None:
+            if len(self._views) > 256:
+                self._views.clear()
+            views = self._views[(t, s)] = self._device_views(tok, seq, t, s)
+        return views
+
+    @staticmethod
+    def _device_views(tok: torch.Tensor, seq: torch.Tensor, t: int, s: int) -> tuple[torch.Tensor, ...]:
         return (
             tok[:t],
             tok[t : 2 * t],

@@ -1,21 +1,23 @@
-// Skinny matrix product for decode: out[m, n] = sum_k x[m, k] * weight[n, k] (+ bias[n]) for a few rows m.
+// Skinny matrix product for decode: out[m, n] = sum_k x[m, k] * weight[n, k] (+ bias[n]) for one or two
+// rows m, optionally with the gated-MLP activation folded into the input (x = silu(gate) * up).
 //
-// At batch sizes of a few tokens a linear layer is a matrix-vector product bound by reading the weight
-// once; general GEMM kernels tile for reuse that is not there and reach a fraction of the bandwidth on
-// such shapes. Here each warp owns one output feature n: its lanes stream the weight row with 16-byte
-// loads (all of a chunk issued before any is used, to keep bytes in flight), multiply by the matching
-// slice of every x row (small, shared by all warps, so it is served from cache), accumulate in fp32,
-// and reduce across the warp. Plain CUDA cores: nothing here needs tensor cores, so it is the same
-// code on Volta.
+// At batch sizes of a token or two a linear layer is a matrix-vector product bound by reading the
+// weight once; general GEMM kernels tile for reuse that is not there. Here each warp owns one output
+// feature n: its lanes issue all the 16-byte loads of a chunk of the weight row and of the matching x
+// slices before using any (one memory round trip per chunk), accumulate in fp32, and reduce across the
+// warp. x is small and read by every warp, so it is served from cache. With GATED, x is the gate/up
+// projection's output [gate | up] (2k wide) and silu(gate) * up is formed on the fly, which saves the
+// activation kernel and its round trip through memory. Plain CUDA cores: the same code on Volta.
 #pragma once
 
+#include "activation.cuh"
 #include "common.cuh"
 
 namespace voltllm {
 
 struct GemvParams {
   void* out;           // [rows, n], rows out_stride apart
-  const void* x;       // [rows, k], rows x_stride apart
+  const void* x;       // [rows, k] (or [rows, 2k] = [gate | up] when gated), rows x_stride apart
   const void* weight;  // [n, k], contiguous
   const void* bias;    // [n] or nullptr
   long long out_stride;
@@ -25,12 +27,30 @@ struct GemvParams {
   int k;  // a multiple of 8
 };
 
-constexpr int kGemvWarps = 4;   // output features per thread block
-constexpr int kGemvUnroll = 4;  // 16-byte weight loads each lane has in flight
+constexpr int kGemvWarps = 4;  // output features per thread block
 
-// grid: ceil(n / kGemvWarps), block: 32 * kGemvWarps. ROWS is the most x rows handled (1, 2, 4 or 8).
-template <typename T, int ROWS>
+template <typename T>
+__device__ __forceinline__ uint4 load16(const T* ptr) {
+  return *reinterpret_cast<const uint4*>(ptr);
+}
+
+template <typename T>
+__device__ __forceinline__ void to_floats(uint4 raw, float (&v)[8]) {
+  Vec8<T> vec;
+  vec.raw = raw;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = DType<T>::to_float2(vec.pair[i]);
+    v[2 * i] = f.x;
+    v[2 * i + 1] = f.y;
+  }
+}
+
+// grid: ceil(n / kGemvWarps), block: 32 * kGemvWarps. ROWS is the most x rows handled (1 or 2).
+template <typename T, int ROWS, bool GATED>
 __global__ void __launch_bounds__(32 * kGemvWarps) gemv_kernel(GemvParams p) {
+  constexpr int kUnroll = ROWS == 1 ? 8 : 4;  // 16-byte weight loads each lane has in flight
+  constexpr int kStep = 32 * 8 * kUnroll;
   const int lane = threadIdx.x & 31;
   const int feature = blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
   if (feature >= p.n) return;
@@ -39,30 +59,45 @@ __global__ void __launch_bounds__(32 * kGemvWarps) gemv_kernel(GemvParams p) {
   float acc[ROWS];
 #pragma unroll
   for (int r = 0; r < ROWS; ++r) acc[r] = 0.f;
-  constexpr int kStep = 32 * 8 * kGemvUnroll;
   for (int base = lane * 8; base < p.k; base += kStep) {
-    float w[kGemvUnroll][8];
+    uint4 w_raw[kUnroll];
+    uint4 x_raw[ROWS][kUnroll];
+    uint4 up_raw[ROWS][GATED ? kUnroll : 1];
 #pragma unroll
-    for (int u = 0; u < kGemvUnroll; ++u) {
-      const int k = base + u * 32 * 8;
-      if (k < p.k) {
-        load_floats(w_row + k, w[u]);
-      } else {
+    for (int u = 0; u < kUnroll; ++u) {
+      const int k = base + u * 256;
+      if (k < p.k) w_raw[u] = load16(w_row + k);
+    }
 #pragma unroll
-        for (int j = 0; j < 8; ++j) w[u][j] = 0.f;
+    for (int r = 0; r < ROWS; ++r) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int k = base + u * 256;
+        if (k < p.k && r < p.rows) {
+          x_raw[r][u] = load16(x + r * p.x_stride + k);
+          if constexpr (GATED) up_raw[r][u] = load16(x + r * p.x_stride + p.k + k);
+        }
       }
     }
 #pragma unroll
-    for (int u = 0; u < kGemvUnroll; ++u) {
-      const int k = base + u * 32 * 8;
+    for (int u = 0; u < kUnroll; ++u) {
+      const int k = base + u * 256;
       if (k >= p.k) break;
+      float w[8];
+      to_floats<T>(w_raw[u], w);
 #pragma unroll
       for (int r = 0; r < ROWS; ++r) {
         if (r < p.rows) {
           float xv[8];
-          load_floats(x + r * p.x_stride + k, xv);
+          to_floats<T>(x_raw[r][u], xv);
+          if constexpr (GATED) {
+            float up[8];
+            to_floats<T>(up_raw[r][GATED ? u : 0], up);
 #pragma unroll
-          for (int j = 0; j < 8; ++j) acc[r] = fmaf(w[u][j], xv[j], acc[r]);
+            for (int j = 0; j < 8; ++j) xv[j] = silu(xv[j]) * up[j];
+          }
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[r] = fmaf(w[j], xv[j], acc[r]);
         }
       }
     }
