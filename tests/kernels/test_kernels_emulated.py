@@ -152,12 +152,21 @@ def test_decode_v8_unsplit(emu: ctypes.CDLL, head: int, group: int, dtype: torch
     assert b.rel_err() < REL_TOL[dtype]
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_decode_v8_split_merge_in_kernel(emu: ctypes.CDLL, seed: int) -> None:
+@pytest.mark.parametrize(
+    "seed,head,group,warps",
+    [
+        (1, 128, 8, 4),  # fewer threads than output quads: one thread per quad
+        (2, 128, 8, 16),  # 1 x 32k's shape: two threads share each quad's splits
+        (3, 64, 3, 16),  # ten threads per quad, two threads left over
+    ],
+)
+def test_decode_v8_split_merge_in_kernel(
+    emu: ctypes.CDLL, seed: int, head: int, group: int, warps: int
+) -> None:
     """Splits of different sequences finish in a different order for each seed; the last one merges."""
     seq_lens = [700, 17, 160, 1, 64, 65]
-    b = Paged([1] * len(seq_lens), seq_lens, 2, 8, 128, torch.float16, seed=seed, poison=True)
-    tickets, _, _ = run_decode(emu, b, warps=4, partition=64, seed=seed)
+    b = Paged([1] * len(seq_lens), seq_lens, 2, group, head, torch.float16, seed=seed, poison=True)
+    tickets, _, _ = run_decode(emu, b, warps=warps, partition=64, seed=seed)
     assert b.rel_err() < REL_TOL[torch.float16]
     assert torch.equal(tickets, torch.zeros_like(tickets))  # reset for the next call / graph replay
 

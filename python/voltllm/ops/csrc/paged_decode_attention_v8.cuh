@@ -391,23 +391,57 @@ __device__ __forceinline__ void paged_decode_v8_block(const DecodeV8Params& p) {
   __syncthreads();
   if (!*merge_flag) return;
   __threadfence();
-  for (int e = threadIdx.x; e < group * kQuads; e += blockDim.x) {
+  // Output quads are fewer than threads: `ways` threads share each quad's splits (every thread keeps
+  // up to 8 splits' loads in flight), and their running merges meet in shared memory (o_s is free now).
+  const int items = group * kQuads;
+  const int ways = items >= static_cast<int>(blockDim.x) ? 1 : static_cast<int>(blockDim.x) / items;
+  const int slots = blockDim.x / ways;  // >= items whenever ways > 1
+  const int way = threadIdx.x / slots;
+  float* part = o_s;  // [ways][slots][6]: max, sum and four outputs of each way's merge
+  for (int first = 0; first < items; first += slots) {
+    const int e = first + static_cast<int>(threadIdx.x) % slots;
+    const bool mine = e < items && way < ways;
     const int h = e / kQuads, d = 4 * (e % kQuads);
-    const long long idx0 = (head0 + h) * p.max_splits;
     float m = neg_inf(), l = 0.f;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 4
-    for (int s = 0; s < num_splits; ++s) {
-      const float sm = sm80::load_cg(p.partial_max + idx0 + s);  // finite: every split sees a token
-      const float sl = sm80::load_cg(p.partial_sum + idx0 + s);
-      const float4 so = sm80::load_cg(reinterpret_cast<const float4*>(p.partial_out + (idx0 + s) * HEAD + d));
-      const float m_new = fmaxf(m, sm);
-      const float fa = exp2_approx(m - m_new);
-      const float fb = sl * exp2_approx(sm - m_new);
-      l = l * fa + fb;
-      acc = make_float4(acc.x * fa + so.x * fb, acc.y * fa + so.y * fb, acc.z * fa + so.z * fb,
-                        acc.w * fa + so.w * fb);
-      m = m_new;
+    if (mine) {
+      const long long idx0 = (head0 + h) * p.max_splits;
+#pragma unroll 8
+      for (int s = way; s < num_splits; s += ways) {
+        const float sm = sm80::load_cg(p.partial_max + idx0 + s);  // finite: every split sees a token
+        const float sl = sm80::load_cg(p.partial_sum + idx0 + s);
+        const float4 so = sm80::load_cg(reinterpret_cast<const float4*>(p.partial_out + (idx0 + s) * HEAD + d));
+        const float m_new = fmaxf(m, sm);
+        const float fa = exp2_approx(m - m_new);
+        const float fb = sl * exp2_approx(sm - m_new);
+        l = l * fa + fb;
+        acc = make_float4(acc.x * fa + so.x * fb, acc.y * fa + so.y * fb, acc.z * fa + so.z * fb,
+                          acc.w * fa + so.w * fb);
+        m = m_new;
+      }
+    }
+    if (ways > 1) {  // block-uniform; the loop then runs once, so every thread meets the barrier
+      if (mine) {
+        float* mine_s = part + (way * slots + e) * 6;
+        mine_s[0] = m;
+        mine_s[1] = l;
+        *reinterpret_cast<float2*>(mine_s + 2) = make_float2(acc.x, acc.y);
+        *reinterpret_cast<float2*>(mine_s + 4) = make_float2(acc.z, acc.w);
+      }
+      __syncthreads();
+      if (!mine || way != 0) continue;
+      float mx = neg_inf();
+      for (int w = 0; w < ways; ++w) mx = fmaxf(mx, part[(w * slots + e) * 6]);
+      l = 0.f;
+      acc = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int w = 0; w < ways; ++w) {
+        const float* other = part + (w * slots + e) * 6;
+        const float f = other[0] == neg_inf() ? 0.f : exp2_approx(other[0] - mx);  // a way with no splits
+        l += other[1] * f;
+        acc = make_float4(acc.x + other[2] * f, acc.y + other[3] * f, acc.z + other[4] * f, acc.w + other[5] * f);
+      }
+    } else if (!mine) {
+      continue;
     }
     const float inv = 1.f / l;
     store_out(h, d, make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv));
