@@ -17,22 +17,20 @@ cuda = pytest.mark.gpu
 @pytest.mark.parametrize("rows", [1, 2])
 @pytest.mark.parametrize(("n", "k"), [(4096, 1024), (1024, 3072), (7, 4104), (151, 14336)])
 @pytest.mark.parametrize("with_bias", [False, True])
-@pytest.mark.parametrize("gated", [False, True])
-def test_gemv_matches_fp32_reference(dtype, rows, n, k, with_bias, gated):
+def test_gemv_matches_fp32_reference(dtype, rows, n, k, with_bias):
     gen = torch.Generator(device="cuda").manual_seed(rows * 1000 + n + k)
-    x = torch.randn(rows, 2 * k if gated else k, device="cuda", generator=gen).to(dtype)
+    x = torch.randn(rows, k, device="cuda", generator=gen).to(dtype)
     weight = (torch.randn(n, k, device="cuda", generator=gen) / k**0.5).to(dtype)
     bias = torch.randn(n, device="cuda", generator=gen).to(dtype) if with_bias else None
     out = torch.full((rows, n), float("nan"), device="cuda", dtype=dtype)  # poisoned: unwritten fails
-    gemv(x, weight, bias, out=out, gated=gated)
-    x_ref = F.silu(x[:, :k].float()) * x[:, k:].float() if gated else x.float()
-    ref = F.linear(x_ref, weight.float(), None if bias is None else bias.float())
+    gemv(x, weight, bias, out=out)
+    ref = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
 
 
 @cuda
 def test_gemv_reads_strided_rows_and_rejects_bad_input():
-    x_wide = torch.randn(3, 2048, device="cuda", dtype=torch.float16)
+    x_wide = torch.randn(2, 2048, device="cuda", dtype=torch.float16)
     x = x_wide[:, :1024]  # rows 2048 elements apart
     weight = torch.randn(64, 1024, device="cuda", dtype=torch.float16)
     torch.testing.assert_close(
@@ -61,6 +59,3 @@ def test_linear_on_cpu_is_torch_linear():
     assert not gemv_applies(x, weight)
     torch.testing.assert_close(linear(x, weight, bias), F.linear(x, weight, bias))
     torch.testing.assert_close(gemv(x, weight, bias), F.linear(x, weight, bias))
-    gate_up = torch.randn(2, 32)
-    gated = F.linear(F.silu(gate_up[:, :16]) * gate_up[:, 16:], weight, bias)
-    torch.testing.assert_close(gemv(gate_up, weight, bias, gated=True), gated)

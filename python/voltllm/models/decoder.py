@@ -27,7 +27,6 @@ from voltllm.layers.embedding import LMHead, VocabEmbedding
 from voltllm.layers.linear import Linear, MergedLinear
 from voltllm.layers.norm import RMSNorm
 from voltllm.layers.rotary import RotaryEmbedding, rope_parameters_of
-from voltllm.ops.linear import gemv, gemv_applies
 
 
 @dataclass(frozen=True)
@@ -172,11 +171,7 @@ class GatedMLP(nn.Module):
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
-        if gemv_applies(gate_up, self.down_proj.weight, gated=True):
-            # Decode rows on a GPU: the activation runs inside the down projection's GEMV.
-            return gemv(gate_up, self.down_proj.weight, self.down_proj.bias, gated=True)
-        return self.down_proj(self.act_fn(gate_up))
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):

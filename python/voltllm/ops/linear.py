@@ -1,8 +1,4 @@
-"""Linear layers at decode batch sizes: the skinny GEMV kernel, and when it applies.
-
-With `gated=True` the input is a gate/up projection's output `[gate | up]` and the product is taken
-with `silu(gate) * up`: the gated MLP's activation folded into its down projection.
-"""
+"""Linear layers at decode batch sizes: the skinny GEMV kernel, and when it applies."""
 
 from __future__ import annotations
 
@@ -10,16 +6,15 @@ import torch
 import torch.nn.functional as F
 
 from voltllm.ops._dispatch import kernel_ops, use_kernels
-from voltllm.ops.activation import silu_and_mul_ref
 
 # Most input rows the GEMV kernel takes; beyond this a tiled GEMM reuses each weight load enough to
 # win (benches/gemv.py measures the crossover; on the H200 cuBLAS wins on Llama-3-8B shapes from 4 rows).
 GEMV_MAX_ROWS = 2
 
 
-def gemv_applies(x: torch.Tensor, weight: torch.Tensor, gated: bool = False) -> bool:
-    """True for a CUDA fp16/bf16 `x: [rows <= GEMV_MAX_ROWS, k]` (`2k` when gated) with k a multiple of
-    8 and a contiguous `weight: [n, k]` of the same dtype (the layout the kernel streams)."""
+def gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """True for a CUDA fp16/bf16 `x: [rows <= GEMV_MAX_ROWS, k]` with k a multiple of 8 and a
+    contiguous `weight: [n, k]` of the same dtype (the layout the kernel streams)."""
     k = weight.shape[-1]
     return (
         x.is_cuda
@@ -27,7 +22,7 @@ def gemv_applies(x: torch.Tensor, weight: torch.Tensor, gated: bool = False) -> 
         and 1 <= x.shape[0] <= GEMV_MAX_ROWS
         and x.dtype in (torch.float16, torch.bfloat16)
         and weight.dtype == x.dtype
-        and x.shape[1] == (2 * k if gated else k)
+        and x.shape[1] == k
         and k % 8 == 0
         and x.stride(1) == 1
         and x.stride(0) % 8 == 0
@@ -42,14 +37,12 @@ def gemv(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
-    gated: bool = False,
 ) -> torch.Tensor:
-    """`x @ weight.T + bias` (x replaced by `silu(gate) * up` of `x = [gate | up]` when `gated`) for one
-    or two rows of x: the GEMV kernel on CUDA, the torch reference elsewhere."""
+    """`x @ weight.T + bias` for one or two rows of x: the GEMV kernel on CUDA, `F.linear` elsewhere."""
     if not use_kernels(x):
-        result = F.linear(silu_and_mul_ref(x) if gated else x, weight, bias)
+        result = F.linear(x, weight, bias)
         return result if out is None else out.copy_(result)
     if out is None:
         out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
-    kernel_ops().gemv(out, x, weight, bias, gated)
+    kernel_ops().gemv(out, x, weight, bias)
     return out

@@ -1,23 +1,23 @@
 // Skinny matrix product for decode: out[m, n] = sum_k x[m, k] * weight[n, k] (+ bias[n]) for one or two
-// rows m, optionally with the gated-MLP activation folded into the input (x = silu(gate) * up).
+// rows m.
 //
 // At batch sizes of a token or two a linear layer is a matrix-vector product bound by reading the
 // weight once; general GEMM kernels tile for reuse that is not there. Here each warp owns one output
 // feature n: its lanes issue all the 16-byte loads of a chunk of the weight row and of the matching x
 // slices before using any (one memory round trip per chunk), accumulate in fp32, and reduce across the
-// warp. x is small and read by every warp, so it is served from cache. With GATED, x is the gate/up
-// projection's output [gate | up] (2k wide) and silu(gate) * up is formed on the fly, which saves the
-// activation kernel and its round trip through memory. Plain CUDA cores: the same code on Volta.
+// warp. x is small and read by every warp, so it is served from cache. Plain CUDA cores: the same code
+// on Volta. (Folding SiLU-and-mul into the x loads was tried and dropped: every warp recomputes the
+// activation of the whole row, which made the Llama-3-8B down projection 3x slower; see
+// benches/NOTES-kernels.md.)
 #pragma once
 
-#include "activation.cuh"
 #include "common.cuh"
 
 namespace voltllm {
 
 struct GemvParams {
   void* out;           // [rows, n], rows out_stride apart
-  const void* x;       // [rows, k] (or [rows, 2k] = [gate | up] when gated), rows x_stride apart
+  const void* x;       // [rows, k], rows x_stride apart
   const void* weight;  // [n, k], contiguous
   const void* bias;    // [n] or nullptr
   long long out_stride;
@@ -47,7 +47,7 @@ __device__ __forceinline__ void to_floats(uint4 raw, float (&v)[8]) {
 }
 
 // grid: ceil(n / kGemvWarps), block: 32 * kGemvWarps. ROWS is the most x rows handled (1 or 2).
-template <typename T, int ROWS, bool GATED>
+template <typename T, int ROWS>
 __global__ void __launch_bounds__(32 * kGemvWarps) gemv_kernel(GemvParams p) {
   constexpr int kUnroll = ROWS == 1 ? 8 : 4;  // 16-byte weight loads each lane has in flight
   constexpr int kStep = 32 * 8 * kUnroll;
@@ -62,7 +62,6 @@ __global__ void __launch_bounds__(32 * kGemvWarps) gemv_kernel(GemvParams p) {
   for (int base = lane * 8; base < p.k; base += kStep) {
     uint4 w_raw[kUnroll];
     uint4 x_raw[ROWS][kUnroll];
-    uint4 up_raw[ROWS][GATED ? kUnroll : 1];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int k = base + u * 256;
@@ -73,10 +72,7 @@ __global__ void __launch_bounds__(32 * kGemvWarps) gemv_kernel(GemvParams p) {
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int k = base + u * 256;
-        if (k < p.k && r < p.rows) {
-          x_raw[r][u] = load16(x + r * p.x_stride + k);
-          if constexpr (GATED) up_raw[r][u] = load16(x + r * p.x_stride + p.k + k);
-        }
+        if (k < p.k && r < p.rows) x_raw[r][u] = load16(x + r * p.x_stride + k);
       }
     }
 #pragma unroll
@@ -90,12 +86,6 @@ __global__ void __launch_bounds__(32 * kGemvWarps) gemv_kernel(GemvParams p) {
         if (r < p.rows) {
           float xv[8];
           to_floats<T>(x_raw[r][u], xv);
-          if constexpr (GATED) {
-            float up[8];
-            to_floats<T>(up_raw[r][GATED ? u : 0], up);
-#pragma unroll
-            for (int j = 0; j < 8; ++j) xv[j] = silu(xv[j]) * up[j];
-          }
 #pragma unroll
           for (int j = 0; j < 8; ++j) acc[r] = fmaf(w[j], xv[j], acc[r]);
         }

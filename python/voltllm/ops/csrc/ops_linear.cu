@@ -1,4 +1,4 @@
-// Torch glue for the skinny decode GEMV: checks, device guard, stream, dtype / row-count / gating dispatch.
+// Torch glue for the skinny decode GEMV: checks, device guard, stream, dtype and row-count dispatch.
 #include "torch_glue.h"
 #include "gemv.cuh"
 
@@ -9,18 +9,14 @@ using namespace glue;
 namespace {
 
 template <typename T, int ROWS>
-void launch_gemv(const GemvParams& p, bool gated, cudaStream_t stream) {
+void launch_gemv(const GemvParams& p, cudaStream_t stream) {
   const int blocks = (p.n + kGemvWarps - 1) / kGemvWarps;
-  if (gated)
-    gemv_kernel<T, ROWS, true><<<blocks, 32 * kGemvWarps, 0, stream>>>(p);
-  else
-    gemv_kernel<T, ROWS, false><<<blocks, 32 * kGemvWarps, 0, stream>>>(p);
+  gemv_kernel<T, ROWS><<<blocks, 32 * kGemvWarps, 0, stream>>>(p);
 }
 
 }  // namespace
 
-void gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-          bool gated) {
+void gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   check_cuda(x, "x");
   check_cuda(out, "out");
   check_dtype(x, "gemv");
@@ -29,8 +25,8 @@ void gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const 
   check_cuda(weight, "weight");
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && out.dim() == 2, "gemv: x, weight and out must be 2-D");
   const int64_t rows = x.size(0), k = weight.size(1), n = weight.size(0);
-  TORCH_CHECK(x.size(1) == (gated ? 2 * k : k), "gemv: weight is [", num(n), ", ", num(k), "], x has ",
-              num(x.size(1)), " features", gated ? " (gated: 2 * k expected)" : "");
+  TORCH_CHECK(x.size(1) == k, "gemv: weight is [", num(n), ", ", num(k), "], x has ", num(x.size(1)),
+              " features");
   TORCH_CHECK(out.size(0) == rows && out.size(1) == n, "gemv: out must be [rows, n]");
   TORCH_CHECK(rows >= 1 && rows <= 2, "gemv: 1 or 2 rows, got ", num(rows));
   TORCH_CHECK(weight.is_contiguous(), "gemv: weight must be contiguous");
@@ -56,9 +52,9 @@ void gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const 
   dispatch_dtype(x.scalar_type(), "gemv", [&](auto t) {
     using T = decltype(t);
     if (rows == 1)
-      launch_gemv<T, 1>(p, gated, stream);
+      launch_gemv<T, 1>(p, stream);
     else
-      launch_gemv<T, 2>(p, gated, stream);
+      launch_gemv<T, 2>(p, stream);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
