@@ -36,12 +36,7 @@ def _elementwise() -> dict[str, list[str]]:
             f"voltllm::rotary_embedding_kernel<{t}, {neox}>" for t in DTYPES for neox in ("true", "false")
         ],
         "activation.cuh": [f"voltllm::silu_and_mul_kernel<{t}, {vec}>" for t in DTYPES for vec in (1, 8)],
-        "gemv.cuh": [
-            f"voltllm::gemv_kernel<{t}, {rows}, {gated}>"
-            for t in DTYPES
-            for rows in (1, 2)
-            for gated in ("false", "true")
-        ],
+        "gemv.cuh": [f"voltllm::gemv_kernel<{t}, {rows}>" for t in DTYPES for rows in (1, 2)],
     }
     return variants
 

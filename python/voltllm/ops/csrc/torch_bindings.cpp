@@ -28,8 +28,7 @@ void fused_add_rms_norm(at::Tensor& input, at::Tensor& residual, const at::Tenso
 void rotary_embedding(const at::Tensor& positions, at::Tensor& query, const std::optional<at::Tensor>& key,
                       const at::Tensor& cos_sin_cache, int64_t head_size, bool is_neox);
 void silu_and_mul(at::Tensor& out, const at::Tensor& input);
-void gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-          bool gated);
+void gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
 }  // namespace voltllm
 
 TORCH_LIBRARY(voltllm_C, m) {
@@ -55,7 +54,7 @@ TORCH_LIBRARY(voltllm_C, m) {
       "rotary_embedding(Tensor positions, Tensor(a!) query, Tensor(b!)? key, Tensor cos_sin_cache, "
       "int head_size, bool is_neox) -> ()");
   m.def("silu_and_mul(Tensor(a!) out, Tensor input) -> ()");
-  m.def("gemv(Tensor(a!) out, Tensor x, Tensor weight, Tensor? bias, bool gated) -> ()");
+  m.def("gemv(Tensor(a!) out, Tensor x, Tensor weight, Tensor? bias) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(voltllm_C, CUDA, m) {
