@@ -19,6 +19,13 @@ forbidden instruction, sm_70 register spill, or shared memory over 96 KB on sm_7
 
     python tools/sm70_gate.py              # sm_70, sm_80 and sm_90
     python tools/sm70_gate.py --arch 90    # one architecture
+    python tools/sm70_gate.py --glue       # also syntax-check the torch glue (g++, minutes)
+
+`--glue` checks what only the GPU machine's nvcc would otherwise see: the torch glue (`ops_*.cu`,
+`torch_bindings.cpp`) against the installed torch's headers, with g++ -fsyntax-only in host mode. Kernel
+launches (`k<<<cfg>>>(args)`) are rewritten into calls that check the arguments against the kernel's
+parameters, and a prelude declares the device built-ins the kernel headers use. It needs g++, a CUDA
+build of torch and the CUDA headers of the nvidia-* wheels; it proves syntax and types, not codegen.
 """
 
 from __future__ import annotations
@@ -244,14 +251,114 @@ def run_gate(keep: Path | None = None, archs: tuple[int, ...] = ARCHS) -> list[t
     return results
 
 
+# Host-mode stand-ins for what nvcc provides to device code, for the --glue syntax check.
+GLUE_PRELUDE = r"""
+#pragma once
+#include <cuda_runtime.h>
+#include <cmath>
+#include <cstddef>
+#include <utility>
+#ifndef __launch_bounds__
+#define __launch_bounds__(...)
+#endif
+extern const uint3 threadIdx;
+extern const uint3 blockIdx;
+extern const dim3 blockDim;
+extern const dim3 gridDim;
+void __syncthreads();
+void __syncwarp(unsigned mask = 0xffffffffu);
+template <class T> T __shfl_sync(unsigned, T, int, int = 32);
+template <class T> T __shfl_xor_sync(unsigned, T, int, int = 32);
+template <class T> T __shfl_up_sync(unsigned, T, unsigned, int = 32);
+template <class T> T __shfl_down_sync(unsigned, T, unsigned, int = 32);
+int __all_sync(unsigned, int);
+int __any_sync(unsigned, int);
+unsigned __ballot_sync(unsigned, int);
+int atomicAdd(int*, int);
+void __threadfence();
+[[noreturn]] void __trap();
+unsigned __byte_perm(unsigned, unsigned, unsigned);
+float __int_as_float(int);
+float rsqrtf(float);
+float __expf(float);
+float __fdividef(float, float);
+template <class T> T __ldg(const T*);
+template <class T> T __ldcg(const T*);
+size_t __cvta_generic_to_shared(const void*);
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+namespace nvcuda { namespace wmma {
+struct matrix_a {}; struct matrix_b {}; struct accumulator {}; struct row_major {}; struct col_major {};
+enum layout_t { mem_row_major, mem_col_major };
+template <class Use, int M, int N, int K, class T, class L = void>
+struct fragment { static constexpr int num_elements = 8; T x[16]; };
+template <class F, class P> void load_matrix_sync(F&, const P*, unsigned);
+template <class F, class P> void load_matrix_sync(F&, const P*, unsigned, layout_t);
+template <class F, class P> void store_matrix_sync(P*, const F&, unsigned, layout_t);
+template <class D, class A, class B, class C> void mma_sync(D&, const A&, const B&, const C&);
+template <class F, class V> void fill_fragment(F&, const V&);
+}}
+template <class T> cudaError_t cudaFuncSetAttribute(T* entry, cudaFuncAttribute attr, int value);
+template <class T> cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int*, T, int, size_t);
+template <class K> struct VoltllmLaunch {
+  K k;
+  template <class... A> void operator()(A&&... a) const {
+    using R = decltype(k(std::forward<A>(a)...));
+    (void)sizeof(R*);
+  }
+};
+template <class K, class... C> VoltllmLaunch<K> voltllm_launch(K k, C&&...) { return {k}; }
+"""
+_LAUNCH = re.compile(r"(?P<kernel>[A-Za-z_][\w:]*(?:<[^<>;]*>)?)\s*<<<(?P<cfg>.*?)>>>\s*\(", re.S)
+
+
+def glue_include_dirs() -> list[str]:
+    """torch's include directories, then CUDA headers matching torch's CUDA major version."""
+    import torch  # only the glue check needs torch
+    from torch.utils.cpp_extension import include_paths
+
+    roots = [Path(p) for p in importlib.util.find_spec("nvidia").submodule_search_locations]
+    runtime = ["cu13/include"] if (torch.version.cuda or "").startswith("13") else []
+    runtime += ["cuda_runtime/include", "cu13/include"]
+    extra = ["cuda_nvcc/include", "cu13/include/cccl", "cuda_cccl/include"]
+    found = [str(root / sub) for sub in (*runtime, *extra) for root in roots if (root / sub).is_dir()]
+    return [*include_paths(), *dict.fromkeys(found)]
+
+
+def check_glue(workdir: Path) -> list[str]:
+    """g++ -fsyntax-only over every glue file; returns the failures (file and compiler output)."""
+    if importlib.util.find_spec("torch") is None:
+        raise GateError("--glue needs torch, with its CUDA headers")
+    includes = glue_include_dirs()
+    (workdir / "glue_prelude.h").write_text(GLUE_PRELUDE)
+    failures = []
+    for source in sorted([*CSRC.glob("ops_*.cu"), CSRC / "torch_bindings.cpp"]):
+        text = _LAUNCH.sub(lambda m: f"voltllm_launch({m['kernel']}, {m['cfg']})(", source.read_text())
+        host = workdir / f"{source.name}.cpp"
+        host.write_text(f'#include "{workdir / "glue_prelude.h"}"\n{text}')
+        cmd = ["g++", "-std=c++20", "-fsyntax-only", "-Wno-attributes", "-Wno-unknown-pragmas"]
+        cmd += [*(f"-I{d}" for d in includes), f"-I{CSRC}", str(host)]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        print(f"glue {source.name}: {'ok' if result.returncode == 0 else 'FAILED'}")
+        if result.returncode != 0:
+            failures.append(f"{source.name}:\n{result.stderr[-4000:]}")
+    return failures
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keep", type=Path, help="write the PTX and cubins here")
     parser.add_argument(
         "--arch", type=int, action="append", choices=ARCHS, help="check only this architecture (repeatable)"
     )
+    parser.add_argument("--glue", action="store_true", help="also g++-syntax-check the torch glue")
     args = parser.parse_args()
     try:
+        if args.glue:
+            with tempfile.TemporaryDirectory() as tmp:
+                if glue_failures := check_glue(Path(tmp)):
+                    print("glue check FAILED:\n" + "\n".join(glue_failures), file=sys.stderr)
+                    return 1
         results = run_gate(args.keep, tuple(args.arch) if args.arch else ARCHS)
     except GateError as err:
         print(f"sm70 gate FAILED: {err}", file=sys.stderr)

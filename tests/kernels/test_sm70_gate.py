@@ -127,3 +127,14 @@ def test_gate_variants_match_what_the_glue_dispatches(gate) -> None:
     dtypes = glue[glue.index("void dispatch_dtype") :]
     dtypes = dtypes[: dtypes.index("\n}\n")]
     assert set(re.findall(r"fn\((__\w+)\{\}\)", dtypes)) == set(module.DTYPES)
+
+
+def test_glue_check_rewrites_kernel_launches(gate) -> None:
+    """--glue turns each `kernel<<<cfg>>>(args)` into a call that type-checks args against the kernel."""
+    src = """  kernel<<<grid, 32 * plan.warps, Tr::smem_bytes(plan.warps), stream>>>(p);
+    paged_decode_reduce_kernel<T, H>
+        <<<dim3(shape.num_heads, num_seqs), H * kReduceGroups, reduce_smem, stream>>>(r);"""
+    out = gate._LAUNCH.sub(lambda m: f"voltllm_launch({m['kernel']}, {m['cfg']})(", src)
+    assert "<<<" not in out and ">>>" not in out
+    assert "voltllm_launch(kernel, grid, 32 * plan.warps, Tr::smem_bytes(plan.warps), stream)(p);" in out
+    assert "voltllm_launch(paged_decode_reduce_kernel<T, H>, dim3(shape.num_heads, num_seqs)," in out
