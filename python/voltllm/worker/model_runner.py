@@ -9,7 +9,6 @@ chunk computes KV and samples nothing.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -53,22 +52,41 @@ class Model(Protocol):
 
 @dataclass
 class CachedRequestState:
+    """What the runner keeps of a running request besides its row of `RequestArrays`."""
+
     request_id: str
-    token_ids: list[int]  # prompt + generated so far (the runner appends what it samples)
     num_prompt_tokens: int
     sampling_params: SamplingParams
-    row: int  # this request's row of the runner's block table
+    row: int  # this request's row of the block table and of the request arrays
     num_blocks: int
-    num_computed_tokens: int
     generator: torch.Generator | None = None
     # Bias and stop ids as tensors, built once per request rather than every step.
     cache: dict[str, Any] = field(default_factory=dict)
-    # Greedy with nothing that edits logits or reads a distribution: sampling is a bare argmax.
-    plain_greedy: bool = False
 
-    @property
-    def num_output_tokens(self) -> int:
-        return len(self.token_ids) - self.num_prompt_tokens
+
+class RequestArrays:
+    """Per-request step state in arrays indexed by block-table row, so that a decode step of a few
+    hundred requests is prepared and finished with a handful of numpy operations instead of Python
+    loops over requests.
+
+    `token_ids[row, :num_tokens[row]]` are the request's prompt and generated tokens (the runner writes
+    what it samples), `num_computed[row]` how many of them are in the KV cache.
+    """
+
+    def __init__(self, num_rows: int, max_model_len: int) -> None:
+        self.token_ids = np.zeros((num_rows + 1, max_model_len + 1), dtype=np.int32)
+        self.num_tokens = np.zeros(num_rows + 1, dtype=np.int64)
+        self.num_computed = np.zeros(num_rows + 1, dtype=np.int64)
+        self.plain_greedy = np.zeros(num_rows + 1, dtype=bool)
+
+    def start(self, row: int, token_ids: tuple[int, ...], num_computed: int, plain_greedy: bool) -> None:
+        self.token_ids[row, : len(token_ids)] = token_ids
+        self.num_tokens[row] = len(token_ids)
+        self.num_computed[row] = num_computed
+        self.plain_greedy[row] = plain_greedy
+
+    def tokens(self, row: int) -> list[int]:
+        return self.token_ids[row, : self.num_tokens[row]].tolist()
 
 
 def is_plain_greedy(p: SamplingParams) -> bool:
@@ -102,11 +120,14 @@ class StepTimings:
 
 @dataclass
 class _StepInputs:
-    input_ids: torch.Tensor
-    positions: torch.Tensor
+    input_ids: torch.Tensor | None
+    positions: torch.Tensor | None
     metadata: AttentionMetadata | None  # None: a CUDA graph bucket of this size runs the step
     logits_indices: torch.Tensor | None  # None: every row samples
     sampling_req_ids: list[str]
+    rows: np.ndarray  # request-array row of each sequence, in batch order
+    lens: np.ndarray  # tokens computed for each sequence
+    sampling_rows: np.ndarray  # rows of the sequences that sample, in sampling order
     graph_size: int | None = None
 
 
@@ -141,6 +162,8 @@ class ModelRunner:
         self.num_blocks = 0
         self.enforce_eager = enforce_eager
         self.block_table: BlockTable | None = None
+        self.arrays: RequestArrays | None = None
+        self._last_batch: tuple[list[str], np.ndarray] = ([], np.zeros(0, dtype=np.int64))
         self.buffers: StepBuffers | None = None
         self.graphs: DecodeGraphs | None = None
         self.last_timings = StepTimings()
@@ -194,6 +217,7 @@ class ModelRunner:
         )
         max_blocks_per_seq = -(-self.max_model_len // self.block_size)
         self.block_table = BlockTable(self.max_num_seqs, max_blocks_per_seq, self.device)
+        self.arrays = RequestArrays(self.max_num_seqs, self.max_model_len)
         max_tokens = max(self.max_num_batched_tokens, self.max_num_seqs)
         self.buffers = StepBuffers(max_tokens, self.max_num_seqs, self.device)
 
@@ -318,32 +342,37 @@ class ModelRunner:
                 logits = self.model.compute_logits(rows)
         t2 = time.perf_counter()
         out = ModelRunnerOutput()
-        if inputs.sampling_req_ids:
-            self._sample(logits, inputs.sampling_req_ids, out)
+        sampled = self._sample(logits, inputs, out) if inputs.sampling_req_ids else None
         t3 = time.perf_counter()
-        for request_id, num_tokens in plan.num_scheduled_tokens.items():
-            state = self.requests[request_id]
-            state.num_computed_tokens += num_tokens
-        for request_id, token_id in out.sampled_token_ids.items():
-            self.requests[request_id].token_ids.append(token_id)
+        arrays = self.arrays
+        arrays.num_computed[inputs.rows] += inputs.lens
+        if sampled is not None:
+            rows = inputs.sampling_rows
+            arrays.token_ids[rows, arrays.num_tokens[rows]] = sampled
+            arrays.num_tokens[rows] += 1
         t4 = time.perf_counter()
         timings.prepare_s, timings.forward_s = t1 - t0, t2 - t1
         timings.sync_s, timings.post_s = t3 - t2, t4 - t3
         return out
 
-    def _sample(self, logits: torch.Tensor, req_ids: list[str], out: ModelRunnerOutput) -> None:
-        states = [self.requests[r] for r in req_ids]
-        if all(s.plain_greedy for s in states):
+    def _sample(self, logits: torch.Tensor, inputs: _StepInputs, out: ModelRunnerOutput) -> np.ndarray:
+        """Sample the step's tokens into `out`; returns them (in `inputs.sampling_req_ids` order)."""
+        req_ids = inputs.sampling_req_ids
+        if self.arrays.plain_greedy[inputs.sampling_rows].all():
             # One kernel and one device->host copy: the common greedy batch needs nothing else.
-            out.sampled_token_ids.update(zip(req_ids, logits.argmax(dim=-1).tolist(), strict=True))
-            return
-        sampled = self.sampler(logits, self._sampling_metadata(req_ids))
+            sampled = logits.argmax(dim=-1).cpu().numpy()
+            out.sampled_token_ids.update(zip(req_ids, sampled.tolist(), strict=True))
+            return sampled
+        result = self.sampler(logits, self._sampling_metadata(req_ids))
         for i, request_id in enumerate(req_ids):
-            out.sampled_token_ids[request_id] = sampled.sampled_token_ids[i]
-            if sampled.logprobs[i] is not None:
-                out.logprobs[request_id] = sampled.logprobs[i]
+            out.sampled_token_ids[request_id] = result.sampled_token_ids[i]
+            if result.logprobs[i] is not None:
+                out.logprobs[request_id] = result.logprobs[i]
+        return np.array(result.sampled_token_ids, dtype=np.int64)
 
     def _update_states(self, plan: SchedulerOutput) -> None:
+        if plan.finished_req_ids or plan.scheduled_new_reqs:
+            self._last_batch = ([], self._last_batch[1][:0])  # ids may now name other rows
         # Finished/preempted ids first: an id may be reused by a new request in the same plan.
         for request_id in plan.finished_req_ids:
             state = self.requests.pop(request_id, None)
@@ -353,76 +382,89 @@ class ModelRunner:
             generator = None
             if new.sampling_params.seed is not None:
                 generator = torch.Generator(device=self.device)
+            row = self.block_table.add_row(list(new.block_ids))
             self.requests[new.request_id] = CachedRequestState(
                 request_id=new.request_id,
-                token_ids=list(new.token_ids),
                 num_prompt_tokens=new.num_prompt_tokens,
                 sampling_params=new.sampling_params,
-                row=self.block_table.add_row(list(new.block_ids)),
+                row=row,
                 num_blocks=len(new.block_ids),
-                num_computed_tokens=new.num_computed_tokens,
                 generator=generator,
-                plain_greedy=is_plain_greedy(new.sampling_params),
+            )
+            self.arrays.start(
+                row, new.token_ids, new.num_computed_tokens, is_plain_greedy(new.sampling_params)
             )
         for cached in plan.scheduled_cached_reqs:
             state = self.requests[cached.request_id]
-            assert state.num_computed_tokens == cached.num_computed_tokens, (
+            assert self.arrays.num_computed[state.row] == cached.num_computed_tokens, (
                 f"runner and scheduler disagree on {cached.request_id}: "
-                f"{state.num_computed_tokens} != {cached.num_computed_tokens}"
+                f"{self.arrays.num_computed[state.row]} != {cached.num_computed_tokens}"
             )
             self.block_table.append(state.row, state.num_blocks, cached.new_block_ids)
             state.num_blocks += len(cached.new_block_ids)
 
+    def _batch_rows(self, req_ids: list[str]) -> np.ndarray:
+        """Request-array rows of the batch; reused while the batch is the same requests in order."""
+        last_ids, last_rows = self._last_batch
+        if req_ids != last_ids:
+            requests = self.requests
+            rows = np.fromiter((requests[r].row for r in req_ids), dtype=np.int64, count=len(req_ids))
+            self._last_batch = (req_ids, rows)
+            return rows
+        return last_rows
+
     def _prepare_inputs(self, plan: SchedulerOutput) -> _StepInputs:
         """Stage the step's flat inputs on the host, upload them, and pick a CUDA graph if one fits."""
+        arrays = self.arrays
         req_ids = list(plan.num_scheduled_tokens)
-        states = [self.requests[r] for r in req_ids]
-        num_seqs = len(states)
+        num_seqs = len(req_ids)
         num_tokens = plan.total_num_scheduled_tokens
+        rows = self._batch_rows(req_ids)
         lens = np.fromiter(plan.num_scheduled_tokens.values(), dtype=np.int64, count=num_seqs)
-        starts = np.fromiter((s.num_computed_tokens for s in states), dtype=np.int64, count=num_seqs)
-        ends = (starts + lens).tolist()
-        sampling = [i for i, (s, end) in enumerate(zip(states, ends, strict=True)) if end == len(s.token_ids)]
-        sampling_req_ids = [req_ids[i] for i in sampling]
+        starts = arrays.num_computed[rows]
+        ends = starts + lens
+        samples = ends == arrays.num_tokens[rows]
+        if samples.all():
+            sampling_req_ids, sampling_rows = req_ids, rows
+        else:
+            chosen = np.flatnonzero(samples)
+            sampling_req_ids, sampling_rows = [req_ids[i] for i in chosen.tolist()], rows[chosen]
         pure_decode = num_tokens == num_seqs
         graph_size = None
-        if pure_decode and self.graphs is not None and len(sampling) == num_seqs:
+        if pure_decode and self.graphs is not None and len(sampling_req_ids) == num_seqs:
             graph_size = self.graphs.bucket_for(num_seqs)
         views = self.buffers.host_views(graph_size or num_tokens, graph_size or num_seqs)
         if graph_size is not None:
             self._stage_padding(views, num_seqs)
-        ids, positions, slots, query_start_loc, seq_lens, rows = views
+        ids, positions, slots, query_start_loc, seq_lens, table_rows = views
         if pure_decode:
-            ids[:num_tokens] = [s.token_ids[s.num_computed_tokens] for s in states]
+            ids[:num_tokens] = arrays.token_ids[rows, starts]
             positions[:num_tokens] = starts
-            seq_index = slice(0, num_seqs)
+            token_rows = rows
+            if graph_size is None:
+                query_start_loc[: num_seqs + 1] = np.arange(num_seqs + 1)
         else:
-            chunks = (
-                s.token_ids[a : a + n] for s, a, n in zip(states, starts.tolist(), lens.tolist(), strict=True)
-            )
-            ids[:num_tokens] = np.fromiter(itertools.chain.from_iterable(chunks), np.int64, num_tokens)
             query_start_loc[0] = 0
             np.cumsum(lens, out=query_start_loc[1 : num_seqs + 1])
             offsets = np.repeat(query_start_loc[:num_seqs] - starts, lens)
             positions[:num_tokens] = np.arange(num_tokens) - offsets
-            seq_index = np.repeat(np.arange(num_seqs), lens)
-        if graph_size is None and pure_decode:
-            query_start_loc[: num_seqs + 1] = np.arange(num_seqs + 1)
-        rows[:num_seqs] = [s.row for s in states]
-        token_rows = rows[:num_seqs][seq_index]
+            token_rows = np.repeat(rows, lens)
+            ids[:num_tokens] = arrays.token_ids[token_rows, positions[:num_tokens]]
+        table_rows[:num_seqs] = rows
         pos = positions[:num_tokens]
         blocks = self.block_table.host[token_rows, pos // self.block_size]
         slots[:num_tokens] = blocks * self.block_size + pos % self.block_size
-        seq_lens[:num_seqs] = starts + lens
-        max_seq_len = int(seq_lens[:num_seqs].max())
+        seq_lens[:num_seqs] = ends
         self.block_table.sync_to_device()
+        step = _StepInputs(None, None, None, None, sampling_req_ids, rows, lens, sampling_rows, graph_size)
         if graph_size is not None:
             self.buffers.upload(graph_size, graph_size)
-            return _StepInputs(None, None, None, None, sampling_req_ids, graph_size)
-        logits_rows = query_start_loc[1 : num_seqs + 1][sampling] - 1
+            return step
+        max_seq_len = int(ends.max())
         ids_d, positions_d, slots_d, qsl_d, seq_lens_d, rows_d = self.buffers.upload(num_tokens, num_seqs)
         width = -(-max_seq_len // self.block_size)
-        metadata = AttentionMetadata(
+        step.input_ids, step.positions = ids_d, positions_d
+        step.metadata = AttentionMetadata(
             query_start_loc=qsl_d,
             seq_lens=seq_lens_d,
             block_tables=self.block_table.on_device[:, :width].index_select(0, rows_d),
@@ -430,11 +472,12 @@ class ModelRunner:
             max_query_len=int(lens.max()),
             max_seq_len=max_seq_len,
             query_lens_cpu=tuple(lens.tolist()),
-            seq_lens_cpu=tuple(seq_lens[:num_seqs].tolist()),
+            seq_lens_cpu=tuple(ends.tolist()),
         )
-        all_rows = len(sampling) == num_tokens
-        logits_indices = None if all_rows else torch.from_numpy(logits_rows).to(self.device)
-        return _StepInputs(ids_d, positions_d, metadata, logits_indices, sampling_req_ids)
+        if len(sampling_req_ids) != num_tokens:
+            logits_rows = query_start_loc[1 : num_seqs + 1][samples] - 1
+            step.logits_indices = torch.from_numpy(logits_rows.astype(np.int64)).to(self.device)
+        return step
 
     # ----- sampling metadata ---------------------------------------------------------------------
 
@@ -458,8 +501,9 @@ class ModelRunner:
         if any(p.min_p > 0.0 for p in params):
             md.min_p = col([p.min_p for p in params])
         for row, state in enumerate(states):
+            num_output_tokens = int(self.arrays.num_tokens[state.row]) - state.num_prompt_tokens
             if state.generator is not None:
-                seed = seed_for_step(state.sampling_params.seed, state.num_output_tokens)
+                seed = seed_for_step(state.sampling_params.seed, num_output_tokens)
                 state.generator.manual_seed(seed)
                 md.generators[row] = state.generator
             p = state.sampling_params
@@ -468,7 +512,7 @@ class ModelRunner:
                     ids = col(list(p.logit_bias.keys()), torch.int64)
                     state.cache["bias"] = (ids, col(list(p.logit_bias.values())))
                 md.logit_bias.append((row, *state.cache["bias"]))
-            if state.num_output_tokens < p.min_tokens:
+            if num_output_tokens < p.min_tokens:
                 if "stop_ids" not in state.cache:
                     eos = () if p.ignore_eos else self.eos_token_ids
                     state.cache["stop_ids"] = col(sorted({*eos, *p.stop_token_ids}), torch.int64)
@@ -488,8 +532,9 @@ class ModelRunner:
                 out[i, : len(r)] = r
             return torch.from_numpy(out).to(self.device)
 
-        md.prompt_token_ids = padded([s.token_ids[: s.num_prompt_tokens] for s in states])
-        md.output_token_ids = padded([s.token_ids[s.num_prompt_tokens :] for s in states])
+        tokens = [self.arrays.tokens(s.row) for s in states]
+        md.prompt_token_ids = padded([t[: s.num_prompt_tokens] for t, s in zip(tokens, states, strict=True)])
+        md.output_token_ids = padded([t[s.num_prompt_tokens :] for t, s in zip(tokens, states, strict=True)])
         md.presence_penalty = col([s.sampling_params.presence_penalty for s in states])
         md.frequency_penalty = col([s.sampling_params.frequency_penalty for s in states])
         md.repetition_penalty = col([s.sampling_params.repetition_penalty for s in states])
