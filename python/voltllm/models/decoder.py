@@ -14,6 +14,7 @@ Forward contract (what the model runner calls):
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -21,6 +22,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from voltllm import ops
 from voltllm.layers.activation import SiluAndMul
 from voltllm.layers.attention import Attention, AttentionBackend, AttentionMetadata, AttentionSpec
 from voltllm.layers.embedding import LMHead, VocabEmbedding
@@ -151,14 +153,42 @@ class DecoderAttention(nn.Module):
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
         num_tokens = hidden.shape[0]
-        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv = self.qkv_proj(hidden)
+        fused = self._fused_prologue(qkv, kv_cache)
+        if fused:
+            # q/k norm, rotary and the KV-cache write in one kernel, in place on qkv.
+            norm = self.q_norm is not None
+            ops.qk_norm_rope_kv_write(
+                qkv,
+                positions,
+                self.rotary_emb.cos_sin_table(),
+                self.q_norm.weight if norm else None,
+                self.k_norm.weight if norm else None,
+                self.q_norm.eps if norm else 0.0,
+                self.num_heads,
+                kv_cache,
+                metadata.slot_mapping,
+            )
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_size)
         k = k.view(num_tokens, self.num_kv_heads, self.head_size)
         v = v.view(num_tokens, self.num_kv_heads, self.head_size)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v, kv_cache, metadata))
+        if not fused:
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v, kv_cache, metadata, kv_written=fused))
+
+    def _fused_prologue(self, qkv: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+        """The fused prologue kernel applies: CUDA fp16/bf16, a head size it is built for, the cache in
+        the same dtype, and not switched off with VOLTLLM_FUSED_PROLOGUE=0."""
+        return (
+            qkv.is_cuda
+            and qkv.dtype in (torch.float16, torch.bfloat16)
+            and kv_cache.dtype == qkv.dtype
+            and self.head_size in (64, 128, 256)
+            and os.environ.get("VOLTLLM_FUSED_PROLOGUE", "1") != "0"
+        )
 
 
 class GatedMLP(nn.Module):

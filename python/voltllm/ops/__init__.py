@@ -14,6 +14,7 @@ from voltllm.ops.attention import (
 )
 from voltllm.ops.build import KernelBuildError
 from voltllm.ops.norm import fused_add_rms_norm, fused_add_rms_norm_ref, rms_norm, rms_norm_ref
+from voltllm.ops.prologue import qk_norm_rope_kv_write, qk_norm_rope_kv_write_ref
 from voltllm.ops.rotary import cos_sin_cache, rotary_embedding, rotary_embedding_ref
 
 __all__ = [
@@ -26,6 +27,8 @@ __all__ = [
     "paged_attention_ref",
     "paged_decode_attention",
     "paged_prefill_attention",
+    "qk_norm_rope_kv_write",
+    "qk_norm_rope_kv_write_ref",
     "rms_norm",
     "rms_norm_ref",
     "rotary_embedding",

@@ -37,6 +37,7 @@ def _elementwise() -> dict[str, list[str]]:
         ],
         "activation.cuh": [f"voltllm::silu_and_mul_kernel<{t}, {vec}>" for t in DTYPES for vec in (1, 8)],
         "gemv.cuh": [f"voltllm::gemv_kernel<{t}, {rows}>" for t in DTYPES for rows in (1, 2)],
+        "qk_norm_rope.cuh": [f"voltllm::qk_norm_rope_kernel<{t}, {h}>" for t in DTYPES for h in HEAD_SIZES],
     }
     return variants
 

@@ -408,6 +408,7 @@ inline unsigned __float_as_uint(float v) {
   return i;
 }
 inline int min(int a, int b) { return a < b ? a : b; }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline int max(int a, int b) { return a > b ? a : b; }
 inline long long min(long long a, long long b) { return a < b ? a : b; }
 inline long long max(long long a, long long b) { return a > b ? a : b; }

@@ -80,5 +80,8 @@ class AttentionBackend(ABC):
         value: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
         kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_size]
         metadata: AttentionMetadata,
+        kv_written: bool = False,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_size]
-        """Store key/value at `metadata.slot_mapping`, then attend every query causally."""
+        """Store key/value at `metadata.slot_mapping`, then attend every query causally. With
+        `kv_written` the step's keys/values are already in the cache (the fused prologue kernel wrote
+        them) and only the attention runs."""

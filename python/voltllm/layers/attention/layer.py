@@ -27,8 +27,9 @@ class Attention(nn.Module):
         value: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
         kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_size]
         metadata: AttentionMetadata,
+        kv_written: bool = False,
     ) -> torch.Tensor:  # [num_tokens, num_heads * head_size]
-        out = self.backend.forward(self.spec, query, key, value, kv_cache, metadata)
+        out = self.backend.forward(self.spec, query, key, value, kv_cache, metadata, kv_written)
         return out.reshape(out.shape[0], -1)
 
     def extra_repr(self) -> str:

@@ -40,13 +40,15 @@ class SM70AttentionBackend(AttentionBackend):
         value: torch.Tensor,
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
+        kv_written: bool = False,
     ) -> torch.Tensor:
         if spec.head_size not in SUPPORTED_HEAD_SIZES:
             raise ValueError(f"sm70 backend supports head sizes {SUPPORTED_HEAD_SIZES}, got {spec.head_size}")
         num_tokens = sum(metadata.query_lens_cpu)
         if num_tokens != query.shape[0]:
             raise ValueError(f"metadata covers {num_tokens} query tokens but the batch has {query.shape[0]}")
-        attn_ops.kv_cache_write(key, value, kv_cache, metadata.slot_mapping)
+        if not kv_written:
+            attn_ops.kv_cache_write(key, value, kv_cache, metadata.slot_mapping)
         if metadata.is_pure_decode and query.shape[0] == metadata.num_seqs:
             return attn_ops.paged_decode_attention(
                 query,

@@ -1,7 +1,11 @@
-// Torch glue for the KV-cache write, RMSNorm, rotary embedding and SiLU-and-mul: checks, device guard, stream, dtype dispatch.
+// Torch glue for the KV-cache write, RMSNorm, rotary embedding, SiLU-and-mul and the fused attention
+// prologue: checks, device guard, stream, dtype dispatch.
+#include <algorithm>
+
 #include "torch_glue.h"
 #include "activation.cuh"
 #include "kv_cache.cuh"
+#include "qk_norm_rope.cuh"
 #include "rms_norm.cuh"
 #include "rotary.cuh"
 
@@ -182,6 +186,67 @@ void silu_and_mul(at::Tensor& out, const at::Tensor& input) {
       silu_and_mul_kernel<T, 8><<<input.size(0), 256, 0, stream>>>(p);
     else
       silu_and_mul_kernel<T, 1><<<input.size(0), 256, 0, stream>>>(p);
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void qk_norm_rope_kv_write(at::Tensor& qkv, const at::Tensor& positions, const at::Tensor& cos_sin_cache,
+                           const std::optional<at::Tensor>& q_weight, const std::optional<at::Tensor>& k_weight,
+                           double eps, int64_t num_heads, at::Tensor& kv_cache, const at::Tensor& slot_mapping) {
+  const char* op = "qk_norm_rope_kv_write";
+  check_cuda(qkv, "qkv");
+  check_dtype(qkv, op);
+  check_same_dtype(qkv, kv_cache, op);
+  TORCH_CHECK(kv_cache.dim() == 5, op, ": kv_cache must be [2, num_blocks, block_size, num_kv_heads, head_size]");
+  const int64_t head_size = kv_cache.size(4), num_kv_heads = kv_cache.size(3), num_tokens = qkv.size(0);
+  check_kv_cache(kv_cache, head_size);
+  TORCH_CHECK(qkv.dim() == 2 && qkv.stride(1) == 1 && qkv.size(1) == (num_heads + 2 * num_kv_heads) * head_size, op,
+              ": qkv must be [num_tokens, (num_heads + 2 * num_kv_heads) * head_size] with contiguous rows");
+  for (const auto* w : {&q_weight, &k_weight}) {
+    if (*w) {
+      check_same_dtype(qkv, **w, op);
+      TORCH_CHECK((*w)->dim() == 1 && (*w)->size(0) == head_size && (*w)->is_contiguous(), op,
+                  ": q/k norm weights must be [head_size]");
+    }
+  }
+  TORCH_CHECK(q_weight.has_value() == k_weight.has_value(), op, ": give both q and k norm weights or neither");
+  check_cuda(positions, "positions");
+  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.dim() == 1 && positions.size(0) == num_tokens &&
+                  positions.is_contiguous(),
+              op, ": positions must be a contiguous int64 [num_tokens] tensor");
+  check_cuda(cos_sin_cache, "cos_sin_cache");
+  TORCH_CHECK(cos_sin_cache.scalar_type() == at::kFloat && cos_sin_cache.dim() == 2 && cos_sin_cache.is_contiguous() &&
+                  cos_sin_cache.size(1) == head_size,
+              op, ": cos_sin_cache must be a contiguous float32 [max_position, head_size] tensor");
+  check_cuda(slot_mapping, "slot_mapping");
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.dim() == 1 &&
+                  slot_mapping.size(0) == num_tokens && slot_mapping.is_contiguous(),
+              op, ": slot_mapping must be a contiguous int64 [num_tokens] tensor");
+  if (num_tokens == 0) return;
+  const at::cuda::OptionalCUDAGuard guard(qkv.device());
+  QkNormRopeParams p{};
+  p.qkv = qkv.data_ptr();
+  p.positions = reinterpret_cast<const long long*>(positions.data_ptr<int64_t>());
+  p.cos_sin_cache = cos_sin_cache.data_ptr<float>();
+  p.q_weight = q_weight ? q_weight->data_ptr() : nullptr;
+  p.k_weight = k_weight ? k_weight->data_ptr() : nullptr;
+  p.key_cache = kv_cache[0].data_ptr();
+  p.value_cache = kv_cache[1].data_ptr();
+  p.slot_mapping = reinterpret_cast<const long long*>(slot_mapping.data_ptr<int64_t>());
+  p.qkv_stride = qkv.stride(0);
+  p.max_position = cos_sin_cache.size(0);
+  p.num_slots = kv_cache.size(1) * kBlockSize;
+  p.num_heads = static_cast<int>(num_heads);
+  p.num_kv_heads = static_cast<int>(num_kv_heads);
+  p.eps = static_cast<float>(eps);
+  const int threads = 32 * static_cast<int>(std::min<int64_t>(num_heads + num_kv_heads, 16));
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  dispatch_dtype(qkv.scalar_type(), op, [&](auto t) {
+    using T = decltype(t);
+    dispatch_head_size(head_size, op, [&](auto h) {
+      constexpr int H = decltype(h)::value;
+      qk_norm_rope_kernel<T, H><<<num_tokens, threads, 0, stream>>>(p);
+    });
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

@@ -29,6 +29,9 @@ void rotary_embedding(const at::Tensor& positions, at::Tensor& query, const std:
                       const at::Tensor& cos_sin_cache, int64_t head_size, bool is_neox);
 void silu_and_mul(at::Tensor& out, const at::Tensor& input);
 void gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
+void qk_norm_rope_kv_write(at::Tensor& qkv, const at::Tensor& positions, const at::Tensor& cos_sin_cache,
+                           const std::optional<at::Tensor>& q_weight, const std::optional<at::Tensor>& k_weight,
+                           double eps, int64_t num_heads, at::Tensor& kv_cache, const at::Tensor& slot_mapping);
 }  // namespace voltllm
 
 TORCH_LIBRARY(voltllm_C, m) {
@@ -55,6 +58,9 @@ TORCH_LIBRARY(voltllm_C, m) {
       "int head_size, bool is_neox) -> ()");
   m.def("silu_and_mul(Tensor(a!) out, Tensor input) -> ()");
   m.def("gemv(Tensor(a!) out, Tensor x, Tensor weight, Tensor? bias) -> ()");
+  m.def(
+      "qk_norm_rope_kv_write(Tensor(a!) qkv, Tensor positions, Tensor cos_sin_cache, Tensor? q_weight, "
+      "Tensor? k_weight, float eps, int num_heads, Tensor(b!) kv_cache, Tensor slot_mapping) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(voltllm_C, CUDA, m) {
@@ -68,4 +74,5 @@ TORCH_LIBRARY_IMPL(voltllm_C, CUDA, m) {
   m.impl("rotary_embedding", &voltllm::rotary_embedding);
   m.impl("silu_and_mul", &voltllm::silu_and_mul);
   m.impl("gemv", &voltllm::gemv);
+  m.impl("qk_norm_rope_kv_write", &voltllm::qk_norm_rope_kv_write);
 }
