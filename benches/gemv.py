@@ -2,9 +2,10 @@
 
 For the linear layers of the Qwen3-0.6B and Llama-3-8B shapes at 1 and 2 input rows, prints the
 time of each, the weight bytes read per second as a fraction of the device copy bandwidth measured in
-the same run, and the speed-up of the kernel. Calls are timed as CUDA-graph replays (as
-the engine runs them: no launch overhead) and weights rotate over enough copies to exceed the L2
-cache, so every call reads from memory as in a real forward pass.
+the same run, and the speed-up of the kernel; "gate_up+act" is the gate/up projection with SiLU-and-mul
+in the GEMV's epilogue, against torch's GEMM followed by the activation kernel. Calls are timed as
+CUDA-graph replays (as the engine runs them: no launch overhead) and weights rotate over enough copies
+to exceed the L2 cache, so every call reads from memory as in a real forward pass.
 
     python benches/gemv.py
 """
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_latency import copy_bandwidth  # noqa: E402
 
+from voltllm.ops import silu_and_mul  # noqa: E402
 from voltllm.ops.linear import gemv  # noqa: E402
 
 SHAPES = {  # name -> (n, k)
@@ -66,14 +68,19 @@ def main() -> None:
         nbytes = n * k * 2
         copies = max(1, -(-256 * 2**20 // nbytes))
         weights = [torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02 for _ in range(copies)]
-        for rows in (1, 2):
+        swiglu_too = name.endswith("gate_up")
+        for rows, swiglu in [(r, s) for r in (1, 2) for s in ((False, True) if swiglu_too else (False,))]:
             x = torch.randn(rows, k, device="cuda", dtype=torch.float16)
-            out = torch.empty(rows, n, device="cuda", dtype=torch.float16)
-            torch_us = time_us(lambda i: F.linear(x, weights[i]), copies)  # noqa: B023
-            gemv_us = time_us(lambda i: gemv(x, weights[i], out=out), copies)  # noqa: B023
+            out = torch.empty(rows, n // 2 if swiglu else n, device="cuda", dtype=torch.float16)
+            if swiglu:
+                torch_us = time_us(lambda i: silu_and_mul(F.linear(x, weights[i])), copies)  # noqa: B023
+            else:
+                torch_us = time_us(lambda i: F.linear(x, weights[i]), copies)  # noqa: B023
+            gemv_us = time_us(lambda i: gemv(x, weights[i], out=out, swiglu=swiglu), copies)  # noqa: B023
             fraction = nbytes / (gemv_us * 1e-6) / bandwidth
+            label = name + ("+act" if swiglu else "")
             print(
-                f"| {name} | {rows} | {torch_us:.1f} | {gemv_us:.1f} | {fraction:.2f} | "
+                f"| {label} | {rows} | {torch_us:.1f} | {gemv_us:.1f} | {fraction:.2f} | "
                 f"{torch_us / gemv_us:.2f}x |",
                 flush=True,
             )

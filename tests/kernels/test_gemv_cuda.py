@@ -17,14 +17,19 @@ cuda = pytest.mark.gpu
 @pytest.mark.parametrize("rows", [1, 2])
 @pytest.mark.parametrize(("n", "k"), [(4096, 1024), (1024, 3072), (7, 4104), (151, 14336)])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_gemv_matches_fp32_reference(dtype, rows, n, k, with_bias):
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_gemv_matches_fp32_reference(dtype, rows, n, k, with_bias, swiglu):
     gen = torch.Generator(device="cuda").manual_seed(rows * 1000 + n + k)
     x = torch.randn(rows, k, device="cuda", generator=gen).to(dtype)
-    weight = (torch.randn(n, k, device="cuda", generator=gen) / k**0.5).to(dtype)
-    bias = torch.randn(n, device="cuda", generator=gen).to(dtype) if with_bias else None
+    n_weight = 2 * n if swiglu else n
+    weight = (torch.randn(n_weight, k, device="cuda", generator=gen) / k**0.5).to(dtype)
+    bias = torch.randn(n_weight, device="cuda", generator=gen).to(dtype) if with_bias else None
     out = torch.full((rows, n), float("nan"), device="cuda", dtype=dtype)  # poisoned: unwritten fails
-    gemv(x, weight, bias, out=out)
+    gemv(x, weight, bias, out=out, swiglu=swiglu)
     ref = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
+    if swiglu:  # the unfused path rounds the projection to dtype before the activation
+        gate, up = ref.to(dtype).float().chunk(2, dim=-1)
+        ref = F.silu(gate) * up
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
 
 
@@ -59,3 +64,5 @@ def test_linear_on_cpu_is_torch_linear():
     assert not gemv_applies(x, weight)
     torch.testing.assert_close(linear(x, weight, bias), F.linear(x, weight, bias))
     torch.testing.assert_close(gemv(x, weight, bias), F.linear(x, weight, bias))
+    gate, up = F.linear(x, weight, bias).chunk(2, dim=-1)
+    torch.testing.assert_close(gemv(x, weight, bias, swiglu=True), F.silu(gate) * up)

@@ -29,6 +29,7 @@ from voltllm.layers.embedding import LMHead, VocabEmbedding
 from voltllm.layers.linear import Linear, MergedLinear
 from voltllm.layers.norm import RMSNorm
 from voltllm.layers.rotary import RotaryEmbedding, rope_parameters_of
+from voltllm.ops.linear import gemv, gemv_applies
 
 
 @dataclass(frozen=True)
@@ -201,7 +202,11 @@ class GatedMLP(nn.Module):
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+        gate_up = self.gate_up_proj
+        if gemv_applies(x, gate_up.weight):
+            # Decode rows on a GPU: SiLU-and-mul runs in the gate/up GEMV's epilogue.
+            return self.down_proj(gemv(x, gate_up.weight, gate_up.bias, swiglu=True))
+        return self.down_proj(self.act_fn(gate_up(x)))
 
 
 class DecoderLayer(nn.Module):

@@ -36,7 +36,12 @@ def _elementwise() -> dict[str, list[str]]:
             f"voltllm::rotary_embedding_kernel<{t}, {neox}>" for t in DTYPES for neox in ("true", "false")
         ],
         "activation.cuh": [f"voltllm::silu_and_mul_kernel<{t}, {vec}>" for t in DTYPES for vec in (1, 8)],
-        "gemv.cuh": [f"voltllm::gemv_kernel<{t}, {rows}>" for t in DTYPES for rows in (1, 2)],
+        "gemv.cuh": [
+            f"voltllm::gemv_kernel<{t}, {rows}, {swiglu}>"
+            for t in DTYPES
+            for rows in (1, 2)
+            for swiglu in ("false", "true")
+        ],
         "qk_norm_rope.cuh": [f"voltllm::qk_norm_rope_kernel<{t}, {h}>" for t in DTYPES for h in HEAD_SIZES],
     }
     return variants

@@ -28,7 +28,8 @@ void fused_add_rms_norm(at::Tensor& input, at::Tensor& residual, const at::Tenso
 void rotary_embedding(const at::Tensor& positions, at::Tensor& query, const std::optional<at::Tensor>& key,
                       const at::Tensor& cos_sin_cache, int64_t head_size, bool is_neox);
 void silu_and_mul(at::Tensor& out, const at::Tensor& input);
-void gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
+void gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+          bool swiglu);
 void qk_norm_rope_kv_write(at::Tensor& qkv, const at::Tensor& positions, const at::Tensor& cos_sin_cache,
                            const std::optional<at::Tensor>& q_weight, const std::optional<at::Tensor>& k_weight,
                            double eps, int64_t num_heads, at::Tensor& kv_cache, const at::Tensor& slot_mapping);
@@ -57,7 +58,7 @@ TORCH_LIBRARY(voltllm_C, m) {
       "rotary_embedding(Tensor positions, Tensor(a!) query, Tensor(b!)? key, Tensor cos_sin_cache, "
       "int head_size, bool is_neox) -> ()");
   m.def("silu_and_mul(Tensor(a!) out, Tensor input) -> ()");
-  m.def("gemv(Tensor(a!) out, Tensor x, Tensor weight, Tensor? bias) -> ()");
+  m.def("gemv(Tensor(a!) out, Tensor x, Tensor weight, Tensor? bias, bool swiglu) -> ()");
   m.def(
       "qk_norm_rope_kv_write(Tensor(a!) qkv, Tensor positions, Tensor cos_sin_cache, Tensor? q_weight, "
       "Tensor? k_weight, float eps, int num_heads, Tensor(b!) kv_cache, Tensor slot_mapping) -> ()");

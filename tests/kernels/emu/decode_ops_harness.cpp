@@ -1,7 +1,9 @@
-// C entry point that runs the fused attention prologue (qk_norm_rope.cuh) on the CPU emulator, for
-// tests/kernels/test_qk_norm_rope_emulated.py (loaded with ctypes; pointers are CPU torch tensors).
+// C entry points that run the decode-path kernels written beside attention (the fused attention prologue
+// qk_norm_rope.cuh, the GEMV gemv.cuh) on the CPU emulator, for tests/kernels/test_decode_ops_emulated.py
+// (loaded with ctypes; pointers are CPU torch tensors).
 #include "cuda_emu.h"
-// The kernel header comes after the emulator, which stands in for the CUDA toolchain.
+// The kernel headers come after the emulator, which stands in for the CUDA toolchain.
+#include "gemv.cuh"
 #include "qk_norm_rope.cuh"
 
 namespace {
@@ -22,9 +24,44 @@ void run_head(int head, const voltllm::QkNormRopeParams& p, int num_tokens, unsi
   }
 }
 
+template <typename T, int ROWS, bool SWIGLU>
+void run_gemv(const voltllm::GemvParams& p, unsigned seed) {
+  const int blocks = (p.n + voltllm::kGemvWarps - 1) / voltllm::kGemvWarps;
+  emu::launch(dim3(blocks), dim3(32 * voltllm::kGemvWarps), 0, [&] { voltllm::gemv_kernel<T, ROWS, SWIGLU>(p); },
+              seed);
+}
+
+template <typename T>
+void run_gemv_rows(const voltllm::GemvParams& p, bool swiglu, unsigned seed) {
+  if (p.rows == 1) {
+    swiglu ? run_gemv<T, 1, true>(p, seed) : run_gemv<T, 1, false>(p, seed);
+  } else {
+    swiglu ? run_gemv<T, 2, true>(p, seed) : run_gemv<T, 2, false>(p, seed);
+  }
+}
+
 }  // namespace
 
 extern "C" {
+
+void emu_gemv(int bf16, void* out, const void* x, const void* weight, const void* bias, long long out_stride,
+              long long x_stride, int rows, int n, int k, int swiglu, unsigned seed) {
+  voltllm::GemvParams p{};
+  p.out = out;
+  p.x = x;
+  p.weight = weight;
+  p.bias = bias;
+  p.out_stride = out_stride;
+  p.x_stride = x_stride;
+  p.rows = rows;
+  p.n = n;
+  p.k = k;
+  if (bf16) {
+    run_gemv_rows<__nv_bfloat16>(p, swiglu != 0, seed);
+  } else {
+    run_gemv_rows<__half>(p, swiglu != 0, seed);
+  }
+}
 
 void emu_qk_norm_rope(int bf16, int head, void* qkv, const long long* positions, const float* cos_sin,
                       const void* q_weight, const void* k_weight, void* key_cache, void* value_cache,

@@ -1,5 +1,6 @@
-"""The fused attention prologue kernel (q/k norm + rotary + KV write) on the CPU emulator, against the
-unfused torch references it replaces."""
+"""Decode-path kernels on the CPU emulator (tests/kernels/emu): the fused attention prologue (q/k norm +
+rotary + KV write) against the unfused torch references it replaces, and the GEMV (plain and with the
+SwiGLU epilogue) against an fp32 product."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from voltllm import ops
 from voltllm.ops.prologue import qk_norm_rope_kv_write_ref
@@ -23,10 +25,10 @@ pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ t
 
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    lib = tmp_path_factory.mktemp("emu") / "prologue.so"
+    lib = tmp_path_factory.mktemp("emu") / "decode_ops.so"
     cmd = [
         "g++", "-std=c++17", "-O1", "-fPIC", "-shared", "-Wno-unknown-pragmas",
-        f"-I{EMU / 'include'}", f"-I{EMU}", f"-I{CSRC}", str(EMU / "prologue_harness.cpp"), "-o", str(lib),
+        f"-I{EMU / 'include'}", f"-I{EMU}", f"-I{CSRC}", str(EMU / "decode_ops_harness.cpp"), "-o", str(lib),
     ]  # fmt: skip
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     return ctypes.CDLL(str(lib))
@@ -75,3 +77,25 @@ def test_prologue_matches_unfused_references(emu, head, num_heads, num_kv_heads,
     got, want = kv_cache.view(2, num_blocks * 16, -1), ref_cache.view(2, num_blocks * 16, -1)
     torch.testing.assert_close(got[:, written].float(), want[:, written].float(), atol=tol, rtol=tol)
     assert got[:, ~written].isnan().all(), "a slot that was not scheduled was written"
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+@pytest.mark.parametrize("swiglu", [False, True])
+@pytest.mark.parametrize(("n", "k", "dtype"), [(9, 520, torch.float16), (6, 2056, torch.bfloat16)])
+def test_gemv_matches_fp32_product(emu, rows, swiglu, n, k, dtype):
+    gen = torch.Generator().manual_seed(n * k + rows)
+    x = torch.randn(rows, k + 8, generator=gen).to(dtype)[:, :k]  # rows k + 8 apart
+    weight = (torch.randn(2 * n if swiglu else n, k, generator=gen) / k**0.5).to(dtype)
+    bias = torch.randn(weight.shape[0], generator=gen).to(dtype)
+    out = torch.full((rows, n), float("nan")).to(dtype)
+    emu.emu_gemv(
+        ctypes.c_int(int(dtype == torch.bfloat16)), _ptr(out), _ptr(x), _ptr(weight), _ptr(bias),
+        ctypes.c_longlong(out.stride(0)), ctypes.c_longlong(x.stride(0)), ctypes.c_int(rows), ctypes.c_int(n),
+        ctypes.c_int(k), ctypes.c_int(int(swiglu)), ctypes.c_uint(5),
+    )  # fmt: skip
+    ref = F.linear(x.float(), weight.float(), bias.float())
+    if swiglu:
+        gate, up = ref.to(dtype).float().chunk(2, dim=-1)
+        ref = F.silu(gate) * up
+    tol = 1e-2 if dtype == torch.float16 else 5e-2
+    torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
