@@ -114,22 +114,28 @@ def test_reset_prefix_cache_only_when_idle():
 @pytest.mark.parametrize("caching", [True, False])
 def test_decode_adds_and_registers_blocks_exactly_at_block_boundaries(caching):
     """Between boundaries a decode's allocation is a no-op (the fast path); at each boundary the new
-    block comes, and a block that fills up is registered in the prefix cache."""
+    block comes, and the block before it, filled by the previous step, is registered then."""
     kv = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=caching)
     r = req("a", [1, 2, 3, 4, 5])
-    for token in range(100, 115):
+    for token in range(100, 112):
         num_blocks_before = len(kv.get_block_ids("a"))
         num_new = r.num_tokens - r.num_computed_tokens
         added = kv.allocate_slots(r, num_new)
         total = r.num_computed_tokens + num_new
         assert len(kv.get_block_ids("a")) == -(-total // 4)
         assert len(added) == -(-total // 4) - num_blocks_before
+        assert kv.quiet_until["a"] == 4 * len(kv.get_block_ids("a"))  # no call until the next block
         registered = [b.block_hash is not None for b in kv.req_to_blocks["a"]]
-        assert sum(registered) == (total // 4 if caching else 0)
+        # every full block but one that this very step fills with a decode
+        assert sum(registered) == ((total - 1) // 4 if caching else 0)
         r.num_computed_tokens = total
         r.append_output_token(token)
+    assert r.num_computed_tokens == 16  # blocks 0-3 full, block 3 filled by the last step
+    assert sum(b.block_hash is not None for b in kv.req_to_blocks["a"]) == (3 if caching else 0)
     kv.free(r)
     assert kv.num_free_blocks == 16
+    # release registers the full block the last decode filled
+    assert kv.get_computed_blocks(req("b", r.all_token_ids))[1] == (16 if caching else 0)
 
 
 def test_blocks_filled_by_decodes_serve_later_prefix_hits():

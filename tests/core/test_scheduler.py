@@ -57,7 +57,8 @@ def test_budget_chunking_and_mixing_prefill_with_decode():
     # a's decode first, then as much of b's prompt as the budget allows: a chunk, no sample for b
     assert list(plan.num_scheduled_tokens.items()) == [("a", 1), ("b", 9)]
     assert [o.request_id for o in outs] == ["a"]
-    assert plan.scheduled_new_reqs[0].request_id == "b" and plan.scheduled_cached_reqs[0].request_id == "a"
+    assert plan.scheduled_new_reqs[0].request_id == "b"
+    assert plan.scheduled_cached_reqs == ()  # a's 8th token stays inside its 2nd block: no diff for it
     plan, outs = step(s)
     assert dict(plan.num_scheduled_tokens) == {"a": 1, "b": 9}
     plan, outs = step(s)
@@ -206,14 +207,17 @@ def test_decode_plans_carry_new_blocks_only_at_block_boundaries():
     plan, _ = step(s)
     seen_blocks = list(plan.scheduled_new_reqs[0].block_ids)
     while s.has_unfinished_requests():
+        computed = s.requests["a"].num_computed_tokens
         plan, _ = step(s)
-        [cached] = plan.scheduled_cached_reqs
-        computed = s.requests["a"].num_computed_tokens - 1 if "a" in s.requests else None
-        # This step computes token `cached.num_computed_tokens`; it needs a block when that position
-        # starts one.
-        assert bool(cached.new_block_ids) == (cached.num_computed_tokens % 4 == 0)
-        assert computed is None or computed == cached.num_computed_tokens
-        seen_blocks += cached.new_block_ids
+        assert plan.num_scheduled_tokens == {"a": 1}
+        # This step computes token `computed`; it needs a block (and a diff) when that token starts one.
+        if computed % 4 == 0:
+            [cached] = plan.scheduled_cached_reqs
+            assert cached.request_id == "a" and cached.num_computed_tokens == computed
+            assert len(cached.new_block_ids) == 1
+            seen_blocks += cached.new_block_ids
+        else:
+            assert plan.scheduled_cached_reqs == ()
         if "a" in s.requests:
             assert seen_blocks == s.kv.get_block_ids("a")
     assert len(seen_blocks) == -(-(5 + 14 - 1) // 4)  # the last sampled token is never computed
@@ -230,3 +234,41 @@ def test_whole_batch_finishing_in_one_step():
     assert not s.running and not s.requests and s.kv.num_free_blocks == 128
     assert s.schedule().finished_req_ids == {f"r{i}" for i in range(40)}
     assert s.get_stats().num_generation_tokens == 160
+
+
+def test_request_aborted_while_its_step_runs_gets_no_output():
+    s = make()
+    a, b = add(s, "a", 5, max_tokens=10), add(s, "b", 5, max_tokens=10, first_token=20)
+    step(s)
+    plan = s.schedule()
+    runner_output = ModelRunnerOutput({rid: TOKEN for rid in plan.num_scheduled_tokens})
+    s.abort_requests(["a"])
+    outs = s.update_from_output(plan, runner_output)
+    assert [o.request_id for o in outs] == ["b"]
+    assert a.num_tokens == 6 and b.num_tokens == 7  # a's token of the aborted step is dropped
+    assert s.running == [b]
+    plan, outs = step(s)
+    assert list(plan.num_scheduled_tokens.items()) == [("b", 1)] and [o.request_id for o in outs] == ["b"]
+
+
+def test_decode_steps_call_the_kv_cache_manager_only_at_block_boundaries():
+    """The scheduler's per-step work at a large decode batch: one allocation per request that starts
+    a new block, none for the others (and no CachedRequestData for them)."""
+    s = make(num_blocks=512, block_size=4, budget=256, max_seqs=32)
+    for i in range(32):
+        add(s, f"r{i}", 3 + i % 4, max_tokens=40, first_token=10 * i + 1)
+    step(s)
+    calls = []
+    allocate = s.kv.allocate_slots
+    s.kv.allocate_slots = lambda r, *a: calls.append(r.request_id) or allocate(r, *a)
+    for _ in range(12):
+        starting_a_block = {r.request_id for r in s.running if r.num_computed_tokens % 4 == 0}
+        calls.clear()
+        plan, outs = step(s)
+        assert len(outs) == 32
+        assert set(calls) == starting_a_block and len(calls) == len(starting_a_block)
+        assert {c.request_id for c in plan.scheduled_cached_reqs} == starting_a_block
+        # and the next schedule() will look at exactly the requests whose next token starts a block
+        assert {r.request_id for r in s._to_check} == {
+            r.request_id for r in s.running if r.num_computed_tokens % 4 == 0
+        }

@@ -12,21 +12,29 @@ A block is in exactly one of three places:
 from __future__ import annotations
 
 import hashlib
-from array import array
+import struct
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 
 def hash_block_tokens(parent_hash: bytes | None, token_ids: Sequence[int]) -> bytes:
     """Chained hash of one full block: depends on the block's tokens and everything before it.
 
     A cryptographic hash (blake2b) so that a crafted prompt cannot collide with another user's prefix
-    and read its cached KV.
+    and read its cached KV. The tokens are hashed as native int64s.
     """
-    h = hashlib.blake2b(digest_size=16)
-    h.update(parent_hash or b"\0" * 16)
-    h.update(array("q", token_ids).tobytes())
-    return h.digest()
+    pack = _INT64_PACKERS.get(len(token_ids)) or _int64_packer(len(token_ids))
+    return hashlib.blake2b((parent_hash or _NO_PARENT) + pack(*token_ids), digest_size=16).digest()
+
+
+_NO_PARENT = b"\0" * 16
+_INT64_PACKERS: dict[int, Callable[..., bytes]] = {}
+
+
+def _int64_packer(n: int) -> Callable[..., bytes]:
+    # A compiled struct packs a block's ints ~2x faster than array("q", ids).tobytes(), same bytes.
+    pack = _INT64_PACKERS[n] = struct.Struct(f"{n}q").pack
+    return pack
 
 
 class KVCacheBlock:
@@ -68,12 +76,13 @@ class BlockPool:
 
     def allocate(self, num_blocks: int) -> list[KVCacheBlock]:
         """Take `num_blocks` free blocks (ref_cnt 1 each), evicting cached ones only when needed."""
-        if num_blocks > self.num_free_blocks:
+        free_empty = self._free_empty
+        if num_blocks > len(free_empty) + len(self._free_cached):
             raise ValueError(f"cannot allocate {num_blocks} blocks, {self.num_free_blocks} free")
         out = []
         for _ in range(num_blocks):
-            if self._free_empty:
-                block = self._free_empty.popleft()
+            if free_empty:
+                block = free_empty.popleft()
             else:
                 _, block = self._free_cached.popitem(last=False)
                 self._evict(block)

@@ -1,9 +1,11 @@
 """Request-level KV-cache bookkeeping on top of the `BlockPool`.
 
 Each request owns a list of blocks (its block table): block i holds the KV of tokens
-[i * block_size, (i + 1) * block_size). Prefix caching works on full blocks only: once a block's tokens
-are all scheduled, it is registered under the chained hash of its tokens, and a later request whose
-prompt starts with the same full blocks reuses them instead of computing them again.
+[i * block_size, (i + 1) * block_size). Prefix caching works on full blocks only: a full block is
+registered under the chained hash of its tokens, and a later request whose prompt starts with the same
+full blocks reuses them instead of computing them again. A block is registered by the allocation that
+schedules its last token, except that a block filled by a decode waits for the request's next
+allocation (its next block) or its release: one call into here per `block_size` decode steps, not two.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ class KVCacheManager:
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self._num_hashed_blocks: dict[str, int] = {}  # how many of a request's blocks are registered
         # Per request, the token count up to which `allocate_slots` (without prefix hits) has nothing
-        # to do: no block to add and none filled up to register. Read-only outside this class; it
-        # spares the scheduler's decode loop any call in here between block boundaries.
+        # to do: the end of its last block. Read-only outside this class; it spares the scheduler's
+        # decode loop any call in here between block boundaries.
         self.quiet_until: dict[str, int] = {}
         self.prefix_cache_queries = 0  # cumulative tokens looked up
         self.prefix_cache_hits = 0  # cumulative tokens found
@@ -82,33 +84,68 @@ class KVCacheManager:
         """Make room for `num_new_tokens` more tokens of `request` (after `new_computed_blocks`, the
         prefix hits found for it this step). Returns the blocks added to its table, or None — changing
         nothing — when the pool is too small right now."""
+        if new_computed_blocks:
+            return self._allocate_after_hits(request, num_new_tokens, new_computed_blocks)
         request_id = request.request_id
-        if not new_computed_blocks and (
-            request.num_computed_tokens + num_new_tokens <= self.quiet_until.get(request_id, -1)
-        ):
+        num_total = request.num_computed_tokens + num_new_tokens
+        if num_total <= self.quiet_until.get(request_id, -1):
             return ()  # most decodes: inside the last block, which they do not fill
-        blocks = self.req_to_blocks.setdefault(request_id, [])
+        # Inlined rather than shared with `_allocate_after_hits`: at a large decode batch a few dozen
+        # requests reach a block boundary every step, and each function call here costs.
+        blocks = self.req_to_blocks.get(request_id)
+        if blocks is None:
+            blocks = self.req_to_blocks[request_id] = []
+        block_size = self.block_size
+        num_new_blocks = -(-num_total // block_size) - len(blocks)
+        added: Sequence[KVCacheBlock] = ()
+        if num_new_blocks > 0:
+            if num_new_blocks > self.pool.num_free_blocks:
+                if not blocks:
+                    del self.req_to_blocks[request_id]
+                return None
+            added = self.pool.allocate(num_new_blocks)
+            blocks.extend(added)
+        if self.enable_prefix_caching:
+            num_hashed = self._num_hashed_blocks.get(request_id, 0)
+            if num_total // block_size > num_hashed:
+                self._register(request, blocks, num_hashed, num_total // block_size)
+        self.quiet_until[request_id] = len(blocks) * block_size  # see _after_allocation
+        return added
+
+    def _allocate_after_hits(
+        self, request: Request, num_new_tokens: int, new_computed_blocks: Sequence[KVCacheBlock]
+    ) -> Sequence[KVCacheBlock] | None:
+        """`allocate_slots` for a request admitted with prefix hits (its table is empty so far)."""
+        blocks = self.req_to_blocks.setdefault(request.request_id, [])
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
         num_total = num_computed + num_new_tokens
         num_new_blocks = max(0, cdiv(num_total, self.block_size) - len(blocks) - len(new_computed_blocks))
-        added: Sequence[KVCacheBlock] = ()  # a decode that only fills its last block adds none
-        if num_new_blocks or new_computed_blocks:
-            # Reviving a free cached block takes it out of the free pool as surely as allocating one.
-            num_revived = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
-            if num_new_blocks + num_revived > self.pool.num_free_blocks:
-                if not blocks:
-                    del self.req_to_blocks[request.request_id]
-                return None
-            self.pool.touch(new_computed_blocks)
-            added = [*new_computed_blocks, *self.pool.allocate(num_new_blocks)]
-            blocks.extend(added)
-        self._cache_full_blocks(request, blocks, num_total)
-        self.quiet_until[request_id] = self._quiet_limit(request_id, len(blocks))
+        # Reviving a free cached block takes it out of the free pool as surely as allocating one.
+        num_revived = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        if num_new_blocks + num_revived > self.pool.num_free_blocks:
+            if not blocks:
+                del self.req_to_blocks[request.request_id]
+            return None
+        self.pool.touch(new_computed_blocks)
+        added = [*new_computed_blocks, *self.pool.allocate(num_new_blocks)]
+        blocks.extend(added)
+        self._after_allocation(request, blocks, num_total)
         return added
 
+    def _after_allocation(self, request: Request, blocks: list[KVCacheBlock], num_total: int) -> None:
+        """Register the blocks `num_total` tokens fill, and move the request's quiet range on."""
+        if self.enable_prefix_caching:
+            self._cache_full_blocks(request, blocks, num_total)
+        # A decode that fills the last block is left alone too: its next allocation, or `free`,
+        # registers that block.
+        self.quiet_until[request.request_id] = len(blocks) * self.block_size
+
     def free(self, request: Request) -> None:
-        """Release a finished, aborted or preempted request's blocks (cached ones stay reusable)."""
+        """Release a finished, aborted or preempted request's blocks (cached ones stay reusable).
+        Full blocks of computed tokens not yet registered (filled by its last decodes) are first."""
         blocks = self.req_to_blocks.pop(request.request_id, [])
+        if self.enable_prefix_caching and blocks:
+            self._cache_full_blocks(request, blocks, request.num_computed_tokens)
         self._num_hashed_blocks.pop(request.request_id, None)
         self.quiet_until.pop(request.request_id, None)
         self.pool.free(reversed(blocks))
@@ -117,26 +154,23 @@ class KVCacheManager:
         return self.pool.reset_prefix_cache()
 
     def _cache_full_blocks(self, request: Request, blocks: list[KVCacheBlock], num_tokens: int) -> None:
-        """Register the blocks that this step fills completely. Their KV is written by the step that
-        was just scheduled; a request that hits them in the same step reads them only after the
+        """Register the blocks that the first `num_tokens` tokens fill. When those are being computed by
+        the step just scheduled, a request that hits them in the same step reads them only after the
         attention backend has written the step's K/V (backends write before they attend)."""
-        if not self.enable_prefix_caching:
-            return
         num_full = num_tokens // self.block_size
-        start = self._num_hashed_blocks.get(request.request_id, 0)
-        if num_full <= start:
-            return
-        hashes = self._block_hashes(request)
-        for i in range(start, num_full):
-            self.pool.cache_block(blocks[i], hashes[i])
-        self._num_hashed_blocks[request.request_id] = num_full
+        num_hashed = self._num_hashed_blocks.get(request.request_id, 0)
+        if num_full > num_hashed:
+            self._register(request, blocks, num_hashed, num_full)
 
-    def _quiet_limit(self, request_id: str, num_blocks: int) -> int:
-        limit = num_blocks * self.block_size
-        if self.enable_prefix_caching:
-            # One token short of filling the first block not yet registered.
-            limit = min(limit, (self._num_hashed_blocks.get(request_id, 0) + 1) * self.block_size - 1)
-        return limit
+    def _register(self, request: Request, blocks: list[KVCacheBlock], start: int, stop: int) -> None:
+        """Register blocks [start, stop) of `request` (the first `start` are registered already)."""
+        hashes, tokens, bs = request.block_hashes, request.all_token_ids, self.block_size
+        cache_block = self.pool.cache_block
+        for i in range(start, stop):
+            if i == len(hashes):  # hashes are memoised on the request, in order
+                hashes.append(hash_block_tokens(hashes[-1] if i else None, tokens[i * bs : i * bs + bs]))
+            cache_block(blocks[i], hashes[i])
+        self._num_hashed_blocks[request.request_id] = stop
 
     def _block_hashes(self, request: Request) -> list[bytes]:
         """The chained hashes of every full block of the request's known tokens (memoised on it)."""

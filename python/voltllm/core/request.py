@@ -74,11 +74,16 @@ class Request:
         # Ties in (priority, arrival_time) are broken by the order the engine saw the requests.
         self.arrival_seq = next(_arrival_counter)
         self.status = RequestStatus.WAITING
+        self.num_prompt_tokens = len(self.prompt_token_ids)
+        # Prompt then generated tokens; the generated ones are not kept twice (one append per step).
         self.all_token_ids: list[int] = list(prompt_token_ids)
-        self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0
-        # num_tokens at which max_tokens is reached (max_model_len may stop it earlier).
-        self.max_num_tokens = len(self.prompt_token_ids) + sampling_params.max_tokens
+        # num_tokens at which it stops for length: max_tokens reached (the scheduler lowers it to
+        # max_model_len when that comes first).
+        self.max_num_tokens = self.num_prompt_tokens + sampling_params.max_tokens
+        # Owned by the scheduler: the num_tokens at which `update_from_output` must look closer at this
+        # request (a length limit, or a KV cache block boundary); 0 makes it look at the next sample.
+        self.check_len = 0
         self.num_cached_tokens = 0  # prompt tokens served by the prefix cache at first scheduling
         self.num_preemptions = 0
         self.stop_reason: int | None = None
@@ -107,12 +112,13 @@ class Request:
         return len(self.all_token_ids)
 
     @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
+    def output_token_ids(self) -> list[int]:
+        """The generated tokens (a copy)."""
+        return self.all_token_ids[self.num_prompt_tokens :]
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.output_token_ids)
+        return len(self.all_token_ids) - self.num_prompt_tokens
 
     @property
     def is_finished(self) -> bool:
@@ -125,7 +131,6 @@ class Request:
         self.status = new_status
 
     def append_output_token(self, token_id: int) -> None:
-        self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
 
     def __repr__(self) -> str:

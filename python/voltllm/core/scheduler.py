@@ -16,10 +16,14 @@ Prefills and decodes therefore share one batch, and a long prompt never stalls r
 from __future__ import annotations
 
 import bisect
+import itertools
 import time
 from collections import deque
+from collections.abc import Sequence
+from types import MappingProxyType
 
 from voltllm.config import SchedulerConfig
+from voltllm.core.block_pool import KVCacheBlock
 from voltllm.core.kv_cache_manager import KVCacheManager
 from voltllm.core.request import Request, RequestStatus
 from voltllm.core.sched_output import (
@@ -29,6 +33,9 @@ from voltllm.core.sched_output import (
     SchedulerOutput,
 )
 from voltllm.engine.protocol import EngineCoreOutput, SchedulerStats
+
+_RUNNING = RequestStatus.RUNNING
+_NO_IDS: frozenset[str] = frozenset()
 
 
 class WaitingQueue:
@@ -94,11 +101,24 @@ class Scheduler:
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
         self._preempted_this_step = False
+        # Every running request's id mapped to 1, in running order: the plan of a step of decodes only,
+        # copied rather than rebuilt each step.
+        self._decode_tokens: dict[str, int] = {}
+        # Left by update_from_output for the next schedule() when its step computed every running
+        # request: the running requests that need a look of their own (a prefill in progress, a decode
+        # whose next token needs the KV cache manager), in running order. None: look at all of them.
+        self._to_check: list[Request] | None = None
+        # The last plan if it scheduled every running request, and those requests in its order.
+        self._last_plan: SchedulerOutput | None = None
+        self._last_plan_reqs: list[Request] = []
+        self._num_released = 0  # requests finished or aborted so far
+        self._num_released_at_plan = 0  # ... when the last plan was made
 
     # ----- request set -------------------------------------------------------------------------
 
     def add_request(self, request: Request) -> None:
         assert request.request_id not in self.requests, "EngineCore rejects duplicate ids"
+        request.max_num_tokens = min(request.max_num_tokens, self.max_model_len)
         self.requests[request.request_id] = request
         self.waiting.add(request)
 
@@ -122,13 +142,20 @@ class Scheduler:
     # ----- one step ----------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        budget = self.config.max_num_batched_tokens
-        num_scheduled: dict[str, int] = {}
+        """The next step's plan: running requests first (in order, preempting when the KV cache is
+        full), then waiting ones, within the token budget."""
+        max_tokens = self.config.max_num_batched_tokens
         new_reqs: list[NewRequestData] = []
         cached_reqs: list[CachedRequestData] = []
         self._preempted_this_step = False
-
-        budget = self._schedule_running(budget, num_scheduled, cached_reqs)
+        to_check, self._to_check = self._to_check, None
+        planned = None if to_check is None else self._schedule_after_full_step(to_check, cached_reqs)
+        if planned is None:
+            num_scheduled: dict[str, int] = {}
+            budget = self._schedule_running(max_tokens, num_scheduled, cached_reqs, 0)
+        else:
+            num_scheduled, budget = planned
+        complete = len(num_scheduled) == len(self.running)  # no running request left out
         # After a preemption the cache is full: admitting new work would only thrash it.
         while (
             not self._preempted_this_step
@@ -151,35 +178,79 @@ class Scheduler:
             num_scheduled[request.request_id] = num_new
             budget -= num_new
 
-        plan = SchedulerOutput.make(new_reqs, cached_reqs, num_scheduled, self._finished_req_ids)
+        finished_ids = frozenset(self._finished_req_ids) if self._finished_req_ids else _NO_IDS
         self._finished_req_ids = set()
+        plan = SchedulerOutput(
+            tuple(new_reqs),
+            tuple(cached_reqs),
+            MappingProxyType(num_scheduled),
+            max_tokens - budget,  # every scheduled token came out of the budget
+            finished_ids,
+        )
+        # A complete plan lists `running` in order: update_from_output takes the requests from here.
+        self._last_plan = plan if complete else None
+        self._last_plan_reqs = self.running.copy() if complete else []
+        self._num_released_at_plan = self._num_released
         return plan
 
-    def _schedule_running(
-        self, budget: int, num_scheduled: dict[str, int], cached_reqs: list[CachedRequestData]
-    ) -> int:
-        """Schedule running requests in order until the budget runs out; returns what is left of it.
+    def _schedule_after_full_step(
+        self, to_check: list[Request], cached_reqs: list[CachedRequestData]
+    ) -> tuple[dict[str, int], int] | None:
+        """The running requests' part of the plan when the last step computed every running request.
 
-        The hot loop at large decode batches: per request a few attribute reads, and no call into the
-        KV cache manager while the request's tokens stay inside its blocks (`kv.quiet_until`)."""
-        running, quiet_until, empty = self.running, self.kv.quiet_until, ()
-        i = 0
+        Then every running request but those in `to_check` is a decode of one token that stays inside
+        its KV blocks: the plan is `_decode_tokens` with `to_check`'s entries filled in, and only those
+        requests are looked at. Returns (num_scheduled, budget left), or None when the budget does not
+        cover every running request (the general loop caps them in order). Produces exactly the plan
+        of `_schedule_running`, which takes over from a request whose blocks do not fit."""
+        num_scheduled = self._decode_tokens.copy()
+        total = len(num_scheduled)
+        checked = []
+        for request in to_check:
+            if request.status is _RUNNING:  # not aborted since
+                num_new = len(request.all_token_ids) - request.num_computed_tokens
+                num_scheduled[request.request_id] = num_new
+                total += num_new - 1
+                checked.append((request, num_new))
+        budget = self.config.max_num_batched_tokens
+        if total > budget:
+            return None
+        quiet_until = self.kv.quiet_until
+        for request, num_new in checked:
+            request_id, num_computed = request.request_id, request.num_computed_tokens
+            if num_computed + num_new <= quiet_until.get(request_id, -1):
+                continue
+            new_blocks = self._allocate(request, num_new)
+            if new_blocks is None:
+                # Preemption: the general loop goes on from this request with the plan so far.
+                index = self.running.index(request)
+                before = dict(itertools.islice(num_scheduled.items(), index))
+                budget = self._schedule_running(budget - sum(before.values()), before, cached_reqs, index)
+                return before, budget
+            if new_blocks:
+                cached_reqs.append(self._cached_request_data(request_id, new_blocks, num_computed))
+        return num_scheduled, budget - total
+
+    def _schedule_running(
+        self, budget: int, num_scheduled: dict[str, int], cached_reqs: list[CachedRequestData], start: int
+    ) -> int:
+        """Schedule running requests from index `start` in order until the budget runs out; returns
+        what is left of it. Calls into the KV cache manager only for a request whose tokens leave its
+        quiet range (`kv.quiet_until`), and lists a request in `cached_reqs` only when it got blocks."""
+        running, quiet_until = self.running, self.kv.quiet_until
+        i = start
         while i < len(running) and budget > 0:
             request = running[i]
             request_id, num_computed = request.request_id, request.num_computed_tokens
-            num_new = len(request.all_token_ids) - num_computed
-            if num_new > budget:
-                num_new = budget
-            if num_computed + num_new <= quiet_until.get(request_id, -1):
-                new_block_ids = empty
-            else:
-                new_blocks = self.kv.allocate_slots(request, num_new)
+            num_new = min(len(request.all_token_ids) - num_computed, budget)
+            if num_computed + num_new > quiet_until.get(request_id, -1):
+                new_blocks = self._allocate(request, num_new)
                 if new_blocks is None:
                     new_blocks = self._preempt_until_fits(request, num_new, first_victim_index=i)
                     if new_blocks is None:
                         continue  # the request itself was preempted: running[i] is now the next one
-                new_block_ids = tuple([b.block_id for b in new_blocks])
-            cached_reqs.append(CachedRequestData(request_id, new_block_ids, num_computed))
+                if new_blocks:
+                    cached_reqs.append(self._cached_request_data(request_id, new_blocks, num_computed))
             num_scheduled[request_id] = num_new
             budget -= num_new
             i += 1
@@ -190,48 +261,56 @@ class Scheduler:
     ) -> list[EngineCoreOutput]:
         """Advance each scheduled request by its computed tokens, append sampled tokens, apply stop
         conditions and free finished requests. Returns one output per request that sampled."""
-        # Runs once per request per step: locals instead of attribute chains, and the stop checks
-        # behind one cheap test that no stop condition can hold.
-        outputs = []
-        now = time.time()
         sampled, logprobs = runner_output.sampled_token_ids, runner_output.logprobs
-        requests, running_status, max_model_len = self.requests, RequestStatus.RUNNING, self.max_model_len
+        scheduled = plan.num_scheduled_tokens
+        full_step = plan is self._last_plan
+        ids = list(scheduled)
+        # Usually every scheduled request sampled, in plan order; else look each one up.
+        tokens = sampled.values() if list(sampled) == ids else [sampled.get(rid) for rid in ids]
+        if full_step and self._num_released == self._num_released_at_plan:
+            pairs = zip(self._last_plan_reqs, tokens, strict=True)
+        else:  # some scheduled request may be gone (aborted between schedule() and now)
+            requests = self.requests
+            pairs = [
+                (r, t)
+                for r, t in zip([requests.get(rid) for rid in ids], tokens, strict=True)
+                if r is not None and r.status is _RUNNING
+            ]
+        outputs: list[EngineCoreOutput] = []
+        to_check: list[Request] = []  # for the next schedule(), in running order
         finished: list[tuple[Request, RequestStatus]] = []
-        for request_id, num_tokens in plan.num_scheduled_tokens.items():
-            request = requests.get(request_id)
-            if request is None or request.status is not running_status:
-                continue  # aborted between schedule() and now
-            start = request.num_computed_tokens
-            num_prompt = len(request.prompt_token_ids)
-            if start < num_prompt:
-                self.num_prompt_tokens += min(num_prompt, start + num_tokens) - start
-            request.num_computed_tokens = start + num_tokens
-            token_id = sampled.get(request_id)
-            if token_id is None:
-                continue  # a prefill chunk that did not reach the end of the prompt
-            if request.first_token_ts is None:
-                request.first_token_ts = now
-            request.output_token_ids.append(token_id)
+        append, output = outputs.append, EngineCoreOutput
+        # The hot loop, once per request per step: a decode appends its token and builds its output;
+        # one test (a stop id sampled, or `check_len` reached) sends the rest to `_update_closely`.
+        for request, token_id in pairs:
+            if token_id is None:  # a prefill chunk that did not reach the end of the prompt
+                num_tokens = scheduled[request.request_id]
+                self._count_prompt_tokens(request, num_tokens)
+                request.num_computed_tokens += num_tokens
+                to_check.append(request)
+                continue
             all_tokens = request.all_token_ids
             all_tokens.append(token_id)
-            reason = None
-            if (
-                token_id in request.stop_token_ids
-                or len(all_tokens) >= request.max_num_tokens
-                or len(all_tokens) >= max_model_len
-            ):
-                finish_status = self._check_stop(request, token_id)
-                if finish_status is not None:
-                    finished.append((request, finish_status))
-                    reason = finish_status.finish_reason.value
-            logprob = logprobs.get(request_id) if logprobs else None
-            outputs.append(
-                EngineCoreOutput(
-                    request_id,
+            num_tokens_now = len(all_tokens)
+            if token_id in request.stop_token_ids or num_tokens_now >= request.check_len:
+                if (
+                    token_id in request.stop_token_ids
+                    or num_tokens_now >= request.max_num_tokens
+                    or not request.check_len
+                ):
+                    num_tokens = scheduled[request.request_id]
+                    append(self._update_closely(request, num_tokens, token_id, finished, to_check))
+                    continue
+                to_check.append(request)  # only a KV block boundary: the next schedule() allocates
+            # A decode that sampled before (check_len != 0): it computed every token but the new one.
+            request.num_computed_tokens = num_tokens_now - 1
+            append(
+                output(
+                    request.request_id,
                     [token_id],
-                    [logprob] if logprob is not None else None,
-                    reason,
-                    request.stop_reason,
+                    None,
+                    None,
+                    None,
                     None,
                     request.num_cached_tokens,
                     request.queued_ts,
@@ -239,10 +318,60 @@ class Scheduler:
                     request.first_token_ts,
                 )
             )
+        if logprobs:
+            for out in outputs:
+                logprob = logprobs.get(out.request_id)
+                if logprob is not None:
+                    out.new_logprobs = [logprob]
         self.num_generation_tokens += len(outputs)
         if finished:
             self._finish_running(finished)
+        self._to_check = to_check if full_step else None
         return outputs
+
+    def _update_closely(
+        self,
+        request: Request,
+        num_tokens: int,
+        token_id: int,
+        finished: list[tuple[Request, RequestStatus]],
+        to_check: list[Request],
+    ) -> EngineCoreOutput:
+        """The rest of `update_from_output` for a request that sampled `token_id` (already appended)
+        and may stop, sampled for the first time since admission, or has reached a KV block boundary."""
+        self._count_prompt_tokens(request, num_tokens)
+        request.num_computed_tokens += num_tokens
+        if request.first_token_ts is None:
+            request.first_token_ts = time.time()
+        num_tokens_now = len(request.all_token_ids)
+        finish_status = None
+        if token_id in request.stop_token_ids or num_tokens_now >= request.max_num_tokens:
+            finish_status = self._check_stop(request, token_id)
+        if finish_status is not None:
+            finished.append((request, finish_status))
+            reason = finish_status.finish_reason.value
+        else:
+            reason = None
+            request.check_len = check_len = self._check_len(request)
+            if num_tokens_now >= check_len:
+                to_check.append(request)  # its next token needs the KV cache manager
+        return EngineCoreOutput(
+            request.request_id,
+            [token_id],
+            None,
+            reason,
+            request.stop_reason,
+            None,
+            request.num_cached_tokens,
+            request.queued_ts,
+            request.scheduled_ts,
+            request.first_token_ts,
+        )
+
+    def _count_prompt_tokens(self, request: Request, num_tokens: int) -> None:
+        start, num_prompt = request.num_computed_tokens, request.num_prompt_tokens
+        if start < num_prompt:
+            self.num_prompt_tokens += min(num_prompt, start + num_tokens) - start
 
     def make_output(
         self, request: Request, new_token_ids: list[int], new_logprobs: list | None = None
@@ -283,7 +412,7 @@ class Scheduler:
             self._preempt(victim)
             if victim is request:
                 return None
-            if (new_blocks := self.kv.allocate_slots(request, num_new)) is not None:
+            if (new_blocks := self._allocate(request, num_new)) is not None:
                 return new_blocks
 
     def _pick_victim(self, first_index: int) -> Request:
@@ -294,6 +423,7 @@ class Scheduler:
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
+        del self._decode_tokens[request.request_id]
         self.kv.free(request)
         request.transition(RequestStatus.PREEMPTED)
         request.num_computed_tokens = 0
@@ -308,8 +438,10 @@ class Scheduler:
             request.num_cached_tokens = num_computed
             request.scheduled_ts = time.time()
         request.num_computed_tokens = num_computed
+        request.check_len = 0  # its first sample gets a close look (first token time, prompt tokens)
         request.transition(RequestStatus.RUNNING)
         self.running.append(request)
+        self._decode_tokens[request.request_id] = 1
 
     def _new_request_data(self, request: Request) -> NewRequestData:
         return NewRequestData(
@@ -321,9 +453,31 @@ class Scheduler:
             num_computed_tokens=request.num_computed_tokens,
         )
 
+    def _allocate(self, request: Request, num_new: int) -> Sequence[KVCacheBlock] | None:
+        """`kv.allocate_slots` for a running request, keeping its `check_len` in step with the blocks
+        (except while it is 0: the request has not sampled since admission)."""
+        new_blocks = self.kv.allocate_slots(request, num_new)
+        if new_blocks is not None and request.check_len:
+            request.check_len = self._check_len(request)
+        return new_blocks
+
+    @staticmethod
+    def _cached_request_data(
+        request_id: str, new_blocks: Sequence[KVCacheBlock], num_computed: int
+    ) -> CachedRequestData:
+        if len(new_blocks) == 1:  # a decode at a block boundary
+            return CachedRequestData(request_id, (new_blocks[0].block_id,), num_computed)
+        return CachedRequestData(request_id, tuple([b.block_id for b in new_blocks]), num_computed)
+
+    def _check_len(self, request: Request) -> int:
+        """The token count at which update_from_output must look again: a length limit, or the count
+        after which the next token leaves the request's quiet range in the KV cache manager."""
+        kv_len = self.kv.quiet_until.get(request.request_id, -1) + 1
+        return min(request.max_num_tokens, kv_len)
+
     def _check_stop(self, request: Request, token_id: int) -> RequestStatus | None:
         params = request.sampling_params
-        num_output = len(request.output_token_ids)
+        num_output = len(request.all_token_ids) - request.num_prompt_tokens
         # The sampler masks stop tokens until min_tokens others exist; check the same bound here.
         if token_id in request.stop_token_ids and num_output > params.min_tokens:
             request.stop_reason = token_id
@@ -347,6 +501,9 @@ class Scheduler:
         self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
 
     def _release(self, request: Request, status: RequestStatus) -> None:
+        if request.status is _RUNNING:
+            del self._decode_tokens[request.request_id]
+        self._num_released += 1
         request.transition(status)
         self.kv.free(request)
         del self.requests[request.request_id]

@@ -62,7 +62,7 @@ class EngineCoreRequest(msgspec.Struct, array_like=True):
     priority: int = 0
 
 
-class Logprob(msgspec.Struct, array_like=True):
+class Logprob(msgspec.Struct, array_like=True, gc=False):
     """Sampled token first, then the top-N alternatives; `rank` is the sampled token's rank (1 = best)."""
 
     token_ids: list[int]
@@ -70,7 +70,10 @@ class Logprob(msgspec.Struct, array_like=True):
     rank: int
 
 
-class EngineCoreOutput(msgspec.Struct, array_like=True):
+class EngineCoreOutput(msgspec.Struct, array_like=True, gc=False):
+    """One request's news from one step. Untracked by the garbage collector (`gc=False`, no effect on
+    the bytes): the engine builds one per running request per step, and none is part of a cycle."""
+
     request_id: str
     new_token_ids: list[int]
     new_logprobs: list[Logprob] | None = None
