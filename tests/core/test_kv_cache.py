@@ -19,6 +19,9 @@ def test_chained_hash_depends_on_parent_and_tokens():
     assert a == hash_block_tokens(None, [1, 2, 3, 4])
     assert a != hash_block_tokens(None, [1, 2, 3, 5])
     assert hash_block_tokens(a, [9, 9, 9, 9]) != hash_block_tokens(None, [9, 9, 9, 9])
+    # ids that do not fit 32 bits are hashed too, and not like their low 32 bits
+    big = hash_block_tokens(None, [1 + 2**32, 2, 3, 4])
+    assert big == hash_block_tokens(None, [1 + 2**32, 2, 3, 4]) and big != a
 
 
 def test_pool_allocate_free_refcounts():
@@ -46,6 +49,8 @@ def test_empty_blocks_are_reused_before_cached_ones_and_cached_in_lru_order():
     [evicted] = pool.allocate(1)
     assert evicted is b[1] and pool.get_cached_block(b"h1") is None  # least recently freed goes first
     assert pool.get_cached_block(b"h0") is b[0]
+    assert pool.allocate_one() is b[0] and b[0].ref_cnt == 1 and pool.get_cached_block(b"h0") is None
+    assert pool.allocate_one() is None and pool.num_free_blocks == 0
 
 
 def test_prefix_hit_and_full_hit_leaves_last_token_to_compute():

@@ -98,7 +98,15 @@ class KVCacheManager:
         block_size = self.block_size
         num_new_blocks = -(-num_total // block_size) - len(blocks)
         added: Sequence[KVCacheBlock] = ()
-        if num_new_blocks > 0:
+        if num_new_blocks == 1:  # a decode reaching a block boundary, most often
+            block = self.pool.allocate_one()
+            if block is None:
+                if not blocks:
+                    del self.req_to_blocks[request_id]
+                return None
+            blocks.append(block)
+            added = (block,)
+        elif num_new_blocks > 0:
             if num_new_blocks > self.pool.num_free_blocks:
                 if not blocks:
                     del self.req_to_blocks[request_id]

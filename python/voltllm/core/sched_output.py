@@ -37,8 +37,9 @@ class CachedRequestData(msgspec.Struct, frozen=True, gc=False):
     num_computed_tokens: int  # before this step; the runner checks it matches its own count
 
 
-@dataclass(frozen=True)
-class SchedulerOutput:
+class SchedulerOutput(msgspec.Struct, frozen=True):
+    """One step's plan (a frozen msgspec struct: built every step, its C constructor is cheap)."""
+
     scheduled_new_reqs: tuple[NewRequestData, ...]
     scheduled_cached_reqs: tuple[CachedRequestData, ...]  # running requests with new blocks only
     # request id -> tokens to compute this step, in batch order (running requests first)

@@ -108,6 +108,7 @@ class Scheduler:
         # request: the running requests that need a look of their own (a prefill in progress, a decode
         # whose next token needs the KV cache manager), in running order. None: look at all of them.
         self._to_check: list[Request] | None = None
+        self._to_check_extra = 0  # the tokens they need beyond one each
         # The last plan if it scheduled every running request, and those requests in its order.
         self._last_plan: SchedulerOutput | None = None
         self._last_plan_reqs: list[Request] = []
@@ -200,24 +201,24 @@ class Scheduler:
 
         Then every running request but those in `to_check` is a decode of one token that stays inside
         its KV blocks: the plan is `_decode_tokens` with `to_check`'s entries filled in, and only those
-        requests are looked at. Returns (num_scheduled, budget left), or None when the budget does not
+        requests are looked at. Returns (num_scheduled, budget left), or None when the budget may not
         cover every running request (the general loop caps them in order). Produces exactly the plan
         of `_schedule_running`, which takes over from a request whose blocks do not fit."""
         num_scheduled = self._decode_tokens.copy()
-        total = len(num_scheduled)
-        checked = []
-        for request in to_check:
-            if request.status is _RUNNING:  # not aborted since
-                num_new = len(request.all_token_ids) - request.num_computed_tokens
-                num_scheduled[request.request_id] = num_new
-                total += num_new - 1
-                checked.append((request, num_new))
         budget = self.config.max_num_batched_tokens
-        if total > budget:
+        # An upper bound (requests aborted since are still in it): within the budget, nobody is capped.
+        if len(num_scheduled) + self._to_check_extra > budget:
             return None
+        extra = 0
         quiet_until = self.kv.quiet_until
-        for request, num_new in checked:
+        for request in to_check:
+            if request.status is not _RUNNING:
+                continue  # aborted since
             request_id, num_computed = request.request_id, request.num_computed_tokens
+            num_new = len(request.all_token_ids) - num_computed
+            if num_new != 1:
+                num_scheduled[request_id] = num_new
+                extra += num_new - 1
             if num_computed + num_new <= quiet_until.get(request_id, -1):
                 continue
             new_blocks = self._allocate(request, num_new)
@@ -227,9 +228,11 @@ class Scheduler:
                 before = dict(itertools.islice(num_scheduled.items(), index))
                 budget = self._schedule_running(budget - sum(before.values()), before, cached_reqs, index)
                 return before, budget
-            if new_blocks:
+            if len(new_blocks) == 1:  # a decode at a block boundary
+                cached_reqs.append(CachedRequestData(request_id, (new_blocks[0].block_id,), num_computed))
+            elif new_blocks:
                 cached_reqs.append(self._cached_request_data(request_id, new_blocks, num_computed))
-        return num_scheduled, budget - total
+        return num_scheduled, budget - len(num_scheduled) - extra
 
     def _schedule_running(
         self, budget: int, num_scheduled: dict[str, int], cached_reqs: list[CachedRequestData], start: int
@@ -278,6 +281,7 @@ class Scheduler:
             ]
         outputs: list[EngineCoreOutput] = []
         to_check: list[Request] = []  # for the next schedule(), in running order
+        to_check_extra = 0  # tokens they need beyond one each
         finished: list[tuple[Request, RequestStatus]] = []
         append, output = outputs.append, EngineCoreOutput
         # The hot loop, once per request per step: a decode appends its token and builds its output;
@@ -288,6 +292,7 @@ class Scheduler:
                 self._count_prompt_tokens(request, num_tokens)
                 request.num_computed_tokens += num_tokens
                 to_check.append(request)
+                to_check_extra += len(request.all_token_ids) - request.num_computed_tokens - 1
                 continue
             all_tokens = request.all_token_ids
             all_tokens.append(token_id)
@@ -327,6 +332,7 @@ class Scheduler:
         if finished:
             self._finish_running(finished)
         self._to_check = to_check if full_step else None
+        self._to_check_extra = to_check_extra
         return outputs
 
     def _update_closely(
@@ -458,15 +464,15 @@ class Scheduler:
         (except while it is 0: the request has not sampled since admission)."""
         new_blocks = self.kv.allocate_slots(request, num_new)
         if new_blocks is not None and request.check_len:
-            request.check_len = self._check_len(request)
+            # as _check_len (inlined: a few dozen calls per step at a large decode batch)
+            kv_len = self.kv.quiet_until[request.request_id] + 1
+            request.check_len = min(request.max_num_tokens, kv_len)
         return new_blocks
 
     @staticmethod
     def _cached_request_data(
         request_id: str, new_blocks: Sequence[KVCacheBlock], num_computed: int
     ) -> CachedRequestData:
-        if len(new_blocks) == 1:  # a decode at a block boundary
-            return CachedRequestData(request_id, (new_blocks[0].block_id,), num_computed)
         return CachedRequestData(request_id, tuple([b.block_id for b in new_blocks]), num_computed)
 
     def _check_len(self, request: Request) -> int:
@@ -494,11 +500,15 @@ class Scheduler:
         self._release(request, status)
 
     def _finish_running(self, finished: list[tuple[Request, RequestStatus]]) -> None:
-        """Finish several running requests with one pass over `running` (not one removal each, which
-        is quadratic when a whole batch ends in the same step)."""
+        """Finish running requests: a few are removed one by one (a C-level search each), many with
+        one pass over `running` (one removal each is quadratic when a whole batch ends at once)."""
         for request, status in finished:
             self._release(request, status)
-        self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+        if len(finished) <= 4:
+            for request, _ in finished:
+                self.running.remove(request)
+        else:
+            self.running = [r for r in self.running if r.status is _RUNNING]
 
     def _release(self, request: Request, status: RequestStatus) -> None:
         if request.status is _RUNNING:
