@@ -290,8 +290,8 @@ class ModelRunner:
         self, size: int
     ) -> tuple[torch.Tensor, torch.Tensor, Callable[[], AttentionMetadata]]:
         """Buffers holding `size` padding decodes, and the metadata builder a graph of that size captures."""
+        self.block_table.flush()
         self._stage_padding(self.buffers.host_views(size, size), 0)
-        self.block_table.sync_to_device()
         ids, positions, slots, query_start_loc, seq_lens, rows = self.buffers.upload(size, size)
 
         def build_metadata() -> AttentionMetadata:
@@ -382,7 +382,7 @@ class ModelRunner:
             generator = None
             if new.sampling_params.seed is not None:
                 generator = torch.Generator(device=self.device)
-            row = self.block_table.add_row(list(new.block_ids))
+            row = self.block_table.add_row(new.block_ids)
             self.requests[new.request_id] = CachedRequestState(
                 request_id=new.request_id,
                 num_prompt_tokens=new.num_prompt_tokens,
@@ -416,6 +416,7 @@ class ModelRunner:
     def _prepare_inputs(self, plan: SchedulerOutput) -> _StepInputs:
         """Stage the step's flat inputs on the host, upload them, and pick a CUDA graph if one fits."""
         arrays = self.arrays
+        self.block_table.flush()  # this step's new block ids, before any slot is computed
         req_ids = list(plan.num_scheduled_tokens)
         num_seqs = len(req_ids)
         num_tokens = plan.total_num_scheduled_tokens
@@ -455,7 +456,6 @@ class ModelRunner:
         blocks = self.block_table.host[token_rows, pos // self.block_size]
         slots[:num_tokens] = blocks * self.block_size + pos % self.block_size
         seq_lens[:num_seqs] = ends
-        self.block_table.sync_to_device()
         step = _StepInputs(None, None, None, None, sampling_req_ids, rows, lens, sampling_rows, graph_size)
         if graph_size is not None:
             self.buffers.upload(graph_size, graph_size)

@@ -72,6 +72,8 @@ class BlockTable:
 
     The host copy serves the slot computation of the step's new tokens; the device copy serves the
     attention kernels. Row `pad_row` stays all zeros: padded batch entries of a CUDA graph point at it.
+    New ids are collected as they arrive and written by `flush` in one scatter on each side, however
+    many requests got blocks in the step.
     """
 
     def __init__(self, num_rows: int, max_blocks_per_seq: int, device: torch.device) -> None:
@@ -82,14 +84,15 @@ class BlockTable:
         host_tensor = torch.from_numpy(self.host)
         self.on_device = host_tensor if device.type == "cpu" else torch.zeros_like(host_tensor, device=device)
         self._free_rows = list(range(num_rows - 1, -1, -1))
-        self._pending: list[tuple[int, int, int]] = []  # (row, first column, end column) to upload
+        self._pending_index: list[int] = []  # flat positions (row * max_blocks_per_seq + column)
+        self._pending_ids: list[int] = []
         self._upload = _Staged(2048, torch.int64, device)
 
     @property
     def pad_row(self) -> int:
         return self.num_rows
 
-    def add_row(self, block_ids: list[int]) -> int:
+    def add_row(self, block_ids: list[int] | tuple[int, ...]) -> int:
         """Take a free row for a new request and fill it with its block ids."""
         if not self._free_rows:
             raise RuntimeError(f"more than {self.num_rows} running requests in the model runner")
@@ -98,34 +101,31 @@ class BlockTable:
         return row
 
     def append(self, row: int, first_column: int, block_ids: list[int] | tuple[int, ...]) -> None:
-        """Write `block_ids` into `row` from `first_column` on (a request's newly allocated blocks)."""
-        if not block_ids:
-            return
+        """Queue `block_ids` for `row` from `first_column` on (written by the next `flush`)."""
         end = first_column + len(block_ids)
         if end > self.max_blocks_per_seq:
             raise ValueError(f"a request needs {end} blocks; the table holds {self.max_blocks_per_seq}")
-        self.host[row, first_column:end] = block_ids
-        if self.device.type != "cpu":
-            self._pending.append((row, first_column, end))
+        start = row * self.max_blocks_per_seq
+        self._pending_index.extend(range(start + first_column, start + end))
+        self._pending_ids.extend(block_ids)
 
     def free_row(self, row: int) -> None:
         # Stale ids stay in the row: a request only reads the columns it has written itself.
         self._free_rows.append(row)
 
-    def sync_to_device(self) -> None:
-        """Upload the ids written since the last call: one copy and one scatter, however many."""
-        if not self._pending:
+    def flush(self) -> None:
+        """Write the queued ids into the host table and (one copy, one scatter) the device table."""
+        count = len(self._pending_ids)
+        if not count:
             return
-        count = sum(end - first for _, first, end in self._pending)
         staged = self._upload.writable(2 * count)
-        width = self.max_blocks_per_seq
-        at = 0
-        for row, first, end in self._pending:
-            n = end - first
-            staged[at : at + n] = np.arange(row * width + first, row * width + end)
-            staged[count + at : count + at + n] = self.host[row, first:end]
-            at += n
-        self._pending.clear()
+        staged[:count] = self._pending_index
+        staged[count : 2 * count] = self._pending_ids
+        self._pending_index.clear()
+        self._pending_ids.clear()
+        self.host.ravel()[staged[:count]] = staged[count : 2 * count]
+        if self.device.type == "cpu":
+            return
         upload = self._upload.upload(2 * count)
         self.on_device.view(-1).index_copy_(0, upload[:count], upload[count:].to(torch.int32))
 
