@@ -6,7 +6,8 @@ elsewhere. KV cache layout (see `voltllm.layers.attention.backend`):
 
 Kernel variants (docs/kernels.md): the decode and prefill ops take `variant=`; without it the
 environment variables `VOLTLLM_DECODE_KERNEL` (v6 | v8 | v8-reduce) and `VOLTLLM_PREFILL_KERNEL`
-(v6 | v8) choose, and v6 is the default. The v8 kernels need SM80 or newer; on older GPUs (Volta)
+(v6 | v8) choose; the defaults are v6 decode and v8 prefill (the faster of each on the H200,
+benches/RESULTS.md). The v8 kernels need SM80 or newer; on older GPUs (Volta)
 every variant runs v6.
 """
 
@@ -32,7 +33,7 @@ PREFILL_ENV = "VOLTLLM_PREFILL_KERNEL"
 DECODE_VARIANTS = ("v6", "v8", "v8-reduce")
 PREFILL_VARIANTS = ("v6", "v8")
 DEFAULT_DECODE_VARIANT = "v6"
-DEFAULT_PREFILL_VARIANT = "v6"
+DEFAULT_PREFILL_VARIANT = "v8"  # 1.5x v6 on the H200; Volta runs v6 whatever is chosen
 
 
 def _choose(variant: str | None, env: str, known: tuple[str, ...], default: str) -> str:
