@@ -349,7 +349,7 @@ mod tests {
     use rand::SeedableRng;
 
     pub(crate) fn fixture_tokenizer() -> Tokenizer {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        let path = Path::new(&std::env::var("CARGO_MANIFEST_DIR").expect("run under cargo"))
             .join("../../tests/fixtures/smollm2/tokenizer.json");
         load_tokenizer(&path).expect("fixture tokenizer")
     }

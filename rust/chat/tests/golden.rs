@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 use voltllm_chat::{ChatError, ChatTemplate, RenderOptions, SpecialTokenStrings};
 
 fn repo_path(relative: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    Path::new(&std::env::var("CARGO_MANIFEST_DIR").expect("run under cargo"))
         .join("../..")
         .join(relative)
 }

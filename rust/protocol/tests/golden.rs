@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use voltllm_protocol::{Message, MessageType};
 
 fn golden_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/protocol/golden")
+    Path::new(&std::env::var("CARGO_MANIFEST_DIR").expect("run under cargo"))
+        .join("../../tests/protocol/golden")
 }
 
 /// The typed message that the JSON meaning describes (arrays for hot messages, maps otherwise).

@@ -14,7 +14,8 @@ use voltllm_server::{Server, ServerConfig, ServerError};
 use voltllm_text::Tokenizer;
 
 fn model_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/smollm2")
+    PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("run under cargo"))
+        .join("../../tests/fixtures/smollm2")
 }
 
 struct Harness {

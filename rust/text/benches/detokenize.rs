@@ -14,7 +14,8 @@ use std::time::Instant;
 use voltllm_text::{IncrementalDetokenizer, StopChecker, Tokenizer};
 
 fn main() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/smollm2");
+    let dir = Path::new(&std::env::var("CARGO_MANIFEST_DIR").expect("run under cargo"))
+        .join("../../tests/fixtures/smollm2");
     let tok = Tokenizer::from_model_dir(dir).expect("fixture tokenizer");
     let paragraph = "The quick brown fox jumps over the lazy dog. 中文测试：你好，世界！ \
                      Emoji 😀👍🏽👨‍👩‍👧‍👦 and code `fn main() {}`.\n";

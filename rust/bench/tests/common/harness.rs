@@ -11,7 +11,8 @@ use super::mock_server::{MockConfig, MockServer};
 
 /// The SmolLM2 tokenizer fixture.
 pub fn tokenizer() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/smollm2/tokenizer.json")
+    Path::new(&std::env::var("CARGO_MANIFEST_DIR").expect("run under cargo"))
+        .join("../../tests/fixtures/smollm2/tokenizer.json")
 }
 
 /// A mock server with the given delays on its own runtime.

@@ -9,7 +9,7 @@ use voltllm_text::{IncrementalDetokenizer, Tokenizer};
 
 /// `tests/fixtures/<name>` at the repository root.
 pub fn fixture_dir(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    Path::new(&std::env::var("CARGO_MANIFEST_DIR").expect("run under cargo"))
         .join("../../tests/fixtures")
         .join(name)
 }
