@@ -5,37 +5,21 @@ SwiGLU epilogue) against an fp32 product."""
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from emulator import build_emulator, needs_gxx, ptr
 
 from voltllm import ops
 from voltllm.ops.prologue import qk_norm_rope_kv_write_ref
 
-HERE = Path(__file__).resolve().parent
-CSRC = HERE.parents[1] / "python" / "voltllm" / "ops" / "csrc"
-EMU = HERE / "emu"
-
-pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to build the kernel emulator")
+pytestmark = needs_gxx
 
 
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    lib = tmp_path_factory.mktemp("emu") / "decode_ops.so"
-    cmd = [
-        "g++", "-std=c++17", "-O1", "-fPIC", "-shared", "-Wno-unknown-pragmas",
-        f"-I{EMU / 'include'}", f"-I{EMU}", f"-I{CSRC}", str(EMU / "decode_ops_harness.cpp"), "-o", str(lib),
-    ]  # fmt: skip
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
-    return ctypes.CDLL(str(lib))
-
-
-def _ptr(t: torch.Tensor | None) -> ctypes.c_void_p:
-    return ctypes.c_void_p(None if t is None else t.data_ptr())
+    return build_emulator(tmp_path_factory.mktemp("emu"), "decode_ops_harness.cpp")
 
 
 @pytest.mark.parametrize(
@@ -64,8 +48,8 @@ def test_prologue_matches_unfused_references(emu, head, num_heads, num_kv_heads,
         ref_qkv, positions, cos_sin, q_weight, k_weight, 1e-6, num_heads, ref_cache, slots
     )
     emu.emu_qk_norm_rope(
-        ctypes.c_int(int(dtype == torch.bfloat16)), ctypes.c_int(head), _ptr(qkv), _ptr(positions),
-        _ptr(cos_sin), _ptr(q_weight), _ptr(k_weight), _ptr(kv_cache[0]), _ptr(kv_cache[1]), _ptr(slots),
+        ctypes.c_int(int(dtype == torch.bfloat16)), ctypes.c_int(head), ptr(qkv), ptr(positions),
+        ptr(cos_sin), ptr(q_weight), ptr(k_weight), ptr(kv_cache[0]), ptr(kv_cache[1]), ptr(slots),
         ctypes.c_longlong(qkv.stride(0)), ctypes.c_longlong(max_position), ctypes.c_longlong(num_blocks * 16),
         ctypes.c_int(num_heads), ctypes.c_int(num_kv_heads), ctypes.c_float(1e-6), ctypes.c_int(num_tokens),
         ctypes.c_uint(3),
@@ -89,7 +73,7 @@ def test_gemv_matches_fp32_product(emu, rows, swiglu, n, k, dtype):
     bias = torch.randn(weight.shape[0], generator=gen).to(dtype)
     out = torch.full((rows, n), float("nan")).to(dtype)
     emu.emu_gemv(
-        ctypes.c_int(int(dtype == torch.bfloat16)), _ptr(out), _ptr(x), _ptr(weight), _ptr(bias),
+        ctypes.c_int(int(dtype == torch.bfloat16)), ptr(out), ptr(x), ptr(weight), ptr(bias),
         ctypes.c_longlong(out.stride(0)), ctypes.c_longlong(x.stride(0)), ctypes.c_int(rows), ctypes.c_int(n),
         ctypes.c_int(k), ctypes.c_int(int(swiglu)), ctypes.c_uint(5),
     )  # fmt: skip

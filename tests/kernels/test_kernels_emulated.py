@@ -13,43 +13,25 @@ the same kernels on hardware.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import math
 import random
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
+from emulator import build_emulator, needs_gxx, ptr
 
 from voltllm import ops
 
-HERE = Path(__file__).resolve().parent
-CSRC = HERE.parents[1] / "python" / "voltllm" / "ops" / "csrc"
-EMU = HERE / "emu"
 LOG2E = 1.4426950408889634
 # fp16 / bf16 rounding of P and of the output, as for the GPU tests.
 REL_TOL = {torch.float16: 4e-3, torch.bfloat16: 2e-2}
 
-pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to build the kernel emulator")
+pytestmark = needs_gxx
 
 
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    sources = sorted([*EMU.rglob("*.h"), *EMU.rglob("*.cpp"), *CSRC.glob("*.cuh")])
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:16]
-    lib = tmp_path_factory.mktemp("emu") / f"harness-{digest}.so"
-    cmd = [
-        "g++", "-std=c++17", "-O1", "-fPIC", "-shared", "-Wno-unknown-pragmas",
-        f"-I{EMU / 'include'}", f"-I{EMU}", f"-I{CSRC}", str(EMU / "harness.cpp"), "-o", str(lib),
-    ]  # fmt: skip
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
-    return ctypes.CDLL(str(lib))
-
-
-def _ptr(t: torch.Tensor | None) -> ctypes.c_void_p:
-    return ctypes.c_void_p(t.data_ptr() if t is not None else None)
+    return build_emulator(tmp_path_factory.mktemp("emu"), "harness.cpp")
 
 
 class Paged:
@@ -123,9 +105,9 @@ def run_decode(
     tickets = torch.zeros(num_seqs * b.num_kv_heads, dtype=torch.int32)
     k, v = b.kv[0].contiguous(), b.kv[1].contiguous()
     emu.emu_decode_v8(
-        ctypes.c_int(b.bf16), ctypes.c_int(b.head), _ptr(b.out), _ptr(b.query), _ptr(k), _ptr(v),
-        _ptr(b.tables), _ptr(b.seq_lens_t), _ptr(partial_out), _ptr(partial_max), _ptr(partial_sum),
-        _ptr(tickets), ctypes.c_longlong(b.query.stride(0)), ctypes.c_longlong(b.out.stride(0)),
+        ctypes.c_int(b.bf16), ctypes.c_int(b.head), ptr(b.out), ptr(b.query), ptr(k), ptr(v),
+        ptr(b.tables), ptr(b.seq_lens_t), ptr(partial_out), ptr(partial_max), ptr(partial_sum),
+        ptr(tickets), ctypes.c_longlong(b.query.stride(0)), ctypes.c_longlong(b.out.stride(0)),
         ctypes.c_int(num_seqs), ctypes.c_int(b.num_heads), ctypes.c_int(b.num_kv_heads),
         ctypes.c_int(b.tables.shape[1]), ctypes.c_int(splits), ctypes.c_int(partition), ctypes.c_int(window),
         ctypes.c_float(b.scale * LOG2E), ctypes.c_int(int(fused)), ctypes.c_int(warps), ctypes.c_uint(seed),
@@ -227,8 +209,8 @@ def run_prefill(emu: ctypes.CDLL, b: Paged, window: int = 0, seed: int = 1) -> N
     cu_tiles = torch.zeros(len(b.seq_lens) + 1, dtype=torch.int32)
     k, v = b.kv[0].contiguous(), b.kv[1].contiguous()
     emu.emu_prefill_v8(
-        ctypes.c_int(b.bf16), ctypes.c_int(b.head), _ptr(b.out), _ptr(b.query), _ptr(k), _ptr(v),
-        _ptr(b.tables), _ptr(b.seq_lens_t), _ptr(qsl), _ptr(cu_tiles), ctypes.c_longlong(b.query.stride(0)),
+        ctypes.c_int(b.bf16), ctypes.c_int(b.head), ptr(b.out), ptr(b.query), ptr(k), ptr(v),
+        ptr(b.tables), ptr(b.seq_lens_t), ptr(qsl), ptr(cu_tiles), ctypes.c_longlong(b.query.stride(0)),
         ctypes.c_longlong(b.out.stride(0)), ctypes.c_int(len(b.seq_lens)), ctypes.c_int(b.num_heads),
         ctypes.c_int(b.num_kv_heads), ctypes.c_int(b.tables.shape[1]), ctypes.c_int(window),
         ctypes.c_float(b.scale * LOG2E),

@@ -145,16 +145,7 @@ class StepBuffers:
     def host_views(self, num_tokens: int, num_seqs: int) -> tuple[np.ndarray, ...]:
         """Writable host arrays: input_ids, positions, slots, query_start_loc, seq_lens, table_rows."""
         t, s = num_tokens, num_seqs
-        tok = self.tokens.writable(3 * t)
-        seq = self.seqs.writable(3 * s + 1)
-        return (
-            tok[:t],
-            tok[t : 2 * t],
-            tok[2 * t : 3 * t],
-            seq[: s + 1],
-            seq[s + 1 : 2 * s + 1],
-            seq[2 * s + 1 : 3 * s + 1],
-        )
+        return _fields(self.tokens.writable(3 * t), self.seqs.writable(3 * s + 1), t, s)
 
     def upload(self, num_tokens: int, num_seqs: int) -> tuple[torch.Tensor, ...]:
         """Device views, in `host_views` order, after sending what the host wrote."""
@@ -163,21 +154,22 @@ class StepBuffers:
         seq = self.seqs.upload(3 * s + 1)
         if tok.device.type == "cpu":
             # Fresh view objects each step: the torch rotary path caches cos/sin per positions object.
-            return self._device_views(tok, seq, t, s)
+            return _fields(tok, seq, t, s)
         views = self._views.get((t, s))
         if views is None:
             if len(self._views) > 256:
                 self._views.clear()
-            views = self._views[(t, s)] = self._device_views(tok, seq, t, s)
+            views = self._views[(t, s)] = _fields(tok, seq, t, s)
         return views
 
-    @staticmethod
-    def _device_views(tok: torch.Tensor, seq: torch.Tensor, t: int, s: int) -> tuple[torch.Tensor, ...]:
-        return (
-            tok[:t],
-            tok[t : 2 * t],
-            tok[2 * t : 3 * t],
-            seq[: s + 1],
-            seq[s + 1 : 2 * s + 1],
-            seq[2 * s + 1 : 3 * s + 1],
-        )
+
+def _fields(tok, seq, t: int, s: int) -> tuple:
+    """Split the packed token (3 x t) and sequence (3 x s + 1) buffers into their six fields."""
+    return (
+        tok[:t],
+        tok[t : 2 * t],
+        tok[2 * t : 3 * t],
+        seq[: s + 1],
+        seq[s + 1 : 2 * s + 1],
+        seq[2 * s + 1 : 3 * s + 1],
+    )
