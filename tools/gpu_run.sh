@@ -24,7 +24,8 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python -m voltllm.ops 2>&1 | tail -1
 el "kernel build"
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  timeout 200 python -m pytest -q -p no:cacheprovider tests/kernels tests/engine/test_gpu_engine.py \
+  timeout 200 python -m pytest -q -p no:cacheprovider tests/kernels/test_kernels_cuda.py \
+    tests/kernels/test_gemv_cuda.py tests/kernels/test_prologue_cuda.py tests/engine/test_gpu_engine.py \
     > "$out/gpu_tests.log" 2>&1
   tail -1 "$out/gpu_tests.log"; grep -E "^FAILED|margin" "$out/gpu_tests.log" | head -8
   el "GPU tests"
