@@ -30,6 +30,7 @@ from voltllm.layers.linear import Linear, MergedLinear
 from voltllm.layers.norm import RMSNorm
 from voltllm.layers.rotary import RotaryEmbedding, rope_parameters_of
 from voltllm.ops.linear import gemv, gemv_applies
+from voltllm.ops.variants import HEAD_SIZES as KERNEL_HEAD_SIZES
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,10 @@ class DecoderAttention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
         self.rotary_emb = rotary_emb
+        # Read once: the check runs in every layer of every step.
+        self.fused_prologue_enabled = (
+            self.head_size in KERNEL_HEAD_SIZES and os.environ.get("VOLTLLM_FUSED_PROLOGUE", "1") != "0"
+        )
         spec = AttentionSpec(
             num_heads=self.num_heads,
             num_kv_heads=self.num_kv_heads,
@@ -184,11 +189,10 @@ class DecoderAttention(nn.Module):
         """The fused prologue kernel applies: CUDA fp16/bf16, a head size it is built for, the cache in
         the same dtype, and not switched off with VOLTLLM_FUSED_PROLOGUE=0."""
         return (
-            qkv.is_cuda
+            self.fused_prologue_enabled
+            and qkv.is_cuda
             and qkv.dtype in (torch.float16, torch.bfloat16)
             and kv_cache.dtype == qkv.dtype
-            and self.head_size in (64, 128, 256)
-            and os.environ.get("VOLTLLM_FUSED_PROLOGUE", "1") != "0"
         )
 
 

@@ -13,8 +13,9 @@ import torch
 from voltllm.layers.attention.backend import AttentionBackend, AttentionMetadata, AttentionSpec
 from voltllm.ops import attention as attn_ops
 from voltllm.ops.build import KernelBuildError, load
+from voltllm.ops.variants import HEAD_SIZES
 
-SUPPORTED_HEAD_SIZES = (64, 128, 256)
+SUPPORTED_HEAD_SIZES = HEAD_SIZES  # what the kernels are built for
 
 
 class SM70AttentionBackend(AttentionBackend):
