@@ -1,11 +1,12 @@
-"""Where a decode step's GPU time goes: per-kernel device time of eager decode steps (torch profiler).
+"""Where a decode step's GPU time goes: per-kernel device time of decode steps (torch profiler).
 
-Runs one request of a dummy-weight model eagerly and profiles a few decode steps at the given batch
-size; prints each kernel's calls and device time per step, largest first, and the total. With CUDA
-graphs the same kernels run back to back, so this total (plus about a microsecond a kernel) is what a
-graph replay costs.
+Runs requests of a dummy-weight model and profiles a few decode steps at the given batch size; prints
+each kernel's calls and device time per step, largest first, and the total. Eager by default;
+`--graphs` profiles CUDA-graph replays instead (the kernels as captured: the attention kernel's split
+sized for max_model_len), which is what a served decode step runs.
 
     python benches/decode_profile.py --model qwen3-0.6b --batch 1
+    python benches/decode_profile.py --model qwen3-0.6b --batch 1 --context 256 --graphs
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--graphs", action="store_true", help="profile CUDA-graph replays, not eager steps")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "config.json").write_text(json.dumps(MODELS[args.model]))
@@ -43,7 +45,7 @@ def main() -> None:
                 cache=CacheConfig(num_kv_blocks=4096),
                 scheduler=SchedulerConfig(max_num_seqs=max(args.batch, 8), max_num_batched_tokens=8192),
                 device="cuda",
-                enforce_eager=True,
+                enforce_eager=not args.graphs,
             )
         )
     params = SamplingParams(temperature=0.0, max_tokens=10 + args.steps, ignore_eos=True)
@@ -65,7 +67,8 @@ def main() -> None:
     rows = sorted(per_kernel.items(), key=lambda kv: -kv[1][1])
     total = sum(t for _, t in per_kernel.values()) / args.steps
     calls = sum(c for c, _ in per_kernel.values()) / args.steps
-    print(f"{args.model} batch {args.batch} ctx {args.context}: {calls:.0f} kernels, {total:.1f} us per step")
+    mode = "graphs" if args.graphs else "eager"
+    print(f"{args.model} batch {args.batch} ctx {args.context} ({mode}): {calls:.0f} kernels, {total:.1f} us per step")
     for name, (count, us) in rows[:25]:
         print(f"{us / args.steps:9.1f} us {count / args.steps:6.0f}x  {name}")
 
