@@ -18,6 +18,7 @@ __device__ __forceinline__ float silu(float x) { return x / (1.f + __expf(-x)); 
 // grid: (num_tokens), block: 256.
 template <typename T, int VEC>
 __global__ void silu_and_mul_kernel(SiluAndMulParams p) {
+  begin_dependent_grid();
   static_assert(VEC == 1 || VEC == 8, "VEC is 1 (scalar) or 8 (16-byte vectors)");
   const T* gate = static_cast<const T*>(p.input) + blockIdx.x * p.input_stride;
   const T* up = gate + p.d;

@@ -21,6 +21,19 @@ struct is_same<A, A> {
   static constexpr bool value = true;
 };
 
+// Programmatic dependent launch (SM90+, where the glue's `launch` asks for it): a kernel may then be
+// scheduled while the kernel before it in the stream is still running, so the launch latency between
+// the hundreds of small kernels of a decode step overlaps work instead of idling the GPU. Every kernel
+// calls this first: it waits until the previous kernel has finished and its writes are visible (so
+// nothing below reads stale inputs or overwrites what that kernel still reads), then lets the next
+// kernel be scheduled. Compiled out before SM90 (Volta runs plain stream order).
+__device__ __forceinline__ void begin_dependent_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
 // 2^x with one MUFU instruction (ex2.approx flushes denormals: softmax weights that small are 0

@@ -22,6 +22,7 @@ struct KvWriteParams {
 // source row and the cache slot, so one token is a single run of row_elems elements.
 template <typename T>
 __global__ void kv_cache_write_kernel(KvWriteParams p) {
+  begin_dependent_grid();
   const int token = blockIdx.x;
   const long long slot = p.slot_mapping[token];
   // Padding tokens carry -1; an out-of-range slot is dropped rather than corrupting memory.

@@ -100,13 +100,10 @@ void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::
         p.partial_sum = partial_stats[1].data_ptr<float>();
       }
       const dim3 grid(shape.num_kv_heads, num_seqs, split.splits);
-      kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      launch(kernel, grid, Tr::kThreads, Tr::kSmemBytes, stream, p);
       if (split.splits > 1) {
         const int reduce_smem = static_cast<int>(split.splits * sizeof(float));
-        paged_decode_reduce_kernel<T, H>
-            <<<dim3(shape.num_heads, num_seqs), H * kReduceGroups, reduce_smem, stream>>>(p);
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        launch(paged_decode_reduce_kernel<T, H>, dim3(shape.num_heads, num_seqs), H * kReduceGroups, reduce_smem, stream, p);
       }
     });
   });
@@ -145,8 +142,7 @@ void launch_decode_v8(DecodeV8Params p, const at::Tensor& query, const Attention
     p.partial_sum = partial_stats[1].data_ptr<float>();
   }
   const dim3 grid(shape.num_kv_heads, num_seqs, plan.splits);
-  kernel<<<grid, 32 * plan.warps, Tr::smem_bytes(plan.warps), stream>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launch(kernel, grid, 32 * plan.warps, Tr::smem_bytes(plan.warps), stream, p);
   if (plan.splits > 1 && !p.fused_merge) {
     DecodeParams r{};
     r.out = p.out;
@@ -160,8 +156,7 @@ void launch_decode_v8(DecodeV8Params p, const at::Tensor& query, const Attention
     r.partition_size = p.partition_size;
     r.sliding_window = p.sliding_window;
     const int reduce_smem = static_cast<int>(plan.splits * sizeof(float));
-    paged_decode_reduce_kernel<T, H><<<dim3(shape.num_heads, num_seqs), H * kReduceGroups, reduce_smem, stream>>>(r);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch(paged_decode_reduce_kernel<T, H>, dim3(shape.num_heads, num_seqs), H * kReduceGroups, reduce_smem, stream, r);
   }
 }
 

@@ -45,9 +45,8 @@ void kv_cache_write(const at::Tensor& key, const at::Tensor& value, at::Tensor& 
   const auto stream = at::cuda::getCurrentCUDAStream();
   dispatch_dtype(key.scalar_type(), "kv_cache_write", [&](auto t) {
     using T = decltype(t);
-    kv_cache_write_kernel<T><<<p.num_tokens, 128, 0, stream>>>(p);
+    launch(kv_cache_write_kernel<T>, p.num_tokens, 128, 0, stream, p);
   });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 void rms_norm(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight, double eps) {
@@ -75,11 +74,10 @@ void rms_norm(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight
   dispatch_dtype(input.scalar_type(), "rms_norm", [&](auto t) {
     using T = decltype(t);
     if (vec)
-      rms_norm_kernel<T, 8><<<input.size(0), 256, 0, stream>>>(p);
+      launch(rms_norm_kernel<T, 8>, input.size(0), 256, 0, stream, p);
     else
-      rms_norm_kernel<T, 1><<<input.size(0), 256, 0, stream>>>(p);
+      launch(rms_norm_kernel<T, 1>, input.size(0), 256, 0, stream, p);
   });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 void fused_add_rms_norm(at::Tensor& input, at::Tensor& residual, const at::Tensor& weight, double eps) {
@@ -109,11 +107,10 @@ void fused_add_rms_norm(at::Tensor& input, at::Tensor& residual, const at::Tenso
   dispatch_dtype(input.scalar_type(), "fused_add_rms_norm", [&](auto t) {
     using T = decltype(t);
     if (vec)
-      fused_add_rms_norm_kernel<T, 8><<<input.size(0), 256, 0, stream>>>(p);
+      launch(fused_add_rms_norm_kernel<T, 8>, input.size(0), 256, 0, stream, p);
     else
-      fused_add_rms_norm_kernel<T, 1><<<input.size(0), 256, 0, stream>>>(p);
+      launch(fused_add_rms_norm_kernel<T, 1>, input.size(0), 256, 0, stream, p);
   });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 void rotary_embedding(const at::Tensor& positions, at::Tensor& query, const std::optional<at::Tensor>& key,
@@ -156,11 +153,10 @@ void rotary_embedding(const at::Tensor& positions, at::Tensor& query, const std:
   dispatch_dtype(query.scalar_type(), "rotary_embedding", [&](auto t) {
     using T = decltype(t);
     if (is_neox)
-      rotary_embedding_kernel<T, true><<<num_tokens, 256, 0, stream>>>(p);
+      launch(rotary_embedding_kernel<T, true>, num_tokens, 256, 0, stream, p);
     else
-      rotary_embedding_kernel<T, false><<<num_tokens, 256, 0, stream>>>(p);
+      launch(rotary_embedding_kernel<T, false>, num_tokens, 256, 0, stream, p);
   });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 void silu_and_mul(at::Tensor& out, const at::Tensor& input) {
@@ -183,11 +179,10 @@ void silu_and_mul(at::Tensor& out, const at::Tensor& input) {
   dispatch_dtype(input.scalar_type(), "silu_and_mul", [&](auto t) {
     using T = decltype(t);
     if (vec)
-      silu_and_mul_kernel<T, 8><<<input.size(0), 256, 0, stream>>>(p);
+      launch(silu_and_mul_kernel<T, 8>, input.size(0), 256, 0, stream, p);
     else
-      silu_and_mul_kernel<T, 1><<<input.size(0), 256, 0, stream>>>(p);
+      launch(silu_and_mul_kernel<T, 1>, input.size(0), 256, 0, stream, p);
   });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 void qk_norm_rope_kv_write(at::Tensor& qkv, const at::Tensor& positions, const at::Tensor& cos_sin_cache,
@@ -245,10 +240,9 @@ void qk_norm_rope_kv_write(at::Tensor& qkv, const at::Tensor& positions, const a
     using T = decltype(t);
     dispatch_head_size(head_size, op, [&](auto h) {
       constexpr int H = decltype(h)::value;
-      qk_norm_rope_kernel<T, H><<<num_tokens, threads, 0, stream>>>(p);
+      launch(qk_norm_rope_kernel<T, H>, num_tokens, threads, 0, stream, p);
     });
   });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 }  // namespace voltllm

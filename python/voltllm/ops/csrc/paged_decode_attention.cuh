@@ -282,6 +282,7 @@ __device__ __forceinline__ void paged_decode_attention_block(const DecodeParams&
 template <typename T, int HEAD>
 __global__ void __launch_bounds__(DecodeTraits<HEAD>::kThreads)
     paged_decode_attention_kernel(DecodeParams p) {
+  begin_dependent_grid();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   // bf16 tensor-core math exists from SM80 on; the host wrapper never launches this variant there.
   if constexpr (is_same<T, __nv_bfloat16>::value) {
@@ -301,6 +302,7 @@ constexpr int kReduceGroups = 4;
 // block: HEAD * kReduceGroups threads, dynamic shared memory: max_splits floats.
 template <typename T, int HEAD>
 __global__ void __launch_bounds__(HEAD * kReduceGroups) paged_decode_reduce_kernel(DecodeParams p) {
+  begin_dependent_grid();
   extern __shared__ float split_weight[];  // [max_splits]
   __shared__ float scratch[HEAD * kReduceGroups / 32];
   __shared__ float group_out[kReduceGroups][HEAD];

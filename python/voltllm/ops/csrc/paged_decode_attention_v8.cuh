@@ -455,6 +455,7 @@ __device__ __forceinline__ void paged_decode_v8_block(const DecodeV8Params& p) {
 template <typename T, int HEAD, int NT>
 __global__ void __launch_bounds__(DecodeV8Traits<HEAD, NT>::kMaxThreads)
     paged_decode_v8_kernel(DecodeV8Params p) {
+  begin_dependent_grid();
 #ifdef VOLTLLM_SM80_PATH
   paged_decode_v8_block<T, HEAD, NT>(p);
 #else

@@ -35,6 +35,7 @@ struct QkNormRopeParams {
 // q and k heads.
 template <typename T, int HEAD>
 __global__ void qk_norm_rope_kernel(QkNormRopeParams p) {
+  begin_dependent_grid();
   static_assert(HEAD % 64 == 0, "the NeoX partner must sit in lane ^ 16");
   constexpr int kPerLane = HEAD / 32;
   constexpr int kHalf = HEAD / 2;

@@ -19,6 +19,7 @@ struct RmsNormParams {
 // out = input / rms(input) * weight. grid: (num_tokens), block: 256 (any multiple of 32).
 template <typename T, int VEC>
 __global__ void rms_norm_kernel(RmsNormParams p) {
+  begin_dependent_grid();
   static_assert(VEC == 1 || VEC == 8, "VEC is 1 (scalar) or 8 (16-byte vectors)");
   __shared__ float scratch[32];
   const T* in = static_cast<const T*>(p.input) + blockIdx.x * p.input_stride;
@@ -56,6 +57,7 @@ __global__ void rms_norm_kernel(RmsNormParams p) {
 // sequence run in T. grid: (num_tokens), block: 256.
 template <typename T, int VEC>
 __global__ void fused_add_rms_norm_kernel(RmsNormParams p) {
+  begin_dependent_grid();
   static_assert(VEC == 1 || VEC == 8, "VEC is 1 (scalar) or 8 (16-byte vectors)");
   __shared__ float scratch[32];
   T* x = static_cast<T*>(p.out) + blockIdx.x * p.out_stride;

@@ -36,6 +36,7 @@ __device__ __forceinline__ void rotate_pair(T* head, int i, int half_dim, float 
 // grid: (num_tokens), block: 256. Threads stride over (head, pair) of queries, then of keys.
 template <typename T, bool IS_NEOX>
 __global__ void rotary_embedding_kernel(RotaryParams p) {
+  begin_dependent_grid();
   const int token = blockIdx.x;
   const long long pos = p.positions[token];
   if (pos < 0 || pos >= p.max_position) return;

@@ -5,8 +5,10 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/all.h>
 
+#include <cstdlib>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "common.cuh"
 
@@ -101,6 +103,34 @@ inline void check_kv_cache(const at::Tensor& kv_cache, int64_t head_size) {
 template <typename Kernel>
 void set_smem(Kernel kernel, int bytes) {
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+}
+
+// Whether kernels on the current device are launched as programmatic dependent launches: SM90 and
+// newer, unless VOLTLLM_PDL=0 (for A/B timing). See begin_dependent_grid in common.cuh.
+inline bool dependent_launch_enabled() {
+  static const bool allowed = [] {
+    const char* value = std::getenv("VOLTLLM_PDL");
+    return value == nullptr || std::string(value) != "0";
+  }();
+  return allowed && at::cuda::getCurrentDeviceProperties()->major >= 9;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent launch where enabled,
+// so that the kernel is scheduled while the one before it still runs. Every kernel launched through
+// here must start with begin_dependent_grid() (which waits for that kernel's results).
+template <typename... Params, typename... Args>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = attribute;
+  config.numAttrs = dependent_launch_enabled() ? 1 : 0;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
 struct AttentionShape {
