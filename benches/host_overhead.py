@@ -19,7 +19,13 @@ itself) / post, as it reports them in `ModelRunner.last_timings` ("-" when it re
 is its whole call), update (`update_from_output`), outputs (building `EngineCoreOutputs`), encode, and
 host = step wall time - sync + encode. The last column is host / 1 ms.
 
-    python benches/host_overhead.py                                   # CPU, null model
+On the CPU there are no CUDA graphs, so decode steps take the runner's eager path. `--fake-graphs`
+installs `FakeDecodeGraphs` instead: the runner stages every decode step for a graph bucket (padding,
+fixed buffer addresses) and "replays" it, so the host work of the GPU's graph path is what is timed
+(minus the CUDA calls themselves, which cost ~10-20 us each on the GPU machine).
+
+    python benches/host_overhead.py                                   # CPU, null model, eager path
+    python benches/host_overhead.py --fake-graphs                     # CPU, null model, graph path
     python benches/host_overhead.py --model-config qwen3-0.6b --device cuda
 """
 
@@ -41,6 +47,8 @@ from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConf
 from voltllm.engine import protocol
 from voltllm.engine.core import EngineCore, EngineStepTimings
 from voltllm.engine.protocol import EngineCoreRequest, MessageType, SamplingParams
+from voltllm.worker.cuda_graphs import DecodeGraphs, graph_batch_sizes
+from voltllm.worker.model_runner import ModelRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from offline_throughput import QWEN3_0_6B  # noqa: E402
@@ -68,6 +76,31 @@ class NullModel(torch.nn.Module):
 
     def kv_cache_shape_per_layer(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         return (2, num_blocks, block_size, 1, 1)  # the runner allocates it; nothing reads it
+
+
+class _NoGraph:
+    """A captured graph that does nothing when replayed."""
+
+    def replay(self) -> None:
+        pass
+
+
+class FakeDecodeGraphs(DecodeGraphs):
+    """`DecodeGraphs` on the CPU, so that the runner's CUDA-graph path runs there: "capture" stages
+    each bucket's inputs as the real capture does and records nothing; a replay returns rows of the
+    (zero) logits buffer. The bucket choice and the replay's own Python are the real ones."""
+
+    def capture(self, decode_inputs, kv_caches: list[torch.Tensor]) -> None:
+        for size in sorted(self.sizes, reverse=True):
+            decode_inputs(size)
+            self._graphs[size] = _NoGraph()
+
+
+def install_fake_graphs(runner: ModelRunner) -> None:
+    sizes = graph_batch_sizes(runner.max_num_seqs)
+    runner.graphs = FakeDecodeGraphs(runner.model, sizes, runner.vocab_size, runner.device)
+    runner.graphs.logits.zero_()
+    runner.graphs.capture(runner._padding_decode_inputs, runner.kv_caches)
 
 
 @dataclass
@@ -98,7 +131,10 @@ def build_core(args: argparse.Namespace, tmp: Path) -> EngineCore:
         )
         model = NullModel(args.hidden, args.vocab, args.max_num_batched_tokens, args.num_seqs)
         loaded = NullLoaded(model, max_model_len=max_model_len, vocab_size=args.vocab)
-        return EngineCore(config, loaded, torch.device("cpu"))
+        core = EngineCore(config, loaded, torch.device("cpu"))
+        if args.fake_graphs:
+            install_fake_graphs(core.runner)
+        return core
     (tmp / "config.json").write_text(json.dumps(QWEN3_0_6B))
     config = EngineConfig(
         model=ModelConfig(model=str(tmp), load_format="dummy", max_model_len=max_model_len),
@@ -177,6 +213,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model-config", choices=("null", "qwen3-0.6b"), default="null")
     p.add_argument("--device", default="cpu")
+    p.add_argument(
+        "--fake-graphs",
+        action="store_true",
+        help="null model only: run decode steps through the runner's CUDA-graph path (fake graphs)",
+    )
     p.add_argument("--num-seqs", type=int, default=256)
     p.add_argument("--batch-sizes", default="256,64,1", help="decode batches to time, largest first")
     p.add_argument("--min-len", type=int, default=100)
@@ -194,13 +235,16 @@ def main() -> None:
     batches = sorted((int(b) for b in args.batch_sizes.split(",")), reverse=True)
     if batches[0] > args.num_seqs:
         p.error("the largest batch size exceeds --num-seqs")
+    if args.fake_graphs and args.model_config != "null":
+        p.error("--fake-graphs is for the null model on the CPU (a real model captures real graphs)")
     with tempfile.TemporaryDirectory() as tmp:
         core = build_core(args, Path(tmp))
         ids = add_requests(core, args)
         t0 = time.perf_counter()
         num_prefill = run_prefill(core)
+        path = ", fake CUDA graphs" if args.fake_graphs else ""
         print(
-            f"model: {args.model_config} on {args.device}, torch threads {torch.get_num_threads()}; "
+            f"model: {args.model_config}{path} on {args.device}, torch threads {torch.get_num_threads()}; "
             f"{args.num_seqs} requests, prompts uniform in [{args.min_len}, {args.max_len}]: "
             f"prefilled in {num_prefill} steps ({time.perf_counter() - t0:.1f} s); "
             f"best of {args.repeats} medians of {args.steps} decode steps, microseconds"

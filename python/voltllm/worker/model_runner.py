@@ -24,11 +24,13 @@ from voltllm.engine.protocol import SamplingParams
 from voltllm.layers.attention.backend import AttentionMetadata
 from voltllm.worker.cuda_graphs import DecodeGraphs, graph_batch_sizes
 from voltllm.worker.sampler import Sampler, SamplingMetadata, seed_for_step
-from voltllm.worker.step_inputs import PAD_SLOT, BlockTable, StepBuffers
+from voltllm.worker.step_inputs import PAD_SLOT, BlockTable, StepBuffers, StepLayout
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
+# Block-table updates one step can stage with its inputs (more, rare, go in a copy of their own).
+MAX_STAGED_BLOCK_UPDATES = 1 << 16
 MAX_BATCHES_OF_KV = 4  # cap, in full batches of max_model_len sequences, on a memory-derived cache
 
 
@@ -118,17 +120,19 @@ class StepTimings:
         return self.prepare_s + self.forward_s + self.post_s
 
 
-@dataclass
+@dataclass(slots=True)
 class _StepInputs:
-    input_ids: torch.Tensor | None
-    positions: torch.Tensor | None
-    metadata: AttentionMetadata | None  # None: a CUDA graph bucket of this size runs the step
-    logits_indices: torch.Tensor | None  # None: every row samples
     sampling_req_ids: list[str]
     rows: np.ndarray  # request-array row of each sequence, in batch order
-    lens: np.ndarray  # tokens computed for each sequence
+    ends: np.ndarray  # each sequence's computed tokens after this step
     sampling_rows: np.ndarray  # rows of the sequences that sample, in sampling order
-    graph_size: int | None = None
+    sampling_ends: np.ndarray  # their token counts (the column their sampled token goes to)
+    plain_greedy: bool  # every sampling sequence is plain greedy (`is_plain_greedy`)
+    graph_size: int | None = None  # a CUDA graph of this bucket runs the step (the rest is None)
+    input_ids: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
+    metadata: AttentionMetadata | None = None
+    logits_indices: torch.Tensor | None = None  # None: every row samples
 
 
 class ModelRunner:
@@ -163,7 +167,8 @@ class ModelRunner:
         self.enforce_eager = enforce_eager
         self.block_table: BlockTable | None = None
         self.arrays: RequestArrays | None = None
-        self._last_batch: tuple[list[str], np.ndarray] = ([], np.zeros(0, dtype=np.int64))
+        # The last step's batch: its request ids, their rows, whether all are plain greedy.
+        self._last_batch: tuple[list[str], np.ndarray, bool] = ([], np.zeros(0, dtype=np.int64), True)
         self.buffers: StepBuffers | None = None
         self.graphs: DecodeGraphs | None = None
         self.last_timings = StepTimings()
@@ -219,7 +224,11 @@ class ModelRunner:
         self.block_table = BlockTable(self.max_num_seqs, max_blocks_per_seq, self.device)
         self.arrays = RequestArrays(self.max_num_seqs, self.max_model_len)
         max_tokens = max(self.max_num_batched_tokens, self.max_num_seqs)
-        self.buffers = StepBuffers(max_tokens, self.max_num_seqs, self.device)
+        max_block_updates = min(self.max_num_seqs * max_blocks_per_seq, MAX_STAGED_BLOCK_UPDATES)
+        self.buffers = StepBuffers(max_tokens, self.max_num_seqs, max_block_updates, self.device)
+        self._arange = np.arange(max_tokens + 1, dtype=np.int64)  # query offsets, prefill positions
+        # (tokens, sequences, first padding entry) of the last staged step, if it was padded.
+        self._padding: tuple[int, int, int] | None = None
 
     @torch.inference_mode()
     def _profile_free_cuda_memory(self, utilization: float) -> int:
@@ -290,9 +299,9 @@ class ModelRunner:
         self, size: int
     ) -> tuple[torch.Tensor, torch.Tensor, Callable[[], AttentionMetadata]]:
         """Buffers holding `size` padding decodes, and the metadata builder a graph of that size captures."""
-        self.block_table.flush()
-        self._stage_padding(self.buffers.host_views(size, size), 0)
-        ids, positions, slots, query_start_loc, seq_lens, rows = self.buffers.upload(size, size)
+        layout = self._stage(size, size, pad_from=0)
+        self._upload(layout, host_waits=False)
+        ids, positions, slots, query_start_loc, seq_lens, rows = self.buffers.device_fields(layout)
 
         def build_metadata() -> AttentionMetadata:
             return AttentionMetadata(
@@ -310,15 +319,42 @@ class ModelRunner:
 
         return ids, positions, build_metadata
 
-    def _stage_padding(self, views: tuple[np.ndarray, ...], first: int) -> None:
+    def _stage_padding(self, layout: StepLayout, first: int) -> None:
         """Fill staged decode entries from `first` on with padding (and every query offset)."""
-        ids, positions, slots, query_start_loc, seq_lens, rows = views
-        ids[first:] = 0
-        positions[first:] = 0
-        slots[first:] = PAD_SLOT
-        query_start_loc[:] = np.arange(len(query_start_loc))
-        seq_lens[first:] = 1
-        rows[first:] = self.block_table.pad_row
+        layout.input_ids[first:] = 0
+        layout.positions[first:] = 0
+        layout.slots[first:] = PAD_SLOT
+        layout.query_start_loc[:] = self._arange[: layout.num_seqs + 1]
+        layout.seq_lens[first:] = 1
+        layout.table_rows[first:] = self.block_table.pad_row
+
+    def _stage(
+        self, num_tokens: int, num_seqs: int, num_logits: int = 0, pad_from: int | None = None
+    ) -> StepLayout:
+        """The staging layout of a step, holding the block table's queued ids (written to the host
+        table too, as the step's slots need them; beyond the layout's room they go on their own)
+        and, for a graph bucket, padding from entry `pad_from` on."""
+        table = self.block_table
+        num_updates = table.num_pending
+        if num_updates > self.buffers.max_block_updates:
+            table.flush_unstaged()
+            num_updates = 0
+        layout = self.buffers.stage(num_tokens, num_seqs, num_updates, num_logits)
+        if num_updates:
+            table.write_pending(layout.block_index, layout.block_ids)
+        padding = None if pad_from is None else (num_tokens, num_seqs, pad_from)
+        # The padding is left from the last step when it staged the same: a step writes only its own
+        # entries (those before `pad_from`), and the block updates lie after the fields.
+        if padding is not None and padding != self._padding:
+            self._stage_padding(layout, pad_from)
+        self._padding = padding
+        return layout
+
+    def _upload(self, layout: StepLayout, host_waits: bool) -> None:
+        """One copy of the staged step, then (when requests got blocks) one block-table scatter."""
+        self.buffers.upload(layout, host_waits=host_waits)
+        if layout.num_block_updates:
+            self.block_table.scatter(*self.buffers.device_block_updates(layout))
 
     # ----- one step ------------------------------------------------------------------------------
 
@@ -332,24 +368,30 @@ class ModelRunner:
             return ModelRunnerOutput()
         inputs = self._prepare_inputs(plan)
         t1 = time.perf_counter()
+        num_sampling = len(inputs.sampling_req_ids)
         if inputs.graph_size is not None:
-            logits = self.graphs.replay(inputs.graph_size)[: len(inputs.sampling_req_ids)]
+            logits = self.graphs.replay(inputs.graph_size)
+            if num_sampling != inputs.graph_size:
+                logits = logits[:num_sampling]
             timings.cuda_graph = True
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, inputs.metadata, self.kv_caches)
-            if inputs.sampling_req_ids:
+            if num_sampling:
                 rows = hidden if inputs.logits_indices is None else hidden[inputs.logits_indices]
                 logits = self.model.compute_logits(rows)
         t2 = time.perf_counter()
         out = ModelRunnerOutput()
-        sampled = self._sample(logits, inputs, out) if inputs.sampling_req_ids else None
+        sampled = None
+        if num_sampling:
+            sampled = self._sample(logits, inputs, out)
+            self.buffers.device_synced()  # the sampled ids are on the host: the step has run
         t3 = time.perf_counter()
         arrays = self.arrays
-        arrays.num_computed[inputs.rows] += inputs.lens
+        arrays.num_computed[inputs.rows] = inputs.ends
         if sampled is not None:
-            rows = inputs.sampling_rows
-            arrays.token_ids[rows, arrays.num_tokens[rows]] = sampled
-            arrays.num_tokens[rows] += 1
+            rows, ends = inputs.sampling_rows, inputs.sampling_ends
+            arrays.token_ids[rows, ends] = sampled
+            arrays.num_tokens[rows] = ends + 1
         t4 = time.perf_counter()
         timings.prepare_s, timings.forward_s = t1 - t0, t2 - t1
         timings.sync_s, timings.post_s = t3 - t2, t4 - t3
@@ -358,7 +400,7 @@ class ModelRunner:
     def _sample(self, logits: torch.Tensor, inputs: _StepInputs, out: ModelRunnerOutput) -> np.ndarray:
         """Sample the step's tokens into `out`; returns them (in `inputs.sampling_req_ids` order)."""
         req_ids = inputs.sampling_req_ids
-        if self.arrays.plain_greedy[inputs.sampling_rows].all():
+        if inputs.plain_greedy:
             # One kernel and one device->host copy: the common greedy batch needs nothing else.
             sampled = logits.argmax(dim=-1).cpu().numpy()
             out.sampled_token_ids.update(zip(req_ids, sampled.tolist(), strict=True))
@@ -372,7 +414,7 @@ class ModelRunner:
 
     def _update_states(self, plan: SchedulerOutput) -> None:
         if plan.finished_req_ids or plan.scheduled_new_reqs:
-            self._last_batch = ([], self._last_batch[1][:0])  # ids may now name other rows
+            self._last_batch = ([], self._last_batch[1][:0], True)  # ids may now name other rows
         # Finished/preempted ids first: an id may be reused by a new request in the same plan.
         for request_id in plan.finished_req_ids:
             state = self.requests.pop(request_id, None)
@@ -403,65 +445,79 @@ class ModelRunner:
             self.block_table.append(state.row, state.num_blocks, cached.new_block_ids)
             state.num_blocks += len(cached.new_block_ids)
 
-    def _batch_rows(self, req_ids: list[str]) -> np.ndarray:
-        """Request-array rows of the batch; reused while the batch is the same requests in order."""
-        last_ids, last_rows = self._last_batch
+    def _batch_rows(self, req_ids: list[str]) -> tuple[np.ndarray, bool]:
+        """Request-array rows of the batch, and whether all its requests are plain greedy; reused
+        while the batch is the same requests in order."""
+        last_ids, last_rows, last_greedy = self._last_batch
         if req_ids != last_ids:
             requests = self.requests
             rows = np.fromiter((requests[r].row for r in req_ids), dtype=np.int64, count=len(req_ids))
-            self._last_batch = (req_ids, rows)
-            return rows
-        return last_rows
+            greedy = np.count_nonzero(self.arrays.plain_greedy[rows]) == len(rows)
+            self._last_batch = (req_ids, rows, greedy)
+            return rows, greedy
+        return last_rows, last_greedy
 
     def _prepare_inputs(self, plan: SchedulerOutput) -> _StepInputs:
-        """Stage the step's flat inputs on the host, upload them, and pick a CUDA graph if one fits."""
+        """Stage the step's flat inputs on the host, upload them in one copy, pick a CUDA graph if
+        one fits (its inputs are then the buffers themselves) or build the eager step's metadata."""
         arrays = self.arrays
-        self.block_table.flush()  # this step's new block ids, before any slot is computed
         req_ids = list(plan.num_scheduled_tokens)
         num_seqs = len(req_ids)
         num_tokens = plan.total_num_scheduled_tokens
-        rows = self._batch_rows(req_ids)
-        lens = np.fromiter(plan.num_scheduled_tokens.values(), dtype=np.int64, count=num_seqs)
+        rows, plain_greedy = self._batch_rows(req_ids)
         starts = arrays.num_computed[rows]
-        ends = starts + lens
+        pure_decode = num_tokens == num_seqs  # every sequence has a token, so each has exactly one
+        if pure_decode:
+            ends = starts + 1
+        else:
+            lens = np.fromiter(plan.num_scheduled_tokens.values(), dtype=np.int64, count=num_seqs)
+            ends = starts + lens
         samples = ends == arrays.num_tokens[rows]
-        if samples.all():
-            sampling_req_ids, sampling_rows = req_ids, rows
+        if np.count_nonzero(samples) == num_seqs:  # (several times cheaper than samples.all())
+            step = _StepInputs(req_ids, rows, ends, rows, ends, plain_greedy)
         else:
             chosen = np.flatnonzero(samples)
-            sampling_req_ids, sampling_rows = [req_ids[i] for i in chosen.tolist()], rows[chosen]
-        pure_decode = num_tokens == num_seqs
-        graph_size = None
-        if pure_decode and self.graphs is not None and len(sampling_req_ids) == num_seqs:
-            graph_size = self.graphs.bucket_for(num_seqs)
-        views = self.buffers.host_views(graph_size or num_tokens, graph_size or num_seqs)
+            sampling_rows = rows[chosen]
+            greedy = plain_greedy or np.count_nonzero(arrays.plain_greedy[sampling_rows]) == len(chosen)
+            sampling_req_ids = [req_ids[i] for i in chosen.tolist()]
+            step = _StepInputs(sampling_req_ids, rows, ends, sampling_rows, ends[chosen], greedy)
+        num_sampling = len(step.sampling_req_ids)
+        if pure_decode and self.graphs is not None and num_sampling == num_seqs:
+            step.graph_size = self.graphs.bucket_for(num_seqs)
+        graph_size = step.graph_size
+        num_logits = 0
         if graph_size is not None:
-            self._stage_padding(views, num_seqs)
-        ids, positions, slots, query_start_loc, seq_lens, table_rows = views
+            layout = self._stage(graph_size, graph_size, pad_from=num_seqs)
+        else:
+            num_logits = num_sampling if num_sampling != num_tokens else 0
+            layout = self._stage(num_tokens, num_seqs, num_logits)
+        ids, positions, query_start_loc = layout.input_ids, layout.positions, layout.query_start_loc
         if pure_decode:
             ids[:num_tokens] = arrays.token_ids[rows, starts]
             positions[:num_tokens] = starts
             token_rows = rows
             if graph_size is None:
-                query_start_loc[: num_seqs + 1] = np.arange(num_seqs + 1)
+                query_start_loc[:] = self._arange[: num_seqs + 1]
         else:
             query_start_loc[0] = 0
-            np.cumsum(lens, out=query_start_loc[1 : num_seqs + 1])
+            np.cumsum(lens, out=query_start_loc[1:])
             offsets = np.repeat(query_start_loc[:num_seqs] - starts, lens)
-            positions[:num_tokens] = np.arange(num_tokens) - offsets
+            positions[:] = self._arange[:num_tokens] - offsets
             token_rows = np.repeat(rows, lens)
-            ids[:num_tokens] = arrays.token_ids[token_rows, positions[:num_tokens]]
-        table_rows[:num_seqs] = rows
+            ids[:] = arrays.token_ids[token_rows, positions]
+        layout.table_rows[:num_seqs] = rows
         pos = positions[:num_tokens]
         blocks = self.block_table.host[token_rows, pos // self.block_size]
-        slots[:num_tokens] = blocks * self.block_size + pos % self.block_size
-        seq_lens[:num_seqs] = ends
-        step = _StepInputs(None, None, None, None, sampling_req_ids, rows, lens, sampling_rows, graph_size)
+        layout.slots[:num_tokens] = blocks * self.block_size + pos % self.block_size
+        layout.seq_lens[:num_seqs] = ends
+        if num_logits:
+            layout.logits_indices[:] = query_start_loc[1:][samples] - 1
+        # A step that samples waits for its tokens, so the next step needs no event to reuse the buffer.
+        self._upload(layout, host_waits=num_sampling > 0)
         if graph_size is not None:
-            self.buffers.upload(graph_size, graph_size)
             return step
         max_seq_len = int(ends.max())
-        ids_d, positions_d, slots_d, qsl_d, seq_lens_d, rows_d = self.buffers.upload(num_tokens, num_seqs)
+        ids_d, positions_d, slots_d, qsl_d, seq_lens_d, rows_d = self.buffers.device_fields(layout)
         width = -(-max_seq_len // self.block_size)
         step.input_ids, step.positions = ids_d, positions_d
         step.metadata = AttentionMetadata(
@@ -469,14 +525,13 @@ class ModelRunner:
             seq_lens=seq_lens_d,
             block_tables=self.block_table.on_device[:, :width].index_select(0, rows_d),
             slot_mapping=slots_d,
-            max_query_len=int(lens.max()),
+            max_query_len=1 if pure_decode else int(lens.max()),
             max_seq_len=max_seq_len,
-            query_lens_cpu=tuple(lens.tolist()),
+            query_lens_cpu=(1,) * num_seqs if pure_decode else tuple(lens.tolist()),
             seq_lens_cpu=tuple(ends.tolist()),
         )
-        if len(sampling_req_ids) != num_tokens:
-            logits_rows = query_start_loc[1 : num_seqs + 1][samples] - 1
-            step.logits_indices = torch.from_numpy(logits_rows.astype(np.int64)).to(self.device)
+        if num_logits:
+            step.logits_indices = self.buffers.device_logits_indices(layout)
         return step
 
     # ----- sampling metadata ---------------------------------------------------------------------

@@ -2,15 +2,24 @@
 
 Every step the model reads the same device tensors (token ids, positions, cache slots, sequence
 lengths, block tables), refilled in place: fixed addresses are what lets a captured CUDA graph replay
-with new inputs, and reusing buffers keeps allocation off the step's critical path. The host side
-writes numpy views of pinned staging buffers and each group goes to the device in one asynchronous copy.
+with new inputs, and reusing buffers keeps allocation off the step's critical path.
+
+Everything a step sends to the device travels in ONE asynchronous copy from one pinned host buffer
+(`StepBuffers`): the step's fields, then the block-table entries that are new since the last step,
+then (an eager step where not every sequence samples) the rows of the hidden states to compute logits
+for. On the GPU machine every torch call costs 10-20 us of host time, so a decode step replayed from a
+CUDA graph makes only: that copy, one scatter into the device block table (only when a request got a
+new block), the replay, and the argmax with its copy back. No event is recorded when the step ends by
+waiting for its sampled tokens anyway (see `StepBuffers.upload`).
 
 The block table lives on the device for the whole life of a request, one row per running request
-(`BlockTable`): a step uploads only the block ids that are new since the last step, and gathers the
-rows of the requests it runs into the step's `block_tables` buffer with one device-side index.
+(`BlockTable`); the rows of a step's requests are gathered into its `block_tables` by one device-side
+index (inside the graph, for a graph step).
 """
 
 from __future__ import annotations
+
+import enum
 
 import numpy as np
 import torch
@@ -18,53 +27,184 @@ import torch
 PAD_SLOT = -1  # slot_mapping value the kernels skip (padding tokens write no KV)
 
 
-class _Staged:
-    """A flat pinned host buffer and its device twin; a step packs its fields back to back at the start
-    of the host buffer and uploads them with one contiguous asynchronous copy.
+def _align8(nbytes: int) -> int:
+    return -(-nbytes // 8) * 8
 
-    The layout depends only on the packed sizes, so a CUDA graph captured for one size finds its
-    inputs at the same device addresses on every replay of that size. Slices are cached per size:
-    creating tensor views costs microseconds, and a decode step's host budget is tens of them.
+
+class StepLayout:
+    """Where one step's fields lie in the staging buffer, and numpy views of them on the host.
+
+    Byte layout, back to back: per token (int64) input ids, positions, cache slots; per sequence
+    (int32) query start offsets (one more entry), sequence lengths, block-table rows; then (8-aligned)
+    the flat block-table positions of the new block ids (int64), the logits rows (int64), and the new
+    block ids (int32, the device table's type: no conversion kernel). The fields' offsets depend on
+    the token and sequence counts only, never on what follows them, so a CUDA graph captured for one
+    size finds its inputs at the same device addresses on every replay of that size.
     """
 
-    def __init__(self, capacity: int, dtype: torch.dtype, device: torch.device) -> None:
-        self.device = device
-        self.dtype = dtype
-        self._uploaded = torch.cuda.Event() if device.type == "cuda" else None
-        self._upload_in_flight = False
-        self._resize(capacity)
+    __slots__ = (
+        "num_tokens",
+        "num_seqs",
+        "num_block_updates",
+        "num_logits",
+        "nbytes",
+        "input_ids",
+        "positions",
+        "slots",
+        "query_start_loc",
+        "seq_lens",
+        "table_rows",
+        "block_index",
+        "logits_indices",
+        "block_ids",
+        "device",
+    )
 
-    def _resize(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._host = torch.zeros(capacity, dtype=self.dtype, pin_memory=self.device.type == "cuda")
-        self.host = self._host.numpy()
-        self.dev = (
-            self._host if self.device.type == "cpu" else torch.zeros_like(self._host, device=self.device)
+    def __init__(
+        self, host: np.ndarray, num_tokens: int, num_seqs: int, num_block_updates: int, num_logits: int
+    ):
+        t, s, c, n = num_tokens, num_seqs, num_block_updates, num_logits
+        self.num_tokens, self.num_seqs, self.num_block_updates, self.num_logits = t, s, c, n
+        tok = host[: 24 * t].view(np.int64)
+        self.input_ids, self.positions, self.slots = tok[:t], tok[t : 2 * t], tok[2 * t :]
+        seq = host[24 * t : 24 * t + 4 * (3 * s + 1)].view(np.int32)
+        self.query_start_loc, self.seq_lens, self.table_rows = (
+            seq[: s + 1],
+            seq[s + 1 : 2 * s + 1],
+            seq[2 * s + 1 :],
         )
-        self._slices: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        extra = _align8(24 * t + 4 * (3 * s + 1))
+        self.block_index = host[extra : extra + 8 * c].view(np.int64)
+        self.logits_indices = host[extra + 8 * c : extra + 8 * (c + n)].view(np.int64)
+        ids_at = extra + 8 * (c + n)
+        self.block_ids = host[ids_at : ids_at + 4 * c].view(np.int32)
+        self.nbytes = ids_at + 4 * c
+        # Device-side views, made on first use: (copy destination, copy source, six fields, block
+        # positions, block ids, logits rows). A graph step never needs the fields.
+        self.device: tuple | None = None
 
-    def writable(self, size: int) -> np.ndarray:
-        """The host buffer, once the previous upload has read it (usually long done), grown to `size`."""
-        if self._upload_in_flight:
-            self._uploaded.synchronize()
-            self._upload_in_flight = False
-        if size > self.capacity:
-            self._resize(max(size, 2 * self.capacity))
-        return self.host
 
-    def upload(self, size: int) -> torch.Tensor:
-        """Send the first `size` elements to the device; returns their device view."""
-        slices = self._slices.get(size)
-        if slices is None:
-            if len(self._slices) > 256:
-                self._slices.clear()
-            slices = self._slices[size] = (self.dev[:size], self._host[:size])
-        dev, host = slices
-        if self.device.type != "cpu":
-            dev.copy_(host, non_blocking=True)
+class _Upload(enum.Enum):
+    NONE = 0  # nothing in flight: the host buffer may be written
+    FENCED = 1  # an event was recorded after the last copy
+    HOST_WAITS = 2  # the caller promised to wait for the device and call `device_synced`
+
+
+class StepBuffers:
+    """One pinned host buffer and its device twin: each step's inputs, sent in one copy.
+
+    On the CPU the two are one tensor and nothing is copied.
+    """
+
+    def __init__(self, max_tokens: int, max_seqs: int, max_block_updates: int, device: torch.device):
+        self.device = device
+        self.max_tokens, self.max_seqs, self.max_block_updates = max_tokens, max_seqs, max_block_updates
+        nbytes = _align8(24 * max_tokens + 4 * (3 * max_seqs + 1)) + 12 * max_block_updates + 8 * max_seqs
+        on_gpu = device.type != "cpu"
+        self._host = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=on_gpu)
+        self._host_np = self._host.numpy()
+        self._dev = torch.zeros_like(self._host, device=device) if on_gpu else self._host
+        self._on_gpu = on_gpu
+        self._uploaded = torch.cuda.Event() if device.type == "cuda" else None
+        self._in_flight = _Upload.NONE
+        self._layouts: dict[tuple[int, int, int, int], StepLayout] = {}
+
+    def stage(
+        self, num_tokens: int, num_seqs: int, num_block_updates: int = 0, num_logits: int = 0
+    ) -> StepLayout:
+        """The layout of a step of these sizes, its host views writable (the last copy has read them)."""
+        if (
+            num_tokens > self.max_tokens
+            or num_seqs > self.max_seqs
+            or num_block_updates > self.max_block_updates
+            or num_logits > self.max_seqs
+        ):
+            raise ValueError(
+                f"a step of {num_tokens} tokens, {num_seqs} sequences, {num_block_updates} block-table "
+                f"updates and {num_logits} logits rows exceeds the staging buffer's "
+                f"{self.max_tokens} / {self.max_seqs} / {self.max_block_updates} / {self.max_seqs}"
+            )
+        if self._in_flight is not _Upload.NONE:
+            self._wait_for_upload()
+        key = (num_tokens, num_seqs, num_block_updates, num_logits)
+        layout = self._layouts.get(key)
+        if layout is None:
+            if len(self._layouts) > 512:  # prefill sizes vary without end; decode sizes repeat
+                self._layouts.clear()
+            layout = self._layouts[key] = StepLayout(self._host_np, *key)
+        return layout
+
+    def upload(self, layout: StepLayout, *, host_waits: bool) -> None:
+        """Send what the host wrote into `layout`, asynchronously.
+
+        `host_waits`: the caller will block until the device has run this step (it copies the sampled
+        tokens back) and then call `device_synced()`: the copy is then known to be done without an
+        event (one CUDA call fewer). Otherwise an event marks the copy's end for the next `stage`.
+        """
+        if not self._on_gpu:
+            return
+        dst, src = self._device_views(layout)[:2]
+        dst.copy_(src, non_blocking=True)
+        if host_waits:
+            self._in_flight = _Upload.HOST_WAITS
+        else:
             self._uploaded.record()
-            self._upload_in_flight = True
-        return dev
+            self._in_flight = _Upload.FENCED
+
+    def device_synced(self) -> None:
+        """The host has waited for everything enqueued so far (the last upload included)."""
+        self._in_flight = _Upload.NONE
+
+    def device_fields(self, layout: StepLayout) -> tuple[torch.Tensor, ...]:
+        """Device views of input_ids, positions, slots, query_start_loc, seq_lens, table_rows.
+
+        The positions tensor is a new object every call: the torch rotary path caches cos/sin per
+        positions object, and the buffer behind it is refilled every step.
+        """
+        ids, positions, *rest = self._device_views(layout)[2]
+        return (ids, positions.view(positions.shape), *rest)
+
+    def device_block_updates(self, layout: StepLayout) -> tuple[torch.Tensor, torch.Tensor]:
+        """Device views of the staged flat block-table positions (int64) and block ids (int32)."""
+        views = self._device_views(layout)
+        return views[3], views[4]
+
+    def device_logits_indices(self, layout: StepLayout) -> torch.Tensor:
+        return self._device_views(layout)[5]
+
+    def _wait_for_upload(self) -> None:
+        if self._in_flight is _Upload.FENCED:
+            self._uploaded.synchronize()
+        else:
+            # The caller said it would wait and did not (an exception cut its step short).
+            torch.cuda.current_stream(self.device).synchronize()
+        self._in_flight = _Upload.NONE
+
+    def _device_views(self, layout: StepLayout) -> tuple:
+        if layout.device is None:
+            t, s, c, n = layout.num_tokens, layout.num_seqs, layout.num_block_updates, layout.num_logits
+            dev = self._dev
+            tok = dev[: 24 * t].view(torch.int64)
+            seq = dev[24 * t : 24 * t + 4 * (3 * s + 1)].view(torch.int32)
+            fields = (
+                tok[:t],
+                tok[t : 2 * t],
+                tok[2 * t :],
+                seq[: s + 1],
+                seq[s + 1 : 2 * s + 1],
+                seq[2 * s + 1 :],
+            )
+            extra = _align8(24 * t + 4 * (3 * s + 1))
+            ids_at = extra + 8 * (c + n)
+            layout.device = (
+                dev[: layout.nbytes],
+                self._host[: layout.nbytes],
+                fields,
+                dev[extra : extra + 8 * c].view(torch.int64),
+                dev[ids_at : ids_at + 4 * c].view(torch.int32),
+                dev[extra + 8 * c : ids_at].view(torch.int64),
+            )
+        return layout.device
 
 
 class BlockTable:
@@ -72,8 +212,8 @@ class BlockTable:
 
     The host copy serves the slot computation of the step's new tokens; the device copy serves the
     attention kernels. Row `pad_row` stays all zeros: padded batch entries of a CUDA graph point at it.
-    New ids are collected as they arrive and written by `flush` in one scatter on each side, however
-    many requests got blocks in the step.
+    New ids are queued as they arrive; a step writes them into the host table and its staging buffer
+    (`write_pending`), and after the upload into the device table with one scatter (`scatter`).
     """
 
     def __init__(self, num_rows: int, max_blocks_per_seq: int, device: torch.device) -> None:
@@ -83,14 +223,20 @@ class BlockTable:
         self.host = np.zeros((num_rows + 1, max_blocks_per_seq), dtype=np.int32)
         host_tensor = torch.from_numpy(self.host)
         self.on_device = host_tensor if device.type == "cpu" else torch.zeros_like(host_tensor, device=device)
+        self._flat_host = self.host.reshape(-1)  # views: the same memory
+        self._flat_device = self.on_device.view(-1)
         self._free_rows = list(range(num_rows - 1, -1, -1))
         self._pending_index: list[int] = []  # flat positions (row * max_blocks_per_seq + column)
         self._pending_ids: list[int] = []
-        self._upload = _Staged(2048, torch.int64, device)
 
     @property
     def pad_row(self) -> int:
         return self.num_rows
+
+    @property
+    def num_pending(self) -> int:
+        """Block ids queued since the last write."""
+        return len(self._pending_ids)
 
     def add_row(self, block_ids: list[int] | tuple[int, ...]) -> int:
         """Take a free row for a new request and fill it with its block ids."""
@@ -101,7 +247,7 @@ class BlockTable:
         return row
 
     def append(self, row: int, first_column: int, block_ids: list[int] | tuple[int, ...]) -> None:
-        """Queue `block_ids` for `row` from `first_column` on (written by the next `flush`)."""
+        """Queue `block_ids` for `row` from `first_column` on (written by the next step)."""
         end = first_column + len(block_ids)
         if end > self.max_blocks_per_seq:
             raise ValueError(f"a request needs {end} blocks; the table holds {self.max_blocks_per_seq}")
@@ -113,63 +259,30 @@ class BlockTable:
         # Stale ids stay in the row: a request only reads the columns it has written itself.
         self._free_rows.append(row)
 
-    def flush(self) -> None:
-        """Write the queued ids into the host table and (one copy, one scatter) the device table."""
-        count = len(self._pending_ids)
-        if not count:
-            return
-        staged = self._upload.writable(2 * count)
-        staged[:count] = self._pending_index
-        staged[count : 2 * count] = self._pending_ids
+    def write_pending(self, index_out: np.ndarray, ids_out: np.ndarray) -> None:
+        """Write the queued ids into the host table, and their flat positions and values into
+        `index_out` / `ids_out` (staging views of exactly `num_pending` entries) for `scatter`."""
+        index_out[:] = self._pending_index
+        ids_out[:] = self._pending_ids
         self._pending_index.clear()
         self._pending_ids.clear()
-        self.host.ravel()[staged[:count]] = staged[count : 2 * count]
-        if self.device.type == "cpu":
-            return
-        upload = self._upload.upload(2 * count)
-        self.on_device.view(-1).index_copy_(0, upload[:count], upload[count:].to(torch.int32))
+        self._flat_host[index_out] = ids_out
 
+    def scatter(self, index: torch.Tensor, ids: torch.Tensor) -> None:
+        """Write uploaded (`write_pending`) entries into the device table: one kernel. On the CPU the
+        device table is the host table, already written."""
+        if self.device.type != "cpu":
+            self._flat_device.index_copy_(0, index, ids)
 
-class StepBuffers:
-    """The device tensors the model reads every step, packed per step size.
-
-    Per token (int64): input ids, positions, cache slots. Per sequence (int32): query start offsets
-    (one more entry), sequence lengths, block-table rows.
-    """
-
-    def __init__(self, max_tokens: int, max_seqs: int, device: torch.device) -> None:
-        self.tokens = _Staged(3 * max_tokens, torch.int64, device)
-        self.seqs = _Staged(3 * max_seqs + 1, torch.int32, device)
-        self._views: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
-
-    def host_views(self, num_tokens: int, num_seqs: int) -> tuple[np.ndarray, ...]:
-        """Writable host arrays: input_ids, positions, slots, query_start_loc, seq_lens, table_rows."""
-        t, s = num_tokens, num_seqs
-        return _fields(self.tokens.writable(3 * t), self.seqs.writable(3 * s + 1), t, s)
-
-    def upload(self, num_tokens: int, num_seqs: int) -> tuple[torch.Tensor, ...]:
-        """Device views, in `host_views` order, after sending what the host wrote."""
-        t, s = num_tokens, num_seqs
-        tok = self.tokens.upload(3 * t)
-        seq = self.seqs.upload(3 * s + 1)
-        if tok.device.type == "cpu":
-            # Fresh view objects each step: the torch rotary path caches cos/sin per positions object.
-            return _fields(tok, seq, t, s)
-        views = self._views.get((t, s))
-        if views is None:
-            if len(self._views) > 256:
-                self._views.clear()
-            views = self._views[(t, s)] = _fields(tok, seq, t, s)
-        return views
-
-
-def _fields(tok, seq, t: int, s: int) -> tuple:
-    """Split the packed token (3 x t) and sequence (3 x s + 1) buffers into their six fields."""
-    return (
-        tok[:t],
-        tok[t : 2 * t],
-        tok[2 * t : 3 * t],
-        seq[: s + 1],
-        seq[s + 1 : 2 * s + 1],
-        seq[2 * s + 1 : 3 * s + 1],
-    )
+    def flush_unstaged(self) -> None:
+        """Write the queued ids into both tables on their own (for more than a staging buffer holds:
+        a blocking copy, rare)."""
+        index = np.array(self._pending_index, dtype=np.int64)
+        ids = np.array(self._pending_ids, dtype=np.int32)
+        self._pending_index.clear()
+        self._pending_ids.clear()
+        self._flat_host[index] = ids
+        if self.device.type != "cpu":
+            self._flat_device.index_copy_(
+                0, torch.from_numpy(index).to(self.device), torch.from_numpy(ids).to(self.device)
+            )
