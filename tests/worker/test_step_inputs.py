@@ -159,3 +159,33 @@ def test_graph_path_with_preemption_and_unstaged_block_updates(monkeypatch):
     assert got == [MODEL.greedy(p, n) for p, n in zip(prompts, lengths, strict=True)]
     assert eng.get_stats().num_preemptions > 0
     assert eng.core.runner.graphs.replayed
+
+
+@pytest.mark.gpu
+def test_cuda_upload_and_block_table_scatter():
+    cuda = torch.device("cuda")
+    buffers = StepBuffers(max_tokens=64, max_seqs=16, max_block_updates=8, device=cuda)
+    table = BlockTable(num_rows=4, max_blocks_per_seq=6, device=cuda)
+    graph_fields = buffers.device_fields(buffers.stage(8, 8))
+    for step in range(6):
+        row = table.add_row(list(range(10 * step, 10 * step + 3))) if step < 4 else step % 4
+        if step >= 4:
+            table.append(row, 3, [100 + step])
+        layout = buffers.stage(8, 8, table.num_pending)
+        table.write_pending(layout.block_index, layout.block_ids)
+        fields = (layout.input_ids, layout.positions, layout.slots, layout.query_start_loc, layout.seq_lens)
+        for i, array in enumerate((*fields, layout.table_rows)):
+            array[:] = np.arange(len(array)) + 100 * i + step
+        # Steps alternate: an event, the caller's wait, and a wait it never reports (the fallback).
+        buffers.upload(layout, host_waits=step % 3 != 0)
+        table.scatter(*buffers.device_block_updates(layout))
+        dev = buffers.device_fields(layout)
+        assert [d.data_ptr() for d in dev] == [d.data_ptr() for d in graph_fields]
+        assert [d.tolist() for d in dev] == [a.tolist() for a in (*fields, layout.table_rows)]
+        if step % 3 == 1:
+            buffers.device_synced()
+        assert torch.equal(table.on_device.cpu(), torch.from_numpy(table.host))
+    table.append(0, 4, [7, 8])
+    table.flush_unstaged()
+    assert torch.equal(table.on_device.cpu(), torch.from_numpy(table.host))
+    assert table.host[0, 3:5].tolist() == [104, 7] and table.host[0, 5] == 8

@@ -353,7 +353,7 @@ class ModelRunner:
     def _upload(self, layout: StepLayout, host_waits: bool) -> None:
         """One copy of the staged step, then (when requests got blocks) one block-table scatter."""
         self.buffers.upload(layout, host_waits=host_waits)
-        if layout.num_block_updates:
+        if layout.num_block_updates and self.block_table.has_device_copy:
             self.block_table.scatter(*self.buffers.device_block_updates(layout))
 
     # ----- one step ------------------------------------------------------------------------------

@@ -57,7 +57,12 @@ class StepLayout:
         "block_index",
         "logits_indices",
         "block_ids",
-        "device",
+        "extra_at",
+        "ids_at",
+        "copy_views",
+        "field_views",
+        "update_views",
+        "logits_view",
     )
 
     def __init__(
@@ -73,15 +78,19 @@ class StepLayout:
             seq[s + 1 : 2 * s + 1],
             seq[2 * s + 1 :],
         )
-        extra = _align8(24 * t + 4 * (3 * s + 1))
+        self.extra_at = extra = _align8(24 * t + 4 * (3 * s + 1))
         self.block_index = host[extra : extra + 8 * c].view(np.int64)
         self.logits_indices = host[extra + 8 * c : extra + 8 * (c + n)].view(np.int64)
-        ids_at = extra + 8 * (c + n)
+        self.ids_at = ids_at = extra + 8 * (c + n)
         self.block_ids = host[ids_at : ids_at + 4 * c].view(np.int32)
         self.nbytes = ids_at + 4 * c
-        # Device-side views, made on first use: (copy destination, copy source, six fields, block
-        # positions, block ids, logits rows). A graph step never needs the fields.
-        self.device: tuple | None = None
+        # Torch views, each group made on first use (a torch view costs microseconds): the copy's
+        # destination and source, the six fields on the device (an eager step's), the block updates
+        # on the device, the logits rows on the device.
+        self.copy_views: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.field_views: tuple[torch.Tensor, ...] | None = None
+        self.update_views: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.logits_view: torch.Tensor | None = None
 
 
 class _Upload(enum.Enum):
@@ -143,7 +152,9 @@ class StepBuffers:
         """
         if not self._on_gpu:
             return
-        dst, src = self._device_views(layout)[:2]
+        if layout.copy_views is None:
+            layout.copy_views = (self._dev[: layout.nbytes], self._host[: layout.nbytes])
+        dst, src = layout.copy_views
         dst.copy_(src, non_blocking=True)
         if host_waits:
             self._in_flight = _Upload.HOST_WAITS
@@ -161,16 +172,37 @@ class StepBuffers:
         The positions tensor is a new object every call: the torch rotary path caches cos/sin per
         positions object, and the buffer behind it is refilled every step.
         """
-        ids, positions, *rest = self._device_views(layout)[2]
+        if layout.field_views is None:
+            t, s, dev = layout.num_tokens, layout.num_seqs, self._dev
+            tok = dev[: 24 * t].view(torch.int64)
+            seq = dev[24 * t : 24 * t + 4 * (3 * s + 1)].view(torch.int32)
+            layout.field_views = (
+                tok[:t],
+                tok[t : 2 * t],
+                tok[2 * t :],
+                seq[: s + 1],
+                seq[s + 1 : 2 * s + 1],
+                seq[2 * s + 1 :],
+            )
+        ids, positions, *rest = layout.field_views
         return (ids, positions.view(positions.shape), *rest)
 
     def device_block_updates(self, layout: StepLayout) -> tuple[torch.Tensor, torch.Tensor]:
         """Device views of the staged flat block-table positions (int64) and block ids (int32)."""
-        views = self._device_views(layout)
-        return views[3], views[4]
+        if layout.update_views is None:
+            extra, ids_at, c = layout.extra_at, layout.ids_at, layout.num_block_updates
+            layout.update_views = (
+                self._dev[extra : extra + 8 * c].view(torch.int64),
+                self._dev[ids_at : ids_at + 4 * c].view(torch.int32),
+            )
+        return layout.update_views
 
     def device_logits_indices(self, layout: StepLayout) -> torch.Tensor:
-        return self._device_views(layout)[5]
+        """Device view of the staged logits rows (int64)."""
+        if layout.logits_view is None:
+            start = layout.extra_at + 8 * layout.num_block_updates
+            layout.logits_view = self._dev[start : layout.ids_at].view(torch.int64)
+        return layout.logits_view
 
     def _wait_for_upload(self) -> None:
         if self._in_flight is _Upload.FENCED:
@@ -179,32 +211,6 @@ class StepBuffers:
             # The caller said it would wait and did not (an exception cut its step short).
             torch.cuda.current_stream(self.device).synchronize()
         self._in_flight = _Upload.NONE
-
-    def _device_views(self, layout: StepLayout) -> tuple:
-        if layout.device is None:
-            t, s, c, n = layout.num_tokens, layout.num_seqs, layout.num_block_updates, layout.num_logits
-            dev = self._dev
-            tok = dev[: 24 * t].view(torch.int64)
-            seq = dev[24 * t : 24 * t + 4 * (3 * s + 1)].view(torch.int32)
-            fields = (
-                tok[:t],
-                tok[t : 2 * t],
-                tok[2 * t :],
-                seq[: s + 1],
-                seq[s + 1 : 2 * s + 1],
-                seq[2 * s + 1 :],
-            )
-            extra = _align8(24 * t + 4 * (3 * s + 1))
-            ids_at = extra + 8 * (c + n)
-            layout.device = (
-                dev[: layout.nbytes],
-                self._host[: layout.nbytes],
-                fields,
-                dev[extra : extra + 8 * c].view(torch.int64),
-                dev[ids_at : ids_at + 4 * c].view(torch.int32),
-                dev[extra + 8 * c : ids_at].view(torch.int64),
-            )
-        return layout.device
 
 
 class BlockTable:
@@ -222,7 +228,9 @@ class BlockTable:
         self.device = device
         self.host = np.zeros((num_rows + 1, max_blocks_per_seq), dtype=np.int32)
         host_tensor = torch.from_numpy(self.host)
-        self.on_device = host_tensor if device.type == "cpu" else torch.zeros_like(host_tensor, device=device)
+        # On the CPU the device table is the host table; elsewhere `scatter` keeps a copy in step.
+        self.has_device_copy = device.type != "cpu"
+        self.on_device = torch.zeros_like(host_tensor, device=device) if self.has_device_copy else host_tensor
         self._flat_host = self.host.reshape(-1)  # views: the same memory
         self._flat_device = self.on_device.view(-1)
         self._free_rows = list(range(num_rows - 1, -1, -1))
@@ -269,10 +277,8 @@ class BlockTable:
         self._flat_host[index_out] = ids_out
 
     def scatter(self, index: torch.Tensor, ids: torch.Tensor) -> None:
-        """Write uploaded (`write_pending`) entries into the device table: one kernel. On the CPU the
-        device table is the host table, already written."""
-        if self.device.type != "cpu":
-            self._flat_device.index_copy_(0, index, ids)
+        """Write uploaded (`write_pending`) entries into the device copy of the table: one kernel."""
+        self._flat_device.index_copy_(0, index, ids)
 
     def flush_unstaged(self) -> None:
         """Write the queued ids into both tables on their own (for more than a staging buffer holds:
@@ -282,7 +288,7 @@ class BlockTable:
         self._pending_index.clear()
         self._pending_ids.clear()
         self._flat_host[index] = ids
-        if self.device.type != "cpu":
+        if self.has_device_copy:
             self._flat_device.index_copy_(
                 0, torch.from_numpy(index).to(self.device), torch.from_numpy(ids).to(self.device)
             )
