@@ -7,6 +7,10 @@ in the GEMV's epilogue, against torch's GEMM followed by the activation kernel. 
 CUDA-graph replays (as the engine runs them: no launch overhead) and weights rotate over enough copies
 to exceed the L2 cache, so every call reads from memory as in a real forward pass.
 
+A second table times the pre-norm projections (qkv, gate/up+act) with the residual add + RMSNorm in
+front: the fused_add_rms_norm kernel followed by the GEMV, against the GEMV with the add + norm as its
+prologue (`add_rms_norm_gemv`), both as graph replays.
+
     python benches/gemv.py
 """
 
@@ -22,8 +26,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_latency import copy_bandwidth  # noqa: E402
 
-from voltllm.ops import silu_and_mul  # noqa: E402
-from voltllm.ops.linear import gemv  # noqa: E402
+from voltllm.ops import fused_add_rms_norm, silu_and_mul  # noqa: E402
+from voltllm.ops.linear import add_rms_norm_gemv, gemv  # noqa: E402
 
 SHAPES = {  # name -> (n, k)
     "qwen3 qkv": (4096, 1024),
@@ -82,6 +86,39 @@ def main() -> None:
             print(
                 f"| {label} | {rows} | {torch_us:.1f} | {gemv_us:.1f} | {fraction:.2f} | "
                 f"{torch_us / gemv_us:.2f}x |",
+                flush=True,
+            )
+        weights.clear()
+    norm_gemv_table()
+
+
+def norm_gemv_table() -> None:
+    """The residual add + RMSNorm before a projection: its own kernel, or the GEMV's prologue."""
+    print("\n| layer | rows | add+norm kernel + GEMV (us) | GEMV with add+norm (us) | saved (us) |")
+    print("| --- | --- | --- | --- | --- |")
+    for name in ("qwen3 qkv", "qwen3 gate_up", "llama qkv", "llama gate_up"):
+        n, k = SHAPES[name]
+        nbytes = n * k * 2
+        copies = max(1, -(-256 * 2**20 // nbytes))
+        weights = [torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02 for _ in range(copies)]
+        norm_weight = torch.ones(k, device="cuda", dtype=torch.float16)
+        swiglu = name.endswith("gate_up")
+        for rows in (1, 2):
+            hidden = torch.randn(rows, k, device="cuda", dtype=torch.float16)
+            residual = torch.randn(rows, k, device="cuda", dtype=torch.float16)
+            out = torch.empty(rows, n // 2 if swiglu else n, device="cuda", dtype=torch.float16)
+
+            def unfused(i: int) -> None:
+                normed, _ = fused_add_rms_norm(hidden, residual, norm_weight, 1e-6)  # noqa: B023
+                gemv(normed, weights[i], out=out, swiglu=swiglu)  # noqa: B023
+
+            def fused(i: int) -> None:
+                add_rms_norm_gemv(hidden, residual, norm_weight, 1e-6, weights[i], swiglu=swiglu)  # noqa: B023
+
+            unfused_us, fused_us = time_us(unfused, copies), time_us(fused, copies)
+            label = name + ("+act" if swiglu else "")
+            print(
+                f"| {label} | {rows} | {unfused_us:.1f} | {fused_us:.1f} | {unfused_us - fused_us:.1f} |",
                 flush=True,
             )
         weights.clear()

@@ -1,6 +1,7 @@
 """Decode-path kernels on the CPU emulator (tests/kernels/emu): the fused attention prologue (q/k norm +
-rotary + KV write) against the unfused torch references it replaces, and the GEMV (plain and with the
-SwiGLU epilogue) against an fp32 product."""
+rotary + KV write) against the unfused torch references it replaces, the GEMV (plain and with the
+SwiGLU epilogue) against an fp32 product, and the GEMV with the residual add + RMSNorm prologue against
+the unfused sequence (add, norm, product) computed in fp32 from the same rounded intermediates."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 from emulator import build_emulator, needs_gxx, ptr
 
 from voltllm import ops
+from voltllm.ops.norm import fused_add_rms_norm_ref
 from voltllm.ops.prologue import qk_norm_rope_kv_write_ref
 
 pytestmark = needs_gxx
@@ -83,3 +85,47 @@ def test_gemv_matches_fp32_product(emu, rows, swiglu, n, k, dtype):
         ref = F.silu(gate) * up
     tol = 1e-2 if dtype == torch.float16 else 5e-2
     torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 2])
+@pytest.mark.parametrize("swiglu", [False, True])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_add_rms_norm_gemv_matches_unfused_sequence(emu, dtype, rows, swiglu, with_bias):
+    # k = 1032 is no multiple of any chunk (1024 or 2048 elements) and leaves most of the 256 norm
+    # threads of a row with one 8-element slice and a few with two; 2 blocks of 16 warps for 37
+    # features make warps loop over a second feature.
+    n, k, blocks, eps = 37, 1032, 2, 1e-6
+    gen = torch.Generator().manual_seed(rows * 100 + 10 * swiglu + with_bias + (dtype == torch.bfloat16))
+    hidden = torch.randn(rows, k + 8, generator=gen).to(dtype)[:, :k]  # rows k + 8 apart
+    residual = (4 * torch.randn(rows, k + 16, generator=gen)).to(dtype)[:, :k]  # rows k + 16 apart
+    norm_weight = (1 + 0.1 * torch.randn(k, generator=gen)).to(dtype)
+    weight = (torch.randn(2 * n if swiglu else n, k, generator=gen) / k**0.5).to(dtype)
+    bias = torch.randn(weight.shape[0], generator=gen).to(dtype) if with_bias else None
+    out = torch.full((rows, n), float("nan")).to(dtype)
+    residual_out = torch.full((rows, k), float("nan")).to(dtype)
+    hidden_before, residual_before = hidden.clone(), residual.clone()
+    emu.emu_add_rms_norm_gemv(
+        ctypes.c_int(int(dtype == torch.bfloat16)), ptr(out), ptr(residual_out), ptr(hidden), ptr(residual),
+        ptr(norm_weight), ptr(weight), ptr(bias), ctypes.c_longlong(out.stride(0)),
+        ctypes.c_longlong(residual_out.stride(0)), ctypes.c_longlong(hidden.stride(0)),
+        ctypes.c_longlong(residual.stride(0)), ctypes.c_float(eps), ctypes.c_int(rows), ctypes.c_int(n),
+        ctypes.c_int(k), ctypes.c_int(int(swiglu)), ctypes.c_int(blocks), ctypes.c_uint(7),
+    )  # fmt: skip
+    normed, summed = fused_add_rms_norm_ref(hidden, residual, norm_weight, eps)
+    ref = F.linear(normed.float(), weight.float(), None if bias is None else bias.float())
+    if swiglu:  # the unfused projection is stored in dtype before the activation
+        gate, up = ref.to(dtype).float().chunk(2, dim=-1)
+        ref = F.silu(gate) * up
+    assert torch.equal(residual_out, summed), "the new residual is the rounded sum, exactly"
+    assert torch.equal(hidden, hidden_before) and torch.equal(residual, residual_before)
+    # Plain: the same fp32 sum rounded once, so within an ulp. SwiGLU: a gate product that rounds the
+    # other way moves silu(gate) * up by a few ulps where silu is steep relative to its value.
+    assert ulps_off(out, ref).max() <= (4.0 if swiglu else 1.0)
+
+
+def ulps_off(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """|got - want| in units of the last place of got's dtype at want's magnitude (at least 1/16)."""
+    magnitude = want.abs().clamp_min(1 / 16)
+    ulp = torch.finfo(got.dtype).eps * torch.exp2(torch.floor(torch.log2(magnitude)))
+    return (got.float() - want).abs() / ulp

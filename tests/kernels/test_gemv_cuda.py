@@ -1,13 +1,26 @@
-"""The decode GEMV kernel against an fp32 reference, and where `linear` uses it."""
+"""The decode GEMV kernel against an fp32 reference, and where `linear` uses it; the GEMV with the
+residual add + RMSNorm prologue against the unfused kernels, and the decoder layers that use it."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
+from transformers import Qwen3Config
 
+from voltllm import ops
+from voltllm.layers.attention import AttentionMetadata, get_attention_backend
 from voltllm.layers.linear import linear
-from voltllm.ops.linear import GEMV_MAX_ROWS, gemv, gemv_applies
+from voltllm.models import decoder
+from voltllm.ops.linear import (
+    GEMV_MAX_ROWS,
+    NORM_GEMV_MAX_HIDDEN,
+    add_rms_norm_gemv,
+    add_rms_norm_gemv_applies,
+    add_rms_norm_gemv_ref,
+    gemv,
+    gemv_applies,
+)
 
 cuda = pytest.mark.gpu
 
@@ -66,3 +79,156 @@ def test_linear_on_cpu_is_torch_linear():
     torch.testing.assert_close(gemv(x, weight, bias), F.linear(x, weight, bias))
     gate, up = F.linear(x, weight, bias).chunk(2, dim=-1)
     torch.testing.assert_close(gemv(x, weight, bias, swiglu=True), F.silu(gate) * up)
+
+
+def ulps_off(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """|got - want| in units of the last place of `want`'s dtype at its magnitude (at least 1/16)."""
+    magnitude = want.float().abs().clamp_min(1 / 16)
+    ulp = torch.finfo(want.dtype).eps * torch.exp2(torch.floor(torch.log2(magnitude)))
+    return (got.float() - want.float()).abs() / ulp
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 2])
+@pytest.mark.parametrize(
+    ("n", "k"),
+    [
+        (4096, 1024),  # Qwen3-0.6B qkv (and 2 x 3072 gate/up with swiglu)
+        (3072, 1024),
+        (6144, 4096),  # Llama-3-8B qkv: more features than resident warps, so warps loop
+        (151, 1032),  # k no multiple of a chunk
+        (7, NORM_GEMV_MAX_HIDDEN),
+    ],
+)
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_add_rms_norm_gemv_matches_unfused_kernels(dtype, rows, n, k, with_bias, swiglu):
+    gen = torch.Generator(device="cuda").manual_seed(rows * 1000 + n + k)
+    hidden = torch.randn(rows, k, device="cuda", generator=gen).to(dtype)
+    residual = (4 * torch.randn(rows, k, device="cuda", generator=gen)).to(dtype)
+    norm_weight = (1 + 0.1 * torch.randn(k, device="cuda", generator=gen)).to(dtype)
+    weight = (torch.randn(2 * n if swiglu else n, k, device="cuda", generator=gen) / k**0.5).to(dtype)
+    bias = torch.randn(weight.shape[0], device="cuda", generator=gen).to(dtype) if with_bias else None
+    assert add_rms_norm_gemv_applies(hidden, residual, norm_weight, weight)
+    want_x, want_residual = ops.fused_add_rms_norm(hidden.clone(), residual.clone(), norm_weight, 1e-6)
+    want = gemv(want_x, weight, bias, swiglu=swiglu)
+    hidden_before, residual_before = hidden.clone(), residual.clone()
+    got, got_residual = add_rms_norm_gemv(hidden, residual, norm_weight, 1e-6, weight, bias, swiglu)
+    assert torch.equal(got_residual, want_residual)
+    assert torch.equal(hidden, hidden_before), "hidden is read-only"
+    assert torch.equal(residual, residual_before), "residual is read-only"
+    # The same arithmetic in the same order: equal bits, barring a float contraction ptxas made in only
+    # one of the two norms.
+    assert ulps_off(got, want).max() <= 1, f"{(got != want).sum().item()} of {got.numel()} outputs differ"
+
+
+@cuda
+def test_add_rms_norm_gemv_rejects_overlap_and_checks_applies():
+    hidden = torch.randn(1, 1024, device="cuda", dtype=torch.float16)
+    residual = torch.randn(1, 1024, device="cuda", dtype=torch.float16)
+    norm_weight = torch.ones(1024, device="cuda", dtype=torch.float16)
+    weight = torch.randn(64, 1024, device="cuda", dtype=torch.float16)
+    out = torch.empty(1, 64, device="cuda", dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="must not overlap"):
+        ops_call = torch.ops.voltllm_C.add_rms_norm_gemv
+        ops_call(out, residual, hidden, residual, norm_weight, 1e-6, weight, None, False)
+    assert not add_rms_norm_gemv_applies(hidden.cpu(), residual.cpu(), norm_weight.cpu(), weight.cpu())
+    three = torch.randn(GEMV_MAX_ROWS + 1, 1024, device="cuda", dtype=torch.float16)
+    assert not add_rms_norm_gemv_applies(three, three.clone(), norm_weight, weight)
+    wide = NORM_GEMV_MAX_HIDDEN + 8
+    assert not add_rms_norm_gemv_applies(
+        torch.randn(1, wide, device="cuda", dtype=torch.float16),
+        torch.randn(1, wide, device="cuda", dtype=torch.float16),
+        torch.ones(wide, device="cuda", dtype=torch.float16),
+        torch.randn(8, wide, device="cuda", dtype=torch.float16),
+    )
+
+
+def test_add_rms_norm_gemv_on_cpu_is_the_unfused_sequence():
+    gen = torch.Generator().manual_seed(0)
+    hidden, residual = torch.randn(2, 16, generator=gen), torch.randn(2, 16, generator=gen)
+    norm_weight, weight, bias = torch.randn(16, generator=gen), torch.randn(8, 16), torch.randn(8)
+    out, new_residual = add_rms_norm_gemv(hidden, residual, norm_weight, 1e-6, weight, bias, swiglu=True)
+    summed = hidden + residual
+    normed = summed * torch.rsqrt(summed.pow(2).mean(-1, keepdim=True) + 1e-6) * norm_weight
+    gate, up = F.linear(normed, weight, bias).chunk(2, dim=-1)
+    torch.testing.assert_close(new_residual, summed)
+    torch.testing.assert_close(out, F.silu(gate) * up)
+    torch.testing.assert_close(
+        out, add_rms_norm_gemv_ref(hidden, residual, norm_weight, 1e-6, weight, bias, swiglu=True)[0]
+    )
+
+
+def tiny_qwen3(device: str, dtype: torch.dtype) -> decoder.DecoderForCausalLM:
+    """Two Qwen3 layers with head size 128 (a size the CUDA kernels take) and random weights."""
+    config = Qwen3Config(
+        vocab_size=256, hidden_size=256, intermediate_size=384, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=128, max_position_embeddings=64, rms_norm_eps=1e-6,
+    )  # fmt: skip
+    model = decoder.DecoderForCausalLM(config, get_attention_backend("auto", device))
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=gen)
+            param.copy_(1 + 0.3 * noise if "norm" in name else 0.1 * noise)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def decode_steps(model: decoder.DecoderForCausalLM, num_seqs: int, device: str) -> list[torch.Tensor]:
+    """Three steps of one token per sequence from an empty cache (sequence i in block i)."""
+    shape = model.kv_cache_shape_per_layer(num_seqs, 16)
+    dtype = model.model.norm.weight.dtype
+    kv_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(model.num_layers)]
+    hiddens = []
+    for step in range(3):
+        metadata = AttentionMetadata(
+            query_start_loc=torch.arange(num_seqs + 1, dtype=torch.int32, device=device),
+            seq_lens=torch.full((num_seqs,), step + 1, dtype=torch.int32, device=device),
+            block_tables=torch.arange(num_seqs, dtype=torch.int32, device=device).view(num_seqs, 1),
+            slot_mapping=torch.arange(num_seqs, dtype=torch.int64, device=device) * 16 + step,
+            max_query_len=1,
+            max_seq_len=step + 1,
+            query_lens_cpu=(1,) * num_seqs,
+            seq_lens_cpu=(step + 1,) * num_seqs,
+        )
+        input_ids = torch.arange(num_seqs, device=device) * 7 + step
+        positions = torch.full((num_seqs,), step, dtype=torch.int64, device=device)
+        with torch.inference_mode():
+            hiddens.append(model(input_ids, positions, metadata, kv_caches))
+    return hiddens
+
+
+@pytest.mark.parametrize("num_seqs", [1, 2])
+def test_decoder_layers_fold_norms_into_the_projections(num_seqs, monkeypatch):
+    # On the CPU the fused op is its torch reference: forcing the fold on checks the layer's plumbing
+    # (residual hand-over, attention after a given qkv, SwiGLU output into down_proj) against the
+    # unfused modules.
+    model = tiny_qwen3("cpu", torch.float32)
+    unfused = decode_steps(model, num_seqs, "cpu")
+    calls = []
+
+    def always(*args: object) -> bool:
+        calls.append(args)
+        return True
+
+    monkeypatch.setattr(decoder, "add_rms_norm_linear_applies", always)
+    folded = decode_steps(model, num_seqs, "cpu")
+    # Every norm but the first layer's input norm, in each of the 3 steps.
+    assert len(calls) == 3 * (2 * model.num_layers - 1)
+    for got, want in zip(folded, unfused, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@cuda
+@pytest.mark.parametrize("num_seqs", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_decoder_layers_fold_norms_on_cuda(num_seqs, dtype):
+    model = tiny_qwen3("cuda", dtype)
+    assert all(layer.norm_gemv_enabled for layer in model.model.layers)
+    folded = decode_steps(model, num_seqs, "cuda")
+    for layer in model.model.layers:
+        layer.norm_gemv_enabled = False  # what VOLTLLM_NORM_GEMV=0 sets at build
+    unfused = decode_steps(model, num_seqs, "cuda")
+    for got, want in zip(folded, unfused, strict=True):
+        assert ulps_off(got, want).max() <= 1

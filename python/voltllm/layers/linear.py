@@ -4,6 +4,9 @@ Checkpoints store q/k/v and gate/up as separate matrices; the model runs them fu
 three or two). `MergedLinear` keeps the fused parameter and copies each checkpoint shard into its rows,
 so the loader never needs to know which layers are fused. Weights are `[out_features, in_features]`,
 as in `torch.nn.Linear` and Hugging Face checkpoints.
+
+`add_rms_norm_linear` is the projection right after a pre-norm block's residual add + RMSNorm, run as
+one GEMV kernel at decode batch sizes on a GPU.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from voltllm.ops.linear import gemv, gemv_applies
+from voltllm.layers.norm import RMSNorm
+from voltllm.ops.linear import add_rms_norm_gemv, add_rms_norm_gemv_applies, gemv, gemv_applies
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -23,6 +27,26 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if gemv_applies(x, weight):
         return gemv(x, weight, bias)
     return F.linear(x, weight, bias)
+
+
+def add_rms_norm_linear_applies(
+    hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm, proj: Linear
+) -> bool:
+    """True where `add_rms_norm_linear` runs as one kernel: decode rows (at most GEMV_MAX_ROWS) of
+    CUDA fp16/bf16 tensors that the GEMV takes, with a hidden size it can stage."""
+    return add_rms_norm_gemv_applies(hidden, residual, norm.weight, proj.weight)
+
+
+def add_rms_norm_linear(
+    hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm, proj: Linear, swiglu: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`proj(norm(hidden, residual))` with the add, the norm and the projection in one GEMV kernel (then
+    SiLU-and-mul of the projection's halves when `swiglu`). Returns `(out, new_residual)`.
+
+    The same numbers as the unfused modules on CUDA; `hidden` and `residual` are left unchanged and
+    the new residual is a fresh tensor. Callers check `add_rms_norm_linear_applies` first.
+    """
+    return add_rms_norm_gemv(hidden, residual, norm.weight, norm.eps, proj.weight, proj.bias, swiglu)
 
 
 def _copy_checked(dst: torch.Tensor, src: torch.Tensor, what: str) -> None:

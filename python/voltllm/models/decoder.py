@@ -26,7 +26,7 @@ from voltllm import ops
 from voltllm.layers.activation import SiluAndMul
 from voltllm.layers.attention import Attention, AttentionBackend, AttentionMetadata, AttentionSpec
 from voltllm.layers.embedding import LMHead, VocabEmbedding
-from voltllm.layers.linear import Linear, MergedLinear
+from voltllm.layers.linear import Linear, MergedLinear, add_rms_norm_linear, add_rms_norm_linear_applies
 from voltllm.layers.norm import RMSNorm
 from voltllm.layers.rotary import RotaryEmbedding, rope_parameters_of
 from voltllm.ops.linear import gemv, gemv_applies
@@ -158,8 +158,17 @@ class DecoderAttention(nn.Module):
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
-        num_tokens = hidden.shape[0]
-        qkv = self.qkv_proj(hidden)
+        return self.attend(positions, self.qkv_proj(hidden), kv_cache, metadata)
+
+    def attend(
+        self,
+        positions: torch.Tensor,
+        qkv: torch.Tensor,  # [T, q_size + 2 * kv_size]: the qkv projection of the normed hidden rows
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Everything after the qkv projection (which a decoder layer may fuse with its input norm)."""
+        num_tokens = qkv.shape[0]
         fused = self._fused_prologue(qkv, kv_cache)
         if fused:
             # q/k norm, rotary and the KV-cache write in one kernel, in place on qkv.
@@ -214,7 +223,12 @@ class GatedMLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm block; the residual stream is carried separately so the norms can fuse the add."""
+    """Pre-norm block; the residual stream is carried separately so the norms can fuse the add.
+
+    At decode batch sizes on a GPU each norm's residual add + RMSNorm also runs as the prologue of the
+    projection after it (qkv, and gate/up with SiLU-and-mul as its epilogue): two launches fewer per
+    layer. VOLTLLM_NORM_GEMV=0 turns that off (for A/B timing), read once when the model is built.
+    """
 
     def __init__(
         self,
@@ -232,6 +246,8 @@ class DecoderLayer(nn.Module):
         self.mlp = GatedMLP(
             hf_config.hidden_size, hf_config.intermediate_size, bool(getattr(hf_config, "mlp_bias", False))
         )
+        # Read once: the check runs in every layer of every step.
+        self.norm_gemv_enabled = os.environ.get("VOLTLLM_NORM_GEMV", "1") != "0"
 
     def forward(
         self,
@@ -241,14 +257,27 @@ class DecoderLayer(nn.Module):
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
+        attn, mlp = self.self_attn, self.mlp
+        if residual is None:  # the first layer: no residual stream to add yet
             residual = hidden
-            hidden = self.input_layernorm(hidden)
+            qkv = attn.qkv_proj(self.input_layernorm(hidden))
+        elif self._norm_gemv(hidden, residual, self.input_layernorm, attn.qkv_proj):
+            qkv, residual = add_rms_norm_linear(hidden, residual, self.input_layernorm, attn.qkv_proj)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, kv_cache, metadata)
+            qkv = attn.qkv_proj(hidden)
+        hidden = attn.attend(positions, qkv, kv_cache, metadata)
+        if self._norm_gemv(hidden, residual, self.post_attention_layernorm, mlp.gate_up_proj):
+            gated, residual = add_rms_norm_linear(
+                hidden, residual, self.post_attention_layernorm, mlp.gate_up_proj, swiglu=True
+            )
+            return mlp.down_proj(gated), residual
         hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        return mlp(hidden), residual
+
+    def _norm_gemv(self, hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm, proj: Linear) -> bool:
+        """The add + norm runs inside `proj`'s GEMV: decode rows on a GPU, not switched off."""
+        return self.norm_gemv_enabled and add_rms_norm_linear_applies(hidden, residual, norm, proj)
 
 
 class DecoderModel(nn.Module):

@@ -13,12 +13,15 @@ from voltllm.ops.attention import (
     paged_prefill_attention,
 )
 from voltllm.ops.build import KernelBuildError
+from voltllm.ops.linear import add_rms_norm_gemv, add_rms_norm_gemv_ref
 from voltllm.ops.norm import fused_add_rms_norm, fused_add_rms_norm_ref, rms_norm, rms_norm_ref
 from voltllm.ops.prologue import qk_norm_rope_kv_write, qk_norm_rope_kv_write_ref
 from voltllm.ops.rotary import cos_sin_cache, rotary_embedding, rotary_embedding_ref
 
 __all__ = [
     "KernelBuildError",
+    "add_rms_norm_gemv",
+    "add_rms_norm_gemv_ref",
     "cos_sin_cache",
     "fused_add_rms_norm",
     "fused_add_rms_norm_ref",

@@ -37,7 +37,8 @@ def _elementwise() -> dict[str, list[str]]:
         ],
         "activation.cuh": [f"voltllm::silu_and_mul_kernel<{t}, {vec}>" for t in DTYPES for vec in (1, 8)],
         "gemv.cuh": [
-            f"voltllm::gemv_kernel<{t}, {rows}, {swiglu}>"
+            f"voltllm::{kernel}<{t}, {rows}, {swiglu}>"
+            for kernel in ("gemv_kernel", "gemv_norm_kernel")
             for t in DTYPES
             for rows in (1, 2)
             for swiglu in ("false", "true")

@@ -1,5 +1,5 @@
 // C entry points that run the decode-path kernels written beside attention (the fused attention prologue
-// qk_norm_rope.cuh, the GEMV gemv.cuh) on the CPU emulator, for tests/kernels/test_decode_ops_emulated.py
+// qk_norm_rope.cuh, the GEMV gemv.cuh, plain and with the add + RMSNorm prologue) on the CPU emulator, for tests/kernels/test_decode_ops_emulated.py
 // (loaded with ctypes; pointers are CPU torch tensors).
 #include "cuda_emu.h"
 // The kernel headers come after the emulator, which stands in for the CUDA toolchain.
@@ -40,9 +40,58 @@ void run_gemv_rows(const voltllm::GemvParams& p, bool swiglu, unsigned seed) {
   }
 }
 
+template <typename T, int ROWS>
+void run_gemv_norm(const voltllm::GemvNormParams& p, bool swiglu, int blocks, unsigned seed) {
+  const size_t smem = voltllm::gemv_norm_smem_bytes(ROWS, p.k);
+  const dim3 block(32 * voltllm::kGemvNormWarps);
+  if (swiglu) {
+    emu::launch(dim3(blocks), block, smem, [&] { voltllm::gemv_norm_kernel<T, ROWS, true>(p); }, seed);
+  } else {
+    emu::launch(dim3(blocks), block, smem, [&] { voltllm::gemv_norm_kernel<T, ROWS, false>(p); }, seed);
+  }
+}
+
+template <typename T>
+void run_gemv_norm_rows(const voltllm::GemvNormParams& p, bool swiglu, int blocks, unsigned seed) {
+  if (p.rows == 1) {
+    run_gemv_norm<T, 1>(p, swiglu, blocks, seed);
+  } else {
+    run_gemv_norm<T, 2>(p, swiglu, blocks, seed);
+  }
+}
+
 }  // namespace
 
 extern "C" {
+
+// `blocks` stands in for the glue's resident-block count: fewer blocks than ceil(n / warps) make each
+// warp loop over several features.
+void emu_add_rms_norm_gemv(int bf16, void* out, void* residual_out, const void* hidden, const void* residual_in,
+                           const void* norm_weight, const void* weight, const void* bias, long long out_stride,
+                           long long residual_out_stride, long long hidden_stride, long long residual_in_stride,
+                           float eps, int rows, int n, int k, int swiglu, int blocks, unsigned seed) {
+  voltllm::GemvNormParams p{};
+  p.out = out;
+  p.residual_out = residual_out;
+  p.hidden = hidden;
+  p.residual_in = residual_in;
+  p.norm_weight = norm_weight;
+  p.weight = weight;
+  p.bias = bias;
+  p.out_stride = out_stride;
+  p.residual_out_stride = residual_out_stride;
+  p.hidden_stride = hidden_stride;
+  p.residual_in_stride = residual_in_stride;
+  p.eps = eps;
+  p.rows = rows;
+  p.n = n;
+  p.k = k;
+  if (bf16) {
+    run_gemv_norm_rows<__nv_bfloat16>(p, swiglu != 0, blocks, seed);
+  } else {
+    run_gemv_norm_rows<__half>(p, swiglu != 0, blocks, seed);
+  }
+}
 
 void emu_gemv(int bf16, void* out, const void* x, const void* weight, const void* bias, long long out_stride,
               long long x_stride, int rows, int n, int k, int swiglu, unsigned seed) {

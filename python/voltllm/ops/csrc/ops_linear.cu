@@ -1,4 +1,8 @@
-// Torch glue for the skinny decode GEMV: checks, device guard, stream, dtype, row-count and epilogue dispatch.
+// Torch glue for the skinny decode GEMV (plain, and with the residual add + RMSNorm as its prologue):
+// checks, device guard, stream, dtype, row-count and epilogue dispatch.
+#include <algorithm>
+#include <utility>
+
 #include "torch_glue.h"
 #include "gemv.cuh"
 
@@ -17,32 +21,71 @@ void launch_gemv(const GemvParams& p, bool swiglu, cudaStream_t stream) {
     gemv_kernel<T, ROWS, false><<<blocks, 32 * kGemvWarps, 0, stream>>>(p);
 }
 
+template <typename T, int ROWS>
+void launch_gemv_norm(const GemvNormParams& p, bool swiglu, cudaStream_t stream) {
+  // Persistent: no more blocks than stay resident (the kernel's launch bounds guarantee this many per
+  // SM), so that every block computes the norm once and then streams several features.
+  const int resident = kGemvNormBlocksPerSm * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int blocks = std::min((p.n + kGemvNormWarps - 1) / kGemvNormWarps, resident);
+  const int smem = gemv_norm_smem_bytes(ROWS, p.k);
+  if (swiglu)
+    gemv_norm_kernel<T, ROWS, true><<<blocks, 32 * kGemvNormWarps, smem, stream>>>(p);
+  else
+    gemv_norm_kernel<T, ROWS, false><<<blocks, 32 * kGemvNormWarps, smem, stream>>>(p);
+}
+
+struct GemvShape {
+  int64_t rows, n, k;
+};
+
+// The checks both GEMV ops share: x [rows <= 2, k] with contiguous, 16-byte aligned rows, weight
+// [n, k] ([2n, k] for swiglu) contiguous, out [rows, n], bias one entry per weight row.
+GemvShape check_gemv(const at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
+                     const std::optional<at::Tensor>& bias, bool swiglu, const char* op) {
+  check_cuda(x, "x");
+  check_cuda(out, "out");
+  check_dtype(x, op);
+  check_same_dtype(x, weight, op);
+  check_same_dtype(x, out, op);
+  check_cuda(weight, "weight");
+  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && out.dim() == 2, op, ": x, weight and out must be 2-D");
+  const int64_t rows = x.size(0), k = weight.size(1), n = swiglu ? weight.size(0) / 2 : weight.size(0);
+  TORCH_CHECK(!swiglu || weight.size(0) % 2 == 0, op, ": swiglu needs a [2n, k] gate/up weight");
+  TORCH_CHECK(x.size(1) == k, op, ": weight is [", num(weight.size(0)), ", ", num(k), "], x has ", num(x.size(1)),
+              " features");
+  TORCH_CHECK(out.size(0) == rows && out.size(1) == n, op, ": out must be [rows, n]");
+  TORCH_CHECK(rows >= 1 && rows <= 2, op, ": 1 or 2 rows, got ", num(rows));
+  TORCH_CHECK(weight.is_contiguous(), op, ": weight must be contiguous");
+  TORCH_CHECK(x.stride(1) == 1 && out.stride(1) == 1, op, ": x and out rows must be contiguous");
+  TORCH_CHECK(vec8_ok(x, k) && reinterpret_cast<uintptr_t>(weight.data_ptr()) % 16 == 0 && k % 8 == 0, op,
+              ": k must be a multiple of 8 and x/weight 16-byte aligned");
+  if (bias) {
+    check_same_dtype(x, *bias, op);
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0) && bias->is_contiguous(), op,
+                ": bias must have one entry per weight row");
+  }
+  return {rows, n, k};
+}
+
+// [first, last) bytes of a tensor's rows, for the aliasing check.
+std::pair<uintptr_t, uintptr_t> byte_span(const at::Tensor& t) {
+  const auto first = reinterpret_cast<uintptr_t>(t.data_ptr());
+  return {first, first + ((t.size(0) - 1) * t.stride(0) + t.size(1)) * t.element_size()};
+}
+
+bool overlap(const at::Tensor& a, const at::Tensor& b) {
+  const auto [a0, a1] = byte_span(a);
+  const auto [b0, b1] = byte_span(b);
+  return a0 < b1 && b0 < a1;
+}
+
 }  // namespace
 
 void gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
           bool swiglu) {
-  check_cuda(x, "x");
-  check_cuda(out, "out");
-  check_dtype(x, "gemv");
-  check_same_dtype(x, weight, "gemv");
-  check_same_dtype(x, out, "gemv");
-  check_cuda(weight, "weight");
-  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && out.dim() == 2, "gemv: x, weight and out must be 2-D");
-  const int64_t rows = x.size(0), k = weight.size(1), n = swiglu ? weight.size(0) / 2 : weight.size(0);
-  TORCH_CHECK(!swiglu || weight.size(0) % 2 == 0, "gemv: swiglu needs a [2n, k] gate/up weight");
-  TORCH_CHECK(x.size(1) == k, "gemv: weight is [", num(weight.size(0)), ", ", num(k), "], x has ",
-              num(x.size(1)), " features");
-  TORCH_CHECK(out.size(0) == rows && out.size(1) == n, "gemv: out must be [rows, n]");
-  TORCH_CHECK(rows >= 1 && rows <= 2, "gemv: 1 or 2 rows, got ", num(rows));
-  TORCH_CHECK(weight.is_contiguous(), "gemv: weight must be contiguous");
-  TORCH_CHECK(x.stride(1) == 1 && out.stride(1) == 1, "gemv: x and out rows must be contiguous");
-  TORCH_CHECK(vec8_ok(x, k) && reinterpret_cast<uintptr_t>(weight.data_ptr()) % 16 == 0 && k % 8 == 0,
-              "gemv: k must be a multiple of 8 and x/weight 16-byte aligned");
-  if (bias) {
-    check_same_dtype(x, *bias, "gemv");
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0) && bias->is_contiguous(),
-                "gemv: bias must have one entry per weight row");
-  }
+  // Plain locals, not a structured binding: the dispatch lambda captures rows (C++17 cannot).
+  const GemvShape shape = check_gemv(out, x, weight, bias, swiglu, "gemv");
+  const int64_t rows = shape.rows, n = shape.n, k = shape.k;
   const at::cuda::OptionalCUDAGuard guard(x.device());
   GemvParams p{};
   p.out = out.data_ptr();
@@ -61,6 +104,59 @@ void gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const 
       launch_gemv<T, 1>(p, swiglu, stream);
     else
       launch_gemv<T, 2>(p, swiglu, stream);
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void add_rms_norm_gemv(at::Tensor& out, at::Tensor& residual_out, const at::Tensor& hidden,
+                       const at::Tensor& residual, const at::Tensor& norm_weight, double eps,
+                       const at::Tensor& weight, const std::optional<at::Tensor>& bias, bool swiglu) {
+  const char* op = "add_rms_norm_gemv";
+  const GemvShape shape = check_gemv(out, hidden, weight, bias, swiglu, op);
+  const int64_t rows = shape.rows, n = shape.n, k = shape.k;
+  check_cuda(residual, "residual");
+  check_cuda(residual_out, "residual_out");
+  check_cuda(norm_weight, "norm_weight");
+  check_same_dtype(hidden, residual, op);
+  check_same_dtype(hidden, residual_out, op);
+  check_same_dtype(hidden, norm_weight, op);
+  TORCH_CHECK(residual.sizes() == hidden.sizes() && residual_out.sizes() == hidden.sizes(), op,
+              ": residual and residual_out must have the shape of hidden");
+  TORCH_CHECK(residual.stride(1) == 1 && residual_out.stride(1) == 1 && vec8_ok(residual, k) &&
+                  vec8_ok(residual_out, k),
+              op, ": residual rows must be contiguous and 16-byte aligned");
+  TORCH_CHECK(norm_weight.dim() == 1 && norm_weight.size(0) == k && norm_weight.is_contiguous() &&
+                  reinterpret_cast<uintptr_t>(norm_weight.data_ptr()) % 16 == 0,
+              op, ": norm_weight must be a contiguous, 16-byte aligned [k]");
+  TORCH_CHECK(k <= kGemvNormMaxK, op, ": hidden size ", num(k), " is over ", num(kGemvNormMaxK));
+  // Block 0 writes residual_out, and every block out, while other blocks still read hidden and residual.
+  TORCH_CHECK(!overlap(residual_out, residual) && !overlap(residual_out, hidden) && !overlap(out, residual) &&
+                  !overlap(out, hidden) && !overlap(out, residual_out),
+              op, ": out and residual_out must not overlap each other, hidden or residual");
+  const at::cuda::OptionalCUDAGuard guard(hidden.device());
+  GemvNormParams p{};
+  p.out = out.data_ptr();
+  p.residual_out = residual_out.data_ptr();
+  p.hidden = hidden.data_ptr();
+  p.residual_in = residual.data_ptr();
+  p.norm_weight = norm_weight.data_ptr();
+  p.weight = weight.data_ptr();
+  p.bias = bias ? bias->data_ptr() : nullptr;
+  p.out_stride = out.stride(0);
+  p.residual_out_stride = residual_out.stride(0);
+  p.hidden_stride = hidden.stride(0);
+  p.residual_in_stride = residual.stride(0);
+  p.eps = static_cast<float>(eps);
+  p.rows = static_cast<int>(rows);
+  p.n = static_cast<int>(n);
+  p.k = static_cast<int>(k);
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  dispatch_dtype(hidden.scalar_type(), op, [&](auto t) {
+    using T = decltype(t);
+    if (rows == 1)
+      launch_gemv_norm<T, 1>(p, swiglu, stream);
+    else
+      launch_gemv_norm<T, 2>(p, swiglu, stream);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
