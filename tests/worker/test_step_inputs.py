@@ -3,7 +3,9 @@
 The graph path is run through `ReplayingGraphs`: "capture" keeps each bucket's input buffers and
 metadata builder, and a replay runs the toy model on whatever those buffers hold at that moment, as a
 CUDA graph replays its kernels on the addresses it was captured with. A field that moved, padding
-left stale or a block id missing from the table changes the generated tokens.
+left stale or a block id missing from the table changes the generated tokens. With
+`separate_device_table` the block table's "device" copy is a tensor of its own, kept in step only by
+the scatters a GPU would run (eagerly, or inside the graph), as on a GPU.
 """
 
 from __future__ import annotations
@@ -105,7 +107,14 @@ class ReplayingGraphs(DecodeGraphs):
         return self.logits[:size]
 
 
-def graph_engine(max_seqs: int, **cache) -> LLMEngine:
+def separate_device_table(table: BlockTable) -> None:
+    """Give a CPU block table a device copy of its own, written only by `scatter` / `flush_unstaged`."""
+    table.on_device = table.on_device.clone()
+    table._flat_device = table.on_device.view(-1)
+    table.has_device_copy = True
+
+
+def graph_engine(max_seqs: int, separate_table: bool = False, **cache) -> LLMEngine:
     config = EngineConfig(
         cache=CacheConfig(block_size=4, **cache),
         scheduler=SchedulerConfig(max_num_batched_tokens=32, max_num_seqs=max_seqs),
@@ -113,6 +122,8 @@ def graph_engine(max_seqs: int, **cache) -> LLMEngine:
     )
     core = EngineCore(config, ToyLoaded(MODEL, max_model_len=256), CPU)
     runner = core.runner
+    if separate_table:
+        separate_device_table(runner.block_table)
     sizes = graph_batch_sizes(max_seqs)
     runner.graphs = ReplayingGraphs(runner.model, sizes, runner.vocab_size, CPU)
     runner.graphs.capture(runner._padding_decode_inputs, runner.kv_caches)
@@ -140,25 +151,31 @@ def generate(eng: LLMEngine, prompts: list[list[int]], lengths: list[int]) -> li
     return [out[str(i)].new_token_ids for i in range(len(prompts))]
 
 
-def test_graph_path_matches_dense_greedy():
+@pytest.mark.parametrize("separate_table", [False, True])
+def test_graph_path_matches_dense_greedy(separate_table: bool):
     prompts, lengths = requests(0, 11)
-    eng = graph_engine(max_seqs=12, num_kv_blocks=256)
+    eng = graph_engine(max_seqs=12, separate_table=separate_table, num_kv_blocks=256)
     got = generate(eng, prompts, lengths)
     assert got == [MODEL.greedy(p, n) for p, n in zip(prompts, lengths, strict=True)]
     replayed = eng.core.runner.graphs.replayed
     assert len(set(replayed)) >= 4  # buckets 12, 8, 4, 2, 1 as requests finish
     assert eng.core.scheduler.kv.num_free_blocks == 256
+    table = eng.core.runner.block_table
+    assert torch.equal(table.on_device, torch.from_numpy(table.host))
 
 
-def test_graph_path_with_preemption_and_unstaged_block_updates(monkeypatch):
+@pytest.mark.parametrize("separate_table", [False, True])
+def test_graph_path_with_preemption_and_unstaged_block_updates(monkeypatch, separate_table: bool):
     # A staging buffer too small for one request's table: big updates take the unstaged path.
     monkeypatch.setattr(model_runner, "MAX_STAGED_BLOCK_UPDATES", 3)
     prompts, lengths = requests(1, 8)
-    eng = graph_engine(max_seqs=8, num_kv_blocks=24)
+    eng = graph_engine(max_seqs=8, separate_table=separate_table, num_kv_blocks=24)
     got = generate(eng, prompts, lengths)
     assert got == [MODEL.greedy(p, n) for p, n in zip(prompts, lengths, strict=True)]
     assert eng.get_stats().num_preemptions > 0
     assert eng.core.runner.graphs.replayed
+    table = eng.core.runner.block_table
+    assert torch.equal(table.on_device, torch.from_numpy(table.host))
 
 
 @pytest.mark.gpu

@@ -57,6 +57,31 @@ _arrival_counter = itertools.count()
 class Request:
     """Mutable per-request state owned by the scheduler."""
 
+    # Slots: the scheduler reads and writes a few of these per running request per step, and slot
+    # access is faster than a __dict__ lookup.
+    __slots__ = (
+        "request_id",
+        "prompt_token_ids",
+        "sampling_params",
+        "arrival_time",
+        "priority",
+        "arrival_seq",
+        "status",
+        "num_prompt_tokens",
+        "all_token_ids",
+        "num_computed_tokens",
+        "max_num_tokens",
+        "check_len",
+        "num_cached_tokens",
+        "num_preemptions",
+        "stop_reason",
+        "block_hashes",
+        "queued_ts",
+        "scheduled_ts",
+        "first_token_ts",
+        "stop_token_ids",
+    )
+
     def __init__(
         self,
         request_id: str,

@@ -82,9 +82,6 @@ class EngineStepTimings:
         return self.total_s - self.sync_s
 
 
-_RUNNER_PARTS = ("prepare_s", "forward_s", "sync_s", "post_s")
-
-
 class EngineCore:
     """One engine: `add_request` / `abort_requests` between steps, `step()` to advance every request."""
 
@@ -218,8 +215,12 @@ class EngineCore:
         # A runner without `last_timings` (or an empty plan's stale one) leaves the split at 0.
         runner = getattr(self.runner, "last_timings", None)
         if runner is not None:
-            for name in _RUNNER_PARTS:
-                setattr(t, name, float(getattr(runner, name, 0.0)))
+            t.prepare_s, t.forward_s, t.sync_s, t.post_s = (
+                runner.prepare_s,
+                runner.forward_s,
+                runner.sync_s,
+                runner.post_s,
+            )
 
     # ----- utilities -----------------------------------------------------------------------------
 

@@ -224,11 +224,14 @@ class ModelRunner:
         self.block_table = BlockTable(self.max_num_seqs, max_blocks_per_seq, self.device)
         self.arrays = RequestArrays(self.max_num_seqs, self.max_model_len)
         max_tokens = max(self.max_num_batched_tokens, self.max_num_seqs)
-        max_block_updates = min(self.max_num_seqs * max_blocks_per_seq, MAX_STAGED_BLOCK_UPDATES)
+        # At least a graph bucket's worth: a graph step stages one update per sequence.
+        max_block_updates = max(
+            min(self.max_num_seqs * max_blocks_per_seq, MAX_STAGED_BLOCK_UPDATES), self.max_num_seqs
+        )
         self.buffers = StepBuffers(max_tokens, self.max_num_seqs, max_block_updates, self.device)
         self._arange = np.arange(max_tokens + 1, dtype=np.int64)  # query offsets, prefill positions
-        # (tokens, sequences, first padding entry) of the last staged step, if it was padded.
-        self._padding: tuple[int, int, int] | None = None
+        # (graph bucket, sequences) of the last staged step if it was a graph step: its padding.
+        self._padding: tuple[int, int] | None = None
 
     @torch.inference_mode()
     def _profile_free_cuda_memory(self, utilization: float) -> int:
@@ -298,16 +301,22 @@ class ModelRunner:
     def _padding_decode_inputs(
         self, size: int
     ) -> tuple[torch.Tensor, torch.Tensor, Callable[[], AttentionMetadata]]:
-        """Buffers holding `size` padding decodes, and the metadata builder a graph of that size captures."""
-        layout = self._stage(size, size, pad_from=0)
-        self._upload(layout, host_waits=False)
+        """Buffers holding `size` padding decodes, and the metadata builder a graph of that size
+        captures: its device work (the step's block-table updates, the gather of the batch's rows)
+        replays with the graph, so a graph step launches nothing but the graph."""
+        layout = self._stage_graph(size, 0)
+        self.buffers.upload(layout, host_waits=False)
         ids, positions, slots, query_start_loc, seq_lens, rows = self.buffers.device_fields(layout)
+        block_updates = self.buffers.device_block_updates(layout)
+        table = self.block_table
 
         def build_metadata() -> AttentionMetadata:
+            if table.has_device_copy:
+                table.scatter(*block_updates)
             return AttentionMetadata(
                 query_start_loc=query_start_loc,
                 seq_lens=seq_lens,
-                block_tables=self.block_table.on_device.index_select(0, rows),
+                block_tables=table.on_device.index_select(0, rows),
                 slot_mapping=slots,
                 max_query_len=1,
                 # The decode kernel sizes its context split for the longest possible sequence; each
@@ -328,12 +337,10 @@ class ModelRunner:
         layout.seq_lens[first:] = 1
         layout.table_rows[first:] = self.block_table.pad_row
 
-    def _stage(
-        self, num_tokens: int, num_seqs: int, num_logits: int = 0, pad_from: int | None = None
-    ) -> StepLayout:
-        """The staging layout of a step, holding the block table's queued ids (written to the host
-        table too, as the step's slots need them; beyond the layout's room they go on their own)
-        and, for a graph bucket, padding from entry `pad_from` on."""
+    def _stage_eager(self, num_tokens: int, num_seqs: int, num_logits: int) -> StepLayout:
+        """The staging layout of an eager step, holding the block table's queued ids (written to the
+        host table too: the step's slots need them; beyond the layout's room they go on their own)."""
+        self._padding = None  # the step's fields may lie where a graph bucket's padding was
         table = self.block_table
         num_updates = table.num_pending
         if num_updates > self.buffers.max_block_updates:
@@ -342,19 +349,28 @@ class ModelRunner:
         layout = self.buffers.stage(num_tokens, num_seqs, num_updates, num_logits)
         if num_updates:
             table.write_pending(layout.block_index, layout.block_ids)
-        padding = None if pad_from is None else (num_tokens, num_seqs, pad_from)
-        # The padding is left from the last step when it staged the same: a step writes only its own
-        # entries (those before `pad_from`), and the block updates lie after the fields.
-        if padding is not None and padding != self._padding:
-            self._stage_padding(layout, pad_from)
-        self._padding = padding
         return layout
 
-    def _upload(self, layout: StepLayout, host_waits: bool) -> None:
-        """One copy of the staged step, then (when requests got blocks) one block-table scatter."""
-        self.buffers.upload(layout, host_waits=host_waits)
-        if layout.num_block_updates and self.block_table.has_device_copy:
-            self.block_table.scatter(*self.buffers.device_block_updates(layout))
+    def _stage_graph(self, size: int, num_seqs: int) -> StepLayout:
+        """The staging layout of `num_seqs` decodes replayed by the graph of bucket `size`: padding
+        from entry `num_seqs` on, and exactly `size` block-table updates, which the graph scatters
+        itself: the block table's queued ids, then writes of 0 into the all-zero pad row."""
+        table = self.block_table
+        num_updates = table.num_pending
+        if num_updates > size:  # (a decode step gives each request at most one block)
+            table.flush_unstaged()
+            num_updates = 0
+        layout = self.buffers.stage(size, size, size)
+        if num_updates:
+            table.write_pending(layout.block_index[:num_updates], layout.block_ids[:num_updates])
+        layout.block_index[num_updates:] = table.pad_positions[: size - num_updates]
+        layout.block_ids[num_updates:] = 0
+        # The padding is left from the last step when it staged the same: a step writes only its own
+        # entries (those before `num_seqs`), and the block updates lie after the fields.
+        if (size, num_seqs) != self._padding:
+            self._stage_padding(layout, num_seqs)
+            self._padding = (size, num_seqs)
+        return layout
 
     # ----- one step ------------------------------------------------------------------------------
 
@@ -436,14 +452,17 @@ class ModelRunner:
             self.arrays.start(
                 row, new.token_ids, new.num_computed_tokens, is_plain_greedy(new.sampling_params)
             )
+        # About one running request in block_size gets a block each decode step: locals, not lookups.
+        requests, num_computed, append = self.requests, self.arrays.num_computed, self.block_table.append
         for cached in plan.scheduled_cached_reqs:
-            state = self.requests[cached.request_id]
-            assert self.arrays.num_computed[state.row] == cached.num_computed_tokens, (
+            state = requests[cached.request_id]
+            assert num_computed.item(state.row) == cached.num_computed_tokens, (
                 f"runner and scheduler disagree on {cached.request_id}: "
-                f"{self.arrays.num_computed[state.row]} != {cached.num_computed_tokens}"
+                f"{num_computed[state.row]} != {cached.num_computed_tokens}"
             )
-            self.block_table.append(state.row, state.num_blocks, cached.new_block_ids)
-            state.num_blocks += len(cached.new_block_ids)
+            new_block_ids = cached.new_block_ids
+            append(state.row, state.num_blocks, new_block_ids)
+            state.num_blocks += len(new_block_ids)
 
     def _batch_rows(self, req_ids: list[str]) -> tuple[np.ndarray, bool]:
         """Request-array rows of the batch, and whether all its requests are plain greedy; reused
@@ -487,10 +506,10 @@ class ModelRunner:
         graph_size = step.graph_size
         num_logits = 0
         if graph_size is not None:
-            layout = self._stage(graph_size, graph_size, pad_from=num_seqs)
+            layout = self._stage_graph(graph_size, num_seqs)
         else:
             num_logits = num_sampling if num_sampling != num_tokens else 0
-            layout = self._stage(num_tokens, num_seqs, num_logits)
+            layout = self._stage_eager(num_tokens, num_seqs, num_logits)
         ids, positions, query_start_loc = layout.input_ids, layout.positions, layout.query_start_loc
         if pure_decode:
             ids[:num_tokens] = arrays.token_ids[rows, starts]
@@ -513,9 +532,11 @@ class ModelRunner:
         if num_logits:
             layout.logits_indices[:] = query_start_loc[1:][samples] - 1
         # A step that samples waits for its tokens, so the next step needs no event to reuse the buffer.
-        self._upload(layout, host_waits=num_sampling > 0)
+        self.buffers.upload(layout, host_waits=num_sampling > 0)
         if graph_size is not None:
-            return step
+            return step  # the graph scatters the block-table updates itself
+        if layout.num_block_updates and self.block_table.has_device_copy:
+            self.block_table.scatter(*self.buffers.device_block_updates(layout))
         max_seq_len = int(ends.max())
         ids_d, positions_d, slots_d, qsl_d, seq_lens_d, rows_d = self.buffers.device_fields(layout)
         width = -(-max_seq_len // self.block_size)

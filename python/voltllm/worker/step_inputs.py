@@ -8,13 +8,13 @@ Everything a step sends to the device travels in ONE asynchronous copy from one 
 (`StepBuffers`): the step's fields, then the block-table entries that are new since the last step,
 then (an eager step where not every sequence samples) the rows of the hidden states to compute logits
 for. On the GPU machine every torch call costs 10-20 us of host time, so a decode step replayed from a
-CUDA graph makes only: that copy, one scatter into the device block table (only when a request got a
-new block), the replay, and the argmax with its copy back. No event is recorded when the step ends by
-waiting for its sampled tokens anyway (see `StepBuffers.upload`).
+CUDA graph makes only that copy, the replay and the argmax with its copy back. No event is recorded
+when the step ends by waiting for its sampled tokens anyway (see `StepBuffers.upload`).
 
 The block table lives on the device for the whole life of a request, one row per running request
-(`BlockTable`); the rows of a step's requests are gathered into its `block_tables` by one device-side
-index (inside the graph, for a graph step).
+(`BlockTable`). An eager step scatters its new block ids into it with one kernel and gathers its
+requests' rows with another; a graph step's graph does both (the runner stages a fixed number of
+updates per bucket for it, padded with harmless writes into the all-zero pad row).
 """
 
 from __future__ import annotations
@@ -219,7 +219,8 @@ class BlockTable:
     The host copy serves the slot computation of the step's new tokens; the device copy serves the
     attention kernels. Row `pad_row` stays all zeros: padded batch entries of a CUDA graph point at it.
     New ids are queued as they arrive; a step writes them into the host table and its staging buffer
-    (`write_pending`), and after the upload into the device table with one scatter (`scatter`).
+    (`write_pending`), and after the upload into the device table with one scatter (`scatter`, which
+    a CUDA graph step runs inside the graph).
     """
 
     def __init__(self, num_rows: int, max_blocks_per_seq: int, device: torch.device) -> None:
@@ -231,6 +232,9 @@ class BlockTable:
         # On the CPU the device table is the host table; elsewhere `scatter` keeps a copy in step.
         self.has_device_copy = device.type != "cpu"
         self.on_device = torch.zeros_like(host_tensor, device=device) if self.has_device_copy else host_tensor
+        # One position in the pad row per possible batch entry (repeating past its width): where a
+        # graph step's unused block-table updates write their 0.
+        self.pad_positions = num_rows * max_blocks_per_seq + np.arange(num_rows) % max_blocks_per_seq
         self._flat_host = self.host.reshape(-1)  # views: the same memory
         self._flat_device = self.on_device.view(-1)
         self._free_rows = list(range(num_rows - 1, -1, -1))
