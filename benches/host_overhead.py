@@ -27,11 +27,17 @@ fixed buffer addresses) and "replays" it, so the host work of the GPU's graph pa
     python benches/host_overhead.py                                   # CPU, null model, eager path
     python benches/host_overhead.py --fake-graphs                     # CPU, null model, graph path
     python benches/host_overhead.py --model-config qwen3-0.6b --device cuda
+    python benches/host_overhead.py --model-config qwen3-0.6b --device cuda --count-cuda-calls
+
+`--count-cuda-calls` adds, per batch size, the CUDA runtime calls (kernel and graph launches, copies,
+event and stream calls; each costs host time) per decode step, counted by the torch profiler over
+`CUDA_COUNT_STEPS` more steps.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import random
 import statistics
@@ -54,6 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from offline_throughput import QWEN3_0_6B  # noqa: E402
 
 TARGET_S = 1e-3
+CUDA_COUNT_STEPS = 10
 COLUMNS = ("schedule", "execute", "prepare", "forward", "sync", "post", "update", "outputs", "encode", "host")
 
 
@@ -117,7 +124,8 @@ class NullLoaded:
 
 def build_core(args: argparse.Namespace, tmp: Path) -> EngineCore:
     num_batches = len(args.batch_sizes.split(","))
-    max_model_len = args.max_len + num_batches * (1 + args.repeats * (args.warmup + args.steps)) + 64
+    steps_per_batch = 1 + args.repeats * (args.warmup + args.steps) + CUDA_COUNT_STEPS * args.count_cuda_calls
+    max_model_len = args.max_len + num_batches * steps_per_batch + 64
     scheduler = SchedulerConfig(
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.num_seqs
     )
@@ -185,6 +193,22 @@ def time_steps(core: EngineCore, warmup: int, steps: int, batch: int) -> dict[st
     return {c: statistics.median(r[c] for r in rows) for c in COLUMNS}
 
 
+def count_cuda_calls(core: EngineCore, steps: int) -> dict[str, float]:
+    """CUDA runtime (and driver) API calls per step over `steps` steps, by name, from the profiler."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            core.step()
+    counts: collections.Counter[str] = collections.Counter()
+    for event in prof.key_averages():
+        # Host-side events named cuda* / cu* are API calls; kernels are device-side events.
+        if event.device_type == DeviceType.CPU and event.key.startswith("cu"):
+            counts[event.key] += event.count
+    return {name: n / steps for name, n in counts.most_common()}
+
+
 def row_of(t: EngineStepTimings, encode_s: float) -> dict[str, float]:
     row = {c: getattr(t, f"{c}_s", 0.0) * 1e6 for c in COLUMNS if c not in ("encode", "host")}
     row["encode"] = encode_s * 1e6
@@ -230,6 +254,9 @@ def main() -> None:
     p.add_argument("--vocab", type=int, default=1024, help="null model vocabulary (argmax is host work)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--count-cuda-calls", action="store_true", help="CUDA API calls per decode step (CUDA device only)"
+    )
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     batches = sorted((int(b) for b in args.batch_sizes.split(",")), reverse=True)
@@ -237,6 +264,8 @@ def main() -> None:
         p.error("the largest batch size exceeds --num-seqs")
     if args.fake_graphs and args.model_config != "null":
         p.error("--fake-graphs is for the null model on the CPU (a real model captures real graphs)")
+    if args.count_cuda_calls and not args.device.startswith("cuda"):
+        p.error("--count-cuda-calls needs --device cuda")
     with tempfile.TemporaryDirectory() as tmp:
         core = build_core(args, Path(tmp))
         ids = add_requests(core, args)
@@ -250,11 +279,17 @@ def main() -> None:
             f"best of {args.repeats} medians of {args.steps} decode steps, microseconds"
         )
         results: dict[int, dict[str, float]] = {}
+        cuda_calls: dict[int, dict[str, float]] = {}
         for batch in batches:
             ids = shrink(core, ids, batch)
             results[batch] = best_of(core, args, batch)
+            if args.count_cuda_calls:
+                cuda_calls[batch] = count_cuda_calls(core, CUDA_COUNT_STEPS)
         runner_split = getattr(core.runner, "last_timings", None) is not None
     print_table(results, runner_split)
+    for batch, calls in cuda_calls.items():
+        listed = ", ".join(f"{name} {n:g}" for name, n in calls.items())
+        print(f"batch {batch}: {sum(calls.values()):g} CUDA API calls per step ({listed})")
     host = results[batches[0]]["host"]
     ratio = host * 1e-6 / TARGET_S
     print(f"host time per step at batch {batches[0]}: {host:.0f} us = {ratio:.2f}x the 1 ms target")
