@@ -76,6 +76,18 @@ __device__ __forceinline__ void prefetch_l2(const void* ptr) {
 #endif
 }
 
+// Asks L2 for the lane's part of the first chunk of each weight row (elements lane * 8 + 256 u).
+template <typename T, int MATS, int UNROLL>
+__device__ __forceinline__ void prefetch_first_chunk(const T* const (&w_rows)[MATS], int lane, int k) {
+#pragma unroll
+  for (int m = 0; m < MATS; ++m) {
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      if (lane * 8 + u * 256 < k) prefetch_l2(w_rows[m] + lane * 8 + u * 256);
+    }
+  }
+}
+
 // Issues a lane's 16-byte loads of one chunk of each of its weight rows (elements base + 256 u).
 template <typename T, int MATS, int UNROLL>
 __device__ __forceinline__ void load_weight_chunk(uint4 (&w_raw)[MATS][UNROLL], const T* const (&w_rows)[MATS],
@@ -123,6 +135,10 @@ __global__ void __launch_bounds__(32 * kGemvWarps) gemv_kernel(GemvParams p) {
   const T* w_rows[kMats];
 #pragma unroll
   for (int m = 0; m < kMats; ++m) w_rows[m] = weight + static_cast<long long>(feature + m * p.n) * p.k;
+  // Weights are never written by a kernel: their first chunk can be on its way to L2 while the kernel
+  // before this one (whose output is x) still runs.
+  prefetch_first_chunk<T, kMats, kUnroll>(w_rows, lane, p.k);
+  begin_dependent_grid();
   const T* x = static_cast<const T*>(p.x);
   float acc[kMats][ROWS];
 #pragma unroll
@@ -278,17 +294,15 @@ __global__ void __launch_bounds__(32 * kGemvNormWarps, kGemvNormBlocksPerSm) gem
   int feature = blockIdx.x * kGemvNormWarps + (threadIdx.x >> 5);
   const T* weight = static_cast<const T*>(p.weight);
   // Ask L2 for the first chunk of this warp's first feature now, so that its memory latency overlaps
-  // the norm (holding it in registers instead would spill at this kernel's 64-register budget).
+  // the norm and the end of the kernel before this one (weights are never written by a kernel; holding
+  // the chunk in registers instead would spill at this kernel's 64-register budget).
   if (feature < p.n) {
+    const T* w_rows[kMats];
 #pragma unroll
-    for (int m = 0; m < kMats; ++m) {
-      const T* w_row = weight + static_cast<long long>(feature + m * p.n) * p.k;
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (lane * 8 + u * 256 < p.k) prefetch_l2(w_row + lane * 8 + u * 256);
-      }
-    }
+    for (int m = 0; m < kMats; ++m) w_rows[m] = weight + static_cast<long long>(feature + m * p.n) * p.k;
+    prefetch_first_chunk<T, kMats, kUnroll>(w_rows, lane, p.k);
   }
+  begin_dependent_grid();  // hidden and residual_in come from the kernels before this one
   add_rms_norm_to_smem<T, ROWS>(p, x_s, scratch);
   __syncthreads();
   for (; feature < p.n; feature += feature_stride) {

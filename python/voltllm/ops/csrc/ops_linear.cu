@@ -16,9 +16,9 @@ template <typename T, int ROWS>
 void launch_gemv(const GemvParams& p, bool swiglu, cudaStream_t stream) {
   const int blocks = (p.n + kGemvWarps - 1) / kGemvWarps;
   if (swiglu)
-    gemv_kernel<T, ROWS, true><<<blocks, 32 * kGemvWarps, 0, stream>>>(p);
+    launch(gemv_kernel<T, ROWS, true>, blocks, 32 * kGemvWarps, 0, stream, p);
   else
-    gemv_kernel<T, ROWS, false><<<blocks, 32 * kGemvWarps, 0, stream>>>(p);
+    launch(gemv_kernel<T, ROWS, false>, blocks, 32 * kGemvWarps, 0, stream, p);
 }
 
 template <typename T, int ROWS>
@@ -29,9 +29,9 @@ void launch_gemv_norm(const GemvNormParams& p, bool swiglu, cudaStream_t stream)
   const int blocks = std::min((p.n + kGemvNormWarps - 1) / kGemvNormWarps, resident);
   const int smem = gemv_norm_smem_bytes(ROWS, p.k);
   if (swiglu)
-    gemv_norm_kernel<T, ROWS, true><<<blocks, 32 * kGemvNormWarps, smem, stream>>>(p);
+    launch(gemv_norm_kernel<T, ROWS, true>, blocks, 32 * kGemvNormWarps, smem, stream, p);
   else
-    gemv_norm_kernel<T, ROWS, false><<<blocks, 32 * kGemvNormWarps, smem, stream>>>(p);
+    launch(gemv_norm_kernel<T, ROWS, false>, blocks, 32 * kGemvNormWarps, smem, stream, p);
 }
 
 struct GemvShape {
