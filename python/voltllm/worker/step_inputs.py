@@ -4,12 +4,12 @@ Every step the model reads the same device tensors (token ids, positions, cache 
 lengths, block tables), refilled in place: fixed addresses are what lets a captured CUDA graph replay
 with new inputs, and reusing buffers keeps allocation off the step's critical path.
 
-Everything a step sends to the device travels in ONE asynchronous copy from one pinned host buffer
+Everything a step sends to the device travels in one asynchronous copy from one pinned host buffer
 (`StepBuffers`): the step's fields, then the block-table entries that are new since the last step,
 then (an eager step where not every sequence samples) the rows of the hidden states to compute logits
-for. On the GPU machine every torch call costs 10-20 us of host time, so a decode step replayed from a
-CUDA graph makes only that copy, the replay and the argmax with its copy back. No event is recorded
-when the step ends by waiting for its sampled tokens anyway (see `StepBuffers.upload`).
+for. Every torch call costs host time (10-20 us each on the H200 machine), so a decode step replayed
+from a CUDA graph makes only that copy, the replay and the argmax with its copy back. No event is
+recorded when the step ends by waiting for its sampled tokens anyway (see `StepBuffers.upload`).
 
 The block table lives on the device for the whole life of a request, one row per running request
 (`BlockTable`). An eager step scatters its new block ids into it with one kernel and gathers its
@@ -117,6 +117,7 @@ class StepBuffers:
         self._uploaded = torch.cuda.Event() if device.type == "cuda" else None
         self._in_flight = _Upload.NONE
         self._layouts: dict[tuple[int, int, int, int], StepLayout] = {}
+        self._field_views: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
 
     def stage(
         self, num_tokens: int, num_seqs: int, num_block_updates: int = 0, num_logits: int = 0
@@ -173,10 +174,19 @@ class StepBuffers:
         positions object, and the buffer behind it is refilled every step.
         """
         if layout.field_views is None:
-            t, s, dev = layout.num_tokens, layout.num_seqs, self._dev
-            tok = dev[: 24 * t].view(torch.int64)
-            seq = dev[24 * t : 24 * t + 4 * (3 * s + 1)].view(torch.int32)
-            layout.field_views = (
+            layout.field_views = self._fields_of_sizes(layout.num_tokens, layout.num_seqs)
+        ids, positions, *rest = layout.field_views
+        return (ids, positions.view(positions.shape), *rest)
+
+    def _fields_of_sizes(self, t: int, s: int) -> tuple[torch.Tensor, ...]:
+        # Shared by the layouts of one (tokens, sequences) size: the fields lie at the same place.
+        views = self._field_views.get((t, s))
+        if views is None:
+            if len(self._field_views) > 512:
+                self._field_views.clear()
+            tok = self._dev[: 24 * t].view(torch.int64)
+            seq = self._dev[24 * t : 24 * t + 4 * (3 * s + 1)].view(torch.int32)
+            views = (
                 tok[:t],
                 tok[t : 2 * t],
                 tok[2 * t :],
@@ -184,8 +194,8 @@ class StepBuffers:
                 seq[s + 1 : 2 * s + 1],
                 seq[2 * s + 1 :],
             )
-        ids, positions, *rest = layout.field_views
-        return (ids, positions.view(positions.shape), *rest)
+            self._field_views[(t, s)] = views
+        return views
 
     def device_block_updates(self, layout: StepLayout) -> tuple[torch.Tensor, torch.Tensor]:
         """Device views of the staged flat block-table positions (int64) and block ids (int32)."""
