@@ -26,7 +26,7 @@ import zmq
 
 from voltllm.engine import protocol
 from voltllm.engine.args import add_engine_args, engine_config_from_args
-from voltllm.engine.core import EngineCore
+from voltllm.engine.core import EngineCore, settle_garbage_collector
 from voltllm.engine.protocol import EngineError, MessageType, UtilityCall, UtilityResult
 
 logger = logging.getLogger("voltllm.engine")
@@ -227,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         core = EngineCore.from_config(engine_config_from_args(args), engine_index=args.engine_index)
         proc.loaded = True
+        settle_garbage_collector(freeze=True)  # this process only runs the engine from here on
         proc.send(MessageType.READY, core.ready_message(args.served_model_name or args.model))
         logger.info(
             "engine %d ready: %d KV blocks of %d, max_model_len %d, pid %d",
