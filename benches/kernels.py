@@ -13,7 +13,8 @@ baselines measured once in the same run; `vs v6` is each variant's relative diff
 on the same inputs (a sanity check, not a timing).
 
 Times are medians of CUDA-event timings after warm-up; inputs rotate over several buffers where one
-input set would fit in L2. Usage: python benches/kernels.py [--json results.json] [--only attention]
+input set would fit in L2. Usage: python benches/kernels.py [--json results.json]
+[--only attention|prefill|fused] (prefill: the prefill rows alone, the quickest look at a prefill kernel).
 """
 
 from __future__ import annotations
@@ -271,22 +272,24 @@ def _ratio(name: str, baseline: Callable[[int], object], fused: Callable[[int], 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="also write the rows here")
-    parser.add_argument("--only", choices=("attention", "fused"), help="run one group of rows")
+    parser.add_argument("--only", choices=("attention", "prefill", "fused"), help="run one group of rows")
     args = parser.parse_args()
     load()
     name = torch.cuda.get_device_name()
     copy_bw = copy_bandwidth()
     rows: list[dict] = []
-    if args.only != "fused":
+    if args.only in (None, "attention"):
         for b, c in ((1, 32768), (16, 8192), (64, 4096), (256, 1024)):
             rows += decode_case(b, c, copy_bw)
+    if args.only in (None, "attention", "prefill"):
         rows += prefill_case(8, 2048) + prefill_case(1, 16384)
-    if args.only != "attention":
+    if args.only in (None, "fused"):
         rows += fused_cases()
     if runs_v8(torch.device("cuda")):
         v8 = "v8 = the SM80+ path (mma.sync m16n8k16)"
     else:
         v8 = "v8 falls back to v6 on this GPU"
+    v8 += "; v9 = the Volta-legal WMMA prefill path"
     print(
         f"\nGPU: {name}; torch {torch.__version__}; "
         f"device copy bandwidth {copy_bw / 1e9:.0f} GB/s (read+write); {v8}"

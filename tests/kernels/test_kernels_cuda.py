@@ -20,6 +20,7 @@ from voltllm.ops.attention import (
     DECODE_VARIANTS,
     PREFILL_BLOCK_M,
     PREFILL_V8_BLOCK_M,
+    PREFILL_V9_BLOCK_M,
     PREFILL_VARIANTS,
 )
 
@@ -333,20 +334,42 @@ def test_paged_prefill_many_sequences_and_window(variant: str) -> None:
         assert rel_err(out, batch.reference(window)) < REL_TOL[torch.float16], window
 
 
+@pytest.mark.parametrize("variant", PREFILL_VARIANTS)
+def test_prefill_unowned_cache_slots_never_leak_into_outputs(variant: str) -> None:
+    """NaN in every slot no sequence owns (block tails, spare blocks): decode rows, a chunk after a
+    cached prefix, and row tiles that end inside a KV block."""
+    query_lens, seq_lens = [1, 30, 7, 130, 1], [1, 50, 300, 130, 17]
+    batch = PagedBatch(query_lens, seq_lens, 32, 4, 128, torch.float16, 15, poison_unused=True)
+    out = torch.full_like(batch.query, float("nan"))
+    ops.paged_prefill_attention(
+        batch.query,
+        batch.kv_cache,
+        batch.block_tables,
+        batch.seq_lens_t,
+        batch.query_start_loc,
+        query_lens,
+        seq_lens,
+        batch.scale,
+        out=out,
+        variant=variant,
+    )
+    assert rel_err(out, batch.reference()) < REL_TOL[torch.float16]
+
+
 # ---------------------------------------------------------------- backend
 
 
-@pytest.mark.parametrize("variant", ["v6", "v8"])
+@pytest.mark.parametrize("decode_variant,prefill_variant", [("v6", "v6"), ("v8", "v8"), ("v6", "v9")])
 @pytest.mark.parametrize("decode", [True, False])
 def test_sm70_backend_matches_torch_backend(
-    decode: bool, variant: str, monkeypatch: pytest.MonkeyPatch
+    decode: bool, decode_variant: str, prefill_variant: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The backend picks its kernels from the environment, as a server started with the variables would."""
     from voltllm.layers.attention.sm70 import SM70AttentionBackend
     from voltllm.layers.attention.torch_ref import TorchAttentionBackend
 
-    monkeypatch.setenv(ops.attention.DECODE_ENV, variant)
-    monkeypatch.setenv(ops.attention.PREFILL_ENV, variant)
+    monkeypatch.setenv(ops.attention.DECODE_ENV, decode_variant)
+    monkeypatch.setenv(ops.attention.PREFILL_ENV, prefill_variant)
     query_lens = [1] * 9 if decode else [1, 40, 1, 200, 3]
     seq_lens = [1, 16, 17, 100, 555, 2000, 31, 64, 65] if decode else [20, 40, 300, 1200, 3]
     batch = PagedBatch(query_lens, seq_lens, 16, 2, 128, torch.float16, 9)
@@ -442,6 +465,8 @@ def test_bad_input_raises_clear_errors() -> None:
     assert torch.ops.voltllm_C.prefill_block_m() == PREFILL_BLOCK_M
     for head_size, block_m in PREFILL_V8_BLOCK_M.items():
         assert torch.ops.voltllm_C.prefill_block_m_v8(head_size) == block_m
+    for head_size, block_m in PREFILL_V9_BLOCK_M.items():
+        assert torch.ops.voltllm_C.prefill_block_m_v9(head_size) == block_m
     with pytest.raises(ValueError, match="unknown kernel variant"):
         ops.paged_decode_attention(
             batch.query, batch.kv_cache, batch.block_tables, batch.seq_lens_t, [20], 0.1, variant="v7"

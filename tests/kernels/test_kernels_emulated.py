@@ -1,13 +1,15 @@
-"""The v8 attention kernels' exact CUDA source, run on the CPU through the emulator in tests/kernels/emu.
+"""The v8 attention kernels' and the v9 prefill kernel's exact CUDA source, run on the CPU through the
+emulator in tests/kernels/emu.
 
 `emu/harness.cpp` compiles the kernel headers with g++ against `emu/cuda_emu.h`, which runs every
 thread of a block as a fiber and implements mma.sync m16n8k16, ldmatrix, cp.async, shuffles and
-barriers as the PTX ISA documents them. Blocks and threads run in seeded random orders, cp.async
+barriers as the PTX ISA documents them, and WMMA m16n16k16 (`emu/include/mma.h`) with fragment
+element orders that are deliberately no GPU's. Blocks and threads run in seeded random orders, cp.async
 copies land only when waited for, and shared memory starts as garbage, so ordering mistakes show up as
 wrong results. Outputs start as NaN; each case compares against `paged_attention_ref`.
 
-This is what proves the v8 index arithmetic without a GPU; the GPU tests (test_kernels_cuda.py) prove
-the same kernels on hardware.
+This is what proves the v8 / v9 index arithmetic (and that v9 assumes no WMMA layout) without a GPU;
+the GPU tests (test_kernels_cuda.py) prove the same kernels on hardware.
 """
 
 from __future__ import annotations
@@ -242,3 +244,111 @@ def test_prefill_v8_sliding_window(emu: ctypes.CDLL, window: int) -> None:
     b = Paged([150, 1, 33], [300, 50, 33], 1, 2, 128, torch.float16, seed=window)
     run_prefill(emu, b, window=window, seed=window)
     assert b.rel_err(window) < REL_TOL[torch.float16]
+
+
+# ---------------------------------------------------------------- WMMA emulation and the v9 prefill kernel
+
+WMMA_ORDERS = {"scrambled": 0, "paired": 1}  # emu/include/mma.h
+
+
+def _sm80_accumulator_codes() -> list[int]:
+    """row * 16 + col of each (lane, element) of a 16x16 fp32 WMMA accumulator on SM80 / SM90."""
+    codes = []
+    for lane in range(32):
+        g, q = lane // 4, lane % 4
+        for i in range(8):
+            codes.append((g + 8 * ((i // 2) % 2)) * 16 + 2 * q + i % 2 + 8 * (i // 4))
+    return codes
+
+
+@pytest.mark.parametrize("order", WMMA_ORDERS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("b_col_major", [True, False])
+def test_emulated_wmma_multiplies_in_an_order_no_gpu_uses(
+    emu: ctypes.CDLL, order: str, dtype: torch.dtype, b_col_major: bool
+) -> None:
+    gen = torch.Generator().manual_seed(7)
+    a = torch.randn(16, 16, generator=gen).to(dtype)
+    b = torch.randn(16, 16, generator=gen).to(dtype)
+    c = torch.randn(16, 16, generator=gen)
+    d = torch.full((16, 16), float("nan"))
+    codes = torch.full((32 * 8,), -1, dtype=torch.int32)
+    b_mem = b.t().contiguous() if b_col_major else b
+    emu.emu_wmma_gemm(
+        ctypes.c_int(int(dtype == torch.bfloat16)), ctypes.c_int(int(b_col_major)), ptr(a), ptr(b_mem),
+        ptr(c), ptr(d), ptr(codes), ctypes.c_int(WMMA_ORDERS[order]),
+    )  # fmt: skip
+    torch.testing.assert_close(d, a.float() @ b.float() + c, rtol=1e-5, atol=1e-5)
+    # The order the v9 kernel discovers: every element exactly once, never the SM80 order.
+    assert sorted(codes.tolist()) == list(range(256))
+    assert codes.tolist() != _sm80_accumulator_codes()
+    pairs = codes.view(-1, 2)
+    adjacent = bool(((pairs[:, 0] % 2 == 0) & (pairs[:, 1] == pairs[:, 0] + 1)).all())
+    assert adjacent == (order == "paired")
+    rows_per_lane = {len({int(x) // 16 for x in codes[8 * lane : 8 * lane + 8]}) for lane in range(32)}
+    assert max(rows_per_lane) > 2  # rows spread over lanes as on no GPU (SM80: two rows per lane)
+
+
+def run_prefill_v9(
+    emu: ctypes.CDLL, b: Paged, window: int = 0, order: str = "scrambled", seed: int = 1
+) -> None:
+    block_m = emu.emu_prefill_v9_block_m(b.head)
+    assert block_m == ops.attention.PREFILL_V9_BLOCK_M[b.head]
+    starts = [0]
+    for q in b.query_lens:
+        starts.append(starts[-1] + q)
+    qsl = torch.tensor(starts, dtype=torch.int32)
+    cu_tiles = torch.zeros(len(b.seq_lens) + 1, dtype=torch.int32)
+    k, v = b.kv[0].contiguous(), b.kv[1].contiguous()
+    emu.emu_prefill_v9(
+        ctypes.c_int(b.bf16), ctypes.c_int(b.head), ptr(b.out), ptr(b.query), ptr(k), ptr(v),
+        ptr(b.tables), ptr(b.seq_lens_t), ptr(qsl), ptr(cu_tiles), ctypes.c_longlong(b.query.stride(0)),
+        ctypes.c_longlong(b.out.stride(0)), ctypes.c_int(len(b.seq_lens)), ctypes.c_int(b.num_heads),
+        ctypes.c_int(b.num_kv_heads), ctypes.c_int(b.tables.shape[1]), ctypes.c_int(window),
+        ctypes.c_float(b.scale * LOG2E),
+        ctypes.c_int(ops.attention.prefill_row_tiles(b.query_lens, block_m)),
+        ctypes.c_int(WMMA_ORDERS[order]), ctypes.c_uint(seed),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("order", WMMA_ORDERS)
+@pytest.mark.parametrize(
+    "query_lens,seq_lens,head,group,dtype",
+    [
+        ([1], [1], 128, 1, torch.float16),
+        ([17], [17], 128, 4, torch.float16),
+        ([130], [130], 128, 1, torch.float16),  # two row tiles of 128, the second one partial
+        ([100, 1, 33], [300, 50, 33], 64, 8, torch.float16),  # prefix hit, decode row, fresh prefill
+        ([70, 1, 33], [200, 50, 33], 256, 1, torch.bfloat16),  # head 256: Q from shared memory
+        ([40, 9], [40, 200], 128, 4, torch.bfloat16),  # a 9-token chunk after 191 cached tokens
+        ([20, 1], [90, 33], 256, 4, torch.float16),
+    ],
+)
+def test_prefill_v9(
+    emu: ctypes.CDLL,
+    query_lens: list[int],
+    seq_lens: list[int],
+    head: int,
+    group: int,
+    dtype: torch.dtype,
+    order: str,
+) -> None:
+    b = Paged(query_lens, seq_lens, 1, group, head, dtype, seed=sum(seq_lens), poison=True)
+    run_prefill_v9(emu, b, order=order, seed=len(query_lens) + head)
+    assert b.rel_err() < REL_TOL[dtype]
+
+
+@pytest.mark.parametrize("order", WMMA_ORDERS)
+@pytest.mark.parametrize("window", [1, 37, 128])
+def test_prefill_v9_sliding_window(emu: ctypes.CDLL, window: int, order: str) -> None:
+    b = Paged([150, 1, 33], [300, 50, 33], 1, 2, 128, torch.float16, seed=window, poison=True)
+    run_prefill_v9(emu, b, window=window, order=order, seed=window)
+    assert b.rel_err(window) < REL_TOL[torch.float16]
+
+
+def test_prefill_v9_two_kv_heads_many_short_sequences(emu: ctypes.CDLL) -> None:
+    """Sequences shorter than a key tile, a window that starts mid-tile, GQA 4 over two KV heads."""
+    query_lens, seq_lens = [5, 16, 3, 64, 1], [5, 80, 19, 64, 200]
+    b = Paged(query_lens, seq_lens, 2, 4, 64, torch.float16, seed=11, poison=True)
+    run_prefill_v9(emu, b, window=40, order="paired", seed=3)
+    assert b.rel_err(40) < REL_TOL[torch.float16]

@@ -6,9 +6,9 @@ elsewhere. KV cache layout (see `voltllm.layers.attention.backend`):
 
 Kernel variants (docs/kernels.md): the decode and prefill ops take `variant=`; without it the
 environment variables `VOLTLLM_DECODE_KERNEL` (v6 | v8 | v8-reduce) and `VOLTLLM_PREFILL_KERNEL`
-(v6 | v8) choose; the defaults are v6 decode and v8 prefill (the faster of each on the H200,
+(v6 | v8 | v9) choose; the defaults are v6 decode and v8 prefill (the faster of each on the H200,
 benches/RESULTS.md). The v8 kernels need SM80 or newer; on older GPUs (Volta)
-every variant runs v6.
+every v8 variant runs v6. The v9 prefill kernel is Volta-legal and runs on every GPU.
 """
 
 from __future__ import annotations
@@ -25,15 +25,18 @@ BLOCK_SIZE = 16  # tokens per KV block the kernels are written for
 PREFILL_BLOCK_M = 64  # query rows per prefill thread block (PrefillTraits::kBlockM)
 # Query rows per v8 prefill thread block, by head size (PrefillV8Traits::kBlockM).
 PREFILL_V8_BLOCK_M = {64: 128, 128: 128, 256: 64}
+# Query rows per v9 prefill thread block, by head size (PrefillV9Traits::kBlockM).
+PREFILL_V9_BLOCK_M = {64: 128, 128: 128, 256: 64}
 
 DECODE_ENV = "VOLTLLM_DECODE_KERNEL"
 PREFILL_ENV = "VOLTLLM_PREFILL_KERNEL"
 # v8: mma.sync decode with the split merge in the kernel; v8-reduce: the same kernel, splits merged
 # by v6's reduce kernel (isolates what the in-kernel merge is worth).
 DECODE_VARIANTS = ("v6", "v8", "v8-reduce")
-PREFILL_VARIANTS = ("v6", "v8")
+# v9: the Volta-legal WMMA prefill kernel (BLOCK_M 128, softmax on registers); runs on every GPU.
+PREFILL_VARIANTS = ("v6", "v8", "v9")
 DEFAULT_DECODE_VARIANT = "v6"
-DEFAULT_PREFILL_VARIANT = "v8"  # 1.5x v6 on the H200; Volta runs v6 whatever is chosen
+DEFAULT_PREFILL_VARIANT = "v8"  # 1.5x v6 on the H200; on Volta v8 runs v6
 
 
 def _choose(variant: str | None, env: str, known: tuple[str, ...], default: str) -> str:
@@ -253,6 +256,10 @@ def paged_prefill_attention(
         op = kernel_ops().paged_prefill_attention_v8
         # An unsupported head size gets the glue's error, not a KeyError here.
         block_m = PREFILL_V8_BLOCK_M.get(query.shape[-1], PREFILL_BLOCK_M)
+        row_tiles = prefill_row_tiles(query_lens_cpu, block_m)
+    elif name == "v9":
+        op = kernel_ops().paged_prefill_attention_v9
+        block_m = PREFILL_V9_BLOCK_M.get(query.shape[-1], PREFILL_BLOCK_M)
         row_tiles = prefill_row_tiles(query_lens_cpu, block_m)
     else:
         op = kernel_ops().paged_prefill_attention

@@ -5,10 +5,10 @@ with NVRTC and assembles it, and the torch glue (`csrc/ops_*.cu`) dispatches ove
 sizes and group tiles. It imports nothing, so the gate can load it without torch.
 
 Architectures:
-  * sm_70 (Volta): the element-wise kernels and the fp16 v6 attention kernels; the v8 attention
+  * sm_70 (Volta): the element-wise kernels and the fp16 v6 and v9 attention kernels; the v8 attention
     kernels too, whose bodies compile to a trap there (the Python layer runs v6 on Volta), so that a
     V100 build of the extension cannot break.
-  * sm_80: the bf16 v6 attention kernels (bf16 tensor-core math needs SM80) and every v8 attention
+  * sm_80: the bf16 v6 / v9 attention kernels (bf16 tensor-core math needs SM80) and every v8 attention
     kernel (mma.sync m16n8k16, ldmatrix, cp.async).
   * sm_90: everything, as the H200 build compiles it.
 """
@@ -57,6 +57,9 @@ def _attention(dtype: str) -> dict[str, list[str]]:
         ],
         "paged_prefill_attention.cuh": ["voltllm::prefill_tile_map_kernel"]
         + [f"voltllm::paged_prefill_attention_kernel<{dtype}, {h}>" for h in HEAD_SIZES],
+        "paged_prefill_attention_v9.cuh": [
+            f"voltllm::paged_prefill_v9_kernel<{dtype}, {h}>" for h in HEAD_SIZES
+        ],
     }
 
 
@@ -94,6 +97,7 @@ def dynamic_smem_probes() -> dict[str, str]:
                 f"voltllm::prefill_smem_bytes<{h}>"
             )
             probes[f"voltllm::paged_prefill_v8_kernel<{dtype}, {h}>"] = f"voltllm::prefill_v8_smem_bytes<{h}>"
+            probes[f"voltllm::paged_prefill_v9_kernel<{dtype}, {h}>"] = f"voltllm::prefill_v9_smem_bytes<{h}>"
             for nt in DECODE_V8_GROUP_TILES:
                 probes[f"voltllm::paged_decode_v8_kernel<{dtype}, {h}, {nt}>"] = (
                     f"voltllm::decode_v8_smem_bytes<{h}, {nt}>"

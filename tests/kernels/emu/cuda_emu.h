@@ -181,7 +181,7 @@ inline void launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function
     b.gdim = grid;
     b.body = &body;
     b.rng.seed(rng());
-    b.smem.assign(smem_bytes + 16, 0xA5);
+    b.smem.assign(smem_bytes + 128, 0xA5);  // room to align the base as a GPU does
     b.threads.resize(nthreads);
     b.warps.resize(nthreads / 32);
     for (unsigned i = 0; i < nthreads; ++i) {
@@ -195,7 +195,11 @@ inline void launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function
   }
 }
 
-inline unsigned char* dynamic_smem() { return blk().smem.data(); }
+// The block's dynamic shared memory, 128-byte aligned (WMMA wants 32-byte aligned tiles).
+inline unsigned char* dynamic_smem() {
+  unsigned char* base = blk().smem.data();
+  return base + (128 - reinterpret_cast<uintptr_t>(base) % 128) % 128;
+}
 
 // ---------------------------------------------------------------- warp collectives
 
