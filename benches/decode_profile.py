@@ -68,7 +68,8 @@ def main() -> None:
     total = sum(t for _, t in per_kernel.values()) / args.steps
     calls = sum(c for c, _ in per_kernel.values()) / args.steps
     mode = "graphs" if args.graphs else "eager"
-    print(f"{args.model} batch {args.batch} ctx {args.context} ({mode}): {calls:.0f} kernels, {total:.1f} us per step")
+    shape = f"{args.model} batch {args.batch} ctx {args.context} ({mode})"
+    print(f"{shape}: {calls:.0f} kernels, {total:.1f} us per step")
     for name, (count, us) in rows[:25]:
         print(f"{us / args.steps:9.1f} us {count / args.steps:6.0f}x  {name}")
 

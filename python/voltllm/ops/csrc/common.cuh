@@ -34,6 +34,15 @@ __device__ __forceinline__ void begin_dependent_grid() {
 #endif
 }
 
+// Brings the 128-byte line holding `ptr` into L2 (PTX prefetch, any GPU) without waiting for it or holding a register.
+__device__ __forceinline__ void prefetch_l2(const void* ptr) {
+#ifdef VOLTLLM_EMULATE
+  (void)ptr;
+#else
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(ptr));
+#endif
+}
+
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
 // 2^x with one MUFU instruction (ex2.approx flushes denormals: softmax weights that small are 0

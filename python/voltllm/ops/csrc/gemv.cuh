@@ -67,15 +67,6 @@ __device__ __forceinline__ void to_floats(uint4 raw, float (&v)[8]) {
   }
 }
 
-// Brings the 128-byte line holding `ptr` into L2 without waiting for it or holding a register.
-__device__ __forceinline__ void prefetch_l2(const void* ptr) {
-#ifdef VOLTLLM_EMULATE
-  (void)ptr;
-#else
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(ptr));
-#endif
-}
-
 // Asks L2 for the lane's part of the first chunk of each weight row (elements lane * 8 + 256 u).
 template <typename T, int MATS, int UNROLL>
 __device__ __forceinline__ void prefetch_first_chunk(const T* const (&w_rows)[MATS], int lane, int k) {
