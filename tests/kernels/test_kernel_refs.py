@@ -153,7 +153,7 @@ def test_prefill_row_tiles_of_the_v8_blocks() -> None:
 def test_kernel_variant_selection(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(DECODE_ENV, raising=False)
     monkeypatch.delenv(PREFILL_ENV, raising=False)
-    # The measured faster of each on the H200 (benches/RESULTS.md); Volta runs v6 whatever is chosen.
+    # The measured faster of each on the H200 (benches/RESULTS.md); on Volta v8 prefill runs v9.
     assert (decode_variant(), prefill_variant()) == ("v6", "v8")
     monkeypatch.setenv(DECODE_ENV, "v8")
     monkeypatch.setenv(PREFILL_ENV, "v6")

@@ -6,7 +6,7 @@ sizes and group tiles. It imports nothing, so the gate can load it without torch
 
 Architectures:
   * sm_70 (Volta): the element-wise kernels and the fp16 v6 and v9 attention kernels; the v8 attention
-    kernels too, whose bodies compile to a trap there (the Python layer runs v6 on Volta), so that a
+    kernels too, whose bodies compile to a trap there (the Python layer runs v6 / v9 on Volta), so that a
     V100 build of the extension cannot break.
   * sm_80: the bf16 v6 / v9 attention kernels (bf16 tensor-core math needs SM80) and every v8 attention
     kernel (mma.sync m16n8k16, ldmatrix, cp.async).

@@ -126,30 +126,15 @@ __device__ __forceinline__ void paged_decode_attention_block(const DecodeParams&
     }
   };
 
-  // Asks L2 for a block's keys and values (no registers held): a step ahead of the register loads, so
-  // those find them in L2 and each warp keeps two blocks in flight. Long single sequences, split over
-  // few warps per SM, are limited by bytes in flight, not by the warps' work.
-  auto prefetch_block = [&](int physical_block) {
-    constexpr int kLinesPerToken = HEAD * 2 / 128;  // 128-byte lines per token row of K (or V)
-    const long long block_base = static_cast<long long>(physical_block) * kBlockSize;
-    for (int c = lane; c < kBlockSize * kLinesPerToken; c += 32) {
-      const long long off = (block_base + c / kLinesPerToken) * token_stride + (c % kLinesPerToken) * 64;
-      prefetch_l2(k_cache + off);
-      prefetch_l2(v_cache + off);
-    }
-  };
-
   const int first_block = start / kBlockSize + warp;
   const int last_block = (end - 1) / kBlockSize;  // inclusive
   // The first block's loads are issued before the query is staged, so the two latencies overlap.
-  // Block ids are read two steps ahead of the K/V they locate (one for the L2 prefetch), so issuing a
-  // block's loads never waits for its block-table entry.
+  // Block ids are read one step ahead of the K/V they locate, so issuing a block's loads never
+  // waits for its block-table entry.
   int next_id = first_block <= last_block ? block_table[first_block] : 0;
-  int far_id = first_block + Tr::kWarps <= last_block ? block_table[first_block + Tr::kWarps] : 0;
   if (Tr::kPrefetch && first_block <= last_block) {
     load_block(next_id);
-    next_id = far_id;
-    far_id = first_block + 2 * Tr::kWarps <= last_block ? block_table[first_block + 2 * Tr::kWarps] : 0;
+    next_id = first_block + Tr::kWarps <= last_block ? block_table[first_block + Tr::kWarps] : 0;
   }
   // Query rows of this group; rows past the group stay zero so their scores are finite.
   const T* query = static_cast<const T*>(p.query) + seq * p.query_stride + kv_head * group * HEAD;
@@ -177,12 +162,8 @@ __device__ __forceinline__ void paged_decode_attention_block(const DecodeParams&
   for (int b = first_block; b <= last_block; b += Tr::kWarps) {
     if (!Tr::kPrefetch) {
       load_block(next_id);
-      next_id = far_id;
-      far_id = b + 2 * Tr::kWarps <= last_block ? block_table[b + 2 * Tr::kWarps] : 0;
+      next_id = b + Tr::kWarps <= last_block ? block_table[b + Tr::kWarps] : 0;
     }
-    // The block after the one in registers: its register loads will find it in L2. (Head 256 holds no
-    // block in registers and has no registers to spare for this either.)
-    if (Tr::kPrefetch && b + 2 * Tr::kWarps <= last_block) prefetch_block(far_id);
 #pragma unroll
     for (int i = 0; i < Tr::kChunks; ++i) {
       const int c = lane + 32 * i;
@@ -196,8 +177,7 @@ __device__ __forceinline__ void paged_decode_attention_block(const DecodeParams&
     __syncwarp();
     if (Tr::kPrefetch && b + Tr::kWarps <= last_block) {
       load_block(next_id);
-      next_id = far_id;
-      far_id = b + 3 * Tr::kWarps <= last_block ? block_table[b + 3 * Tr::kWarps] : 0;
+      next_id = b + 2 * Tr::kWarps <= last_block ? block_table[b + 2 * Tr::kWarps] : 0;
     }
 
     // S = Q K^T over this block's 16 tokens.
