@@ -89,6 +89,13 @@ __device__ __forceinline__ void paged_decode_attention_block(const DecodeParams&
   const int lane = threadIdx.x & 31;
   const int group = p.num_heads / p.num_kv_heads;
 
+  // Sequence lengths and block tables come from host copies and torch ops, never from a kernel launched
+  // as a dependent one, so they are read before waiting for the kernel before this one (see
+  // begin_dependent_grid): the length -> block id chain overlaps that kernel's end. Without a sliding
+  // window the split's first block id does not depend on the length, so both are read at once.
+  const int* block_table = p.block_tables + static_cast<long long>(seq) * p.max_blocks_per_seq;
+  const int guess_block = split * (p.partition_size / kBlockSize) + warp;
+  const int guess_id = block_table[min(guess_block, p.max_blocks_per_seq - 1)];
   const int seq_len = p.seq_lens[seq];
   // With a sliding window the splits cover only the blocks that hold visible positions.
   const int first_pos = p.sliding_window > 0 ? max(0, seq_len - p.sliding_window) : 0;
@@ -97,6 +104,13 @@ __device__ __forceinline__ void paged_decode_attention_block(const DecodeParams&
   if (start >= seq_len) return;
   const int end = min(start + p.partition_size, seq_len);
   const int num_splits = (seq_len - base + p.partition_size - 1) / p.partition_size;
+  const int first_block = start / kBlockSize + warp;
+  const int last_block = (end - 1) / kBlockSize;  // inclusive
+  // Block ids are read one step ahead of the K/V they locate, so issuing a block's loads never waits
+  // for its block-table entry.
+  int next_id = first_block > last_block ? 0 : base == 0 ? guess_id : block_table[first_block];
+  int second_id = Tr::kPrefetch && first_block + Tr::kWarps <= last_block ? block_table[first_block + Tr::kWarps] : 0;
+  begin_dependent_grid();  // K/V (the newest token's), the query and the outputs belong to other kernels
 
   extern __shared__ __align__(128) unsigned char smem[];
   T* q_s = reinterpret_cast<T*>(smem);  // [16][kLdKV]
@@ -112,7 +126,6 @@ __device__ __forceinline__ void paged_decode_attention_block(const DecodeParams&
   const long long token_stride = static_cast<long long>(p.num_kv_heads) * HEAD;
   const T* k_cache = static_cast<const T*>(p.key_cache) + kv_head * HEAD;
   const T* v_cache = static_cast<const T*>(p.value_cache) + kv_head * HEAD;
-  const int* block_table = p.block_tables + static_cast<long long>(seq) * p.max_blocks_per_seq;
 
   uint4 k_reg[Tr::kChunks], v_reg[Tr::kChunks];
   auto load_block = [&](int physical_block) {
@@ -126,15 +139,10 @@ __device__ __forceinline__ void paged_decode_attention_block(const DecodeParams&
     }
   };
 
-  const int first_block = start / kBlockSize + warp;
-  const int last_block = (end - 1) / kBlockSize;  // inclusive
   // The first block's loads are issued before the query is staged, so the two latencies overlap.
-  // Block ids are read one step ahead of the K/V they locate, so issuing a block's loads never
-  // waits for its block-table entry.
-  int next_id = first_block <= last_block ? block_table[first_block] : 0;
   if (Tr::kPrefetch && first_block <= last_block) {
     load_block(next_id);
-    next_id = first_block + Tr::kWarps <= last_block ? block_table[first_block + Tr::kWarps] : 0;
+    next_id = second_id;
   }
   // Query rows of this group; rows past the group stay zero so their scores are finite.
   const T* query = static_cast<const T*>(p.query) + seq * p.query_stride + kv_head * group * HEAD;
@@ -282,7 +290,6 @@ __device__ __forceinline__ void paged_decode_attention_block(const DecodeParams&
 template <typename T, int HEAD>
 __global__ void __launch_bounds__(DecodeTraits<HEAD>::kThreads)
     paged_decode_attention_kernel(DecodeParams p) {
-  begin_dependent_grid();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   // bf16 tensor-core math exists from SM80 on; the host wrapper never launches this variant there.
   if constexpr (is_same<T, __nv_bfloat16>::value) {
@@ -294,50 +301,54 @@ __global__ void __launch_bounds__(DecodeTraits<HEAD>::kThreads)
   }
 }
 
-// Split-merge geometry: kReduceGroups threads per output element share the splits, so many partial
-// loads are in flight at once (a 32k context has ~64 splits, each an L2 round trip).
-constexpr int kReduceGroups = 4;
+// Split-merge geometry: a block merges kReduceDims output dims of one head, one warp-wide coalesced row
+// of each split's partial, and its kReduceGroups warps share the splits, so that every partial load of
+// a long context (a 32k context has ~64 splits, each an L2 round trip) is in flight at once.
+constexpr int kReduceDims = 32;
+constexpr int kReduceGroups = 16;
+constexpr int kReduceThreads = kReduceDims * kReduceGroups;
 
-// Merges the splits of sequences whose context was split. grid: (num_heads, num_seqs),
-// block: HEAD * kReduceGroups threads, dynamic shared memory: max_splits floats.
+// Merges the splits of sequences whose context was split. grid: (num_heads, num_seqs, HEAD / kReduceDims),
+// block: kReduceThreads, dynamic shared memory: max_splits floats.
 template <typename T, int HEAD>
-__global__ void __launch_bounds__(HEAD * kReduceGroups) paged_decode_reduce_kernel(DecodeParams p) {
-  begin_dependent_grid();
+__global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel(DecodeParams p) {
+  static_assert(HEAD % kReduceDims == 0, "whole warps of dims");
   extern __shared__ float split_weight[];  // [max_splits]
-  __shared__ float scratch[HEAD * kReduceGroups / 32];
-  __shared__ float group_out[kReduceGroups][HEAD];
+  __shared__ float scratch[kReduceGroups];
+  __shared__ float group_out[kReduceGroups][kReduceDims];
   const int head = blockIdx.x;
   const int seq = blockIdx.y;
-  const int seq_len = p.seq_lens[seq];
+  const int seq_len = p.seq_lens[seq];  // read before the wait, as in the attention kernel
   const int first_pos = p.sliding_window > 0 ? max(0, seq_len - p.sliding_window) : 0;
   const int base = (first_pos / kBlockSize) * kBlockSize;
   const int num_splits = (seq_len - base + p.partition_size - 1) / p.partition_size;
   if (num_splits <= 1) return;  // the attention kernel wrote the output directly
+  begin_dependent_grid();  // the partials come from the attention kernel
   const long long idx0 = (static_cast<long long>(seq) * p.num_heads + head) * p.max_splits;
-  const int threads = HEAD * kReduceGroups;
 
   float m = neg_inf();
-  for (int s = threadIdx.x; s < num_splits; s += threads) m = fmaxf(m, p.partial_max[idx0 + s]);
+  for (int s = threadIdx.x; s < num_splits; s += kReduceThreads) m = fmaxf(m, p.partial_max[idx0 + s]);
   m = block_max(m, scratch);
   float l = 0.f;
-  for (int s = threadIdx.x; s < num_splits; s += threads) {
+  for (int s = threadIdx.x; s < num_splits; s += kReduceThreads) {
     const float w = p.partial_sum[idx0 + s] * fast_exp2(p.partial_max[idx0 + s] - m);
     split_weight[s] = w;
     l += w;
   }
   l = block_sum(l, scratch);  // its barriers also publish split_weight
 
-  const int d = threadIdx.x % HEAD;
-  const int g = threadIdx.x / HEAD;
+  const int lane = threadIdx.x % kReduceDims;
+  const int g = threadIdx.x / kReduceDims;
+  const int d = blockIdx.z * kReduceDims + lane;
   const float* partial = p.partial_out + idx0 * HEAD + d;
   float o = 0.f;
 #pragma unroll 4
   for (int s = g; s < num_splits; s += kReduceGroups) o += split_weight[s] * partial[static_cast<long long>(s) * HEAD];
-  group_out[g][d] = o;
+  group_out[g][lane] = o;
   __syncthreads();
   if (g != 0) return;
 #pragma unroll
-  for (int k = 1; k < kReduceGroups; ++k) o += group_out[k][d];
+  for (int k = 1; k < kReduceGroups; ++k) o += group_out[k][lane];
   T* out = static_cast<T*>(p.out) + seq * p.out_stride + head * HEAD;
   out[d] = DType<T>::from_float(o / l);
 }
