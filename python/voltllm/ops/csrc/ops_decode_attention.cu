@@ -17,13 +17,18 @@ struct Split {
   int64_t partition;  // tokens per split, a multiple of 64
 };
 
+// Tokens a split covers at least: four KV blocks per warp. CUDA graphs are captured with the split sized
+// for max_model_len, and the kernel splits each sequence by its own length with that partition, so this
+// is also what keeps a short sequence at a small batch in one split (no partials, no merge).
+constexpr int64_t kMinSplitTokens = 256;
+
 // Splits the context so that the grid is one full wave of resident blocks: long-lived blocks amortise
 // their setup (query load, row map, merge) over many KV blocks, and no second, partial wave is left.
-// Batches that fill the GPU on their own are not split. A split is at least 128 tokens (two KV blocks
-// per warp), and at most 4096 splits (the reduce kernel keeps one weight per split in shared memory).
+// Batches that fill the GPU on their own are not split. A split is at least kMinSplitTokens, and there
+// are at most 4096 splits (the reduce kernel keeps one weight per split in shared memory).
 Split choose_split(int64_t span, int64_t base_blocks, int64_t resident_blocks) {
   const int64_t want = std::max<int64_t>(1, resident_blocks / base_blocks);
-  const int64_t most = std::min<int64_t>(4096, std::max<int64_t>(1, (span + 127) / 128));
+  const int64_t most = std::min<int64_t>(4096, std::max<int64_t>(1, (span + kMinSplitTokens - 1) / kMinSplitTokens));
   const int64_t splits = std::min(want, most);
   const int64_t partition = ((span + splits - 1) / splits + 63) / 64 * 64;
   return {(span + partition - 1) / partition, partition};
