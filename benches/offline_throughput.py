@@ -61,21 +61,31 @@ def run_voltllm(model_dir: Path, args, prompts, output_lens) -> tuple[float, int
         device=args.device,
         enforce_eager=args.enforce_eager,
     )
-    engine = LLMEngine(config)
+    return time_offline_run(LLMEngine(config), prompts, output_lens, args.device)
+
+
+def time_offline_run(
+    engine: LLMEngine, prompts: list[list[int]], output_lens: list[int], device: str
+) -> tuple[float, int]:
+    """(seconds, output tokens) of one `engine.generate_token_ids` call over `prompts`, greedy and
+    ignore_eos, each generating its `output_lens` entry, after one short warm-up request.
+
+    The offline figure of this bench and of serving.py. Raises `RuntimeError` when a sequence did
+    not generate exactly its length (the throughput would not be of the intended workload)."""
     warm = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     engine.generate_token_ids([EngineCoreRequest("warmup", prompts[0][:16], warm, 0.0)])
     requests = [
         EngineCoreRequest(str(i), p, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True), 0.0)
         for i, (p, n) in enumerate(zip(prompts, output_lens, strict=True))
     ]
-    _sync(args.device)
+    _sync(device)
     start = time.perf_counter()
     outputs = engine.generate_token_ids(requests)
-    _sync(args.device)
+    _sync(device)
     elapsed = time.perf_counter() - start
     num_tokens = sum(len(o.new_token_ids) for o in outputs.values())
-    assert num_tokens == sum(output_lens), "every sequence must generate exactly its output length"
-    del engine
+    if num_tokens != sum(output_lens):
+        raise RuntimeError(f"offline generated {num_tokens} tokens, expected {sum(output_lens)}")
     return elapsed, num_tokens
 
 

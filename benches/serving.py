@@ -52,14 +52,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import torch
 from model_shapes import QWEN3_0_6B, TINY
-from offline_throughput import hardware
+from offline_throughput import hardware, time_offline_run
 
 from voltllm.engine.args import add_engine_args, engine_config_from_args, to_argv
 from voltllm.engine.core import resolve_device, resolve_dtype
 from voltllm.engine.llm_engine import LLMEngine
-from voltllm.engine.protocol import EngineCoreRequest, SamplingParams
 
 SERVED_NAME = "bench-model"
 SMOLLM2_TOKENIZER = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "smollm2"
@@ -247,31 +245,11 @@ def run_offline(
     engine_args: argparse.Namespace, input_lens: list[int], output_lens: list[int], vocab: int, seed: int
 ) -> tuple[float, int]:
     """(seconds, output tokens) of `LLMEngine.generate_token_ids` on random prompts of these lengths,
-    measured as benches/offline_throughput.py does (one short warm-up request, then the batch)."""
-    engine = LLMEngine(engine_config_from_args(engine_args))
+    measured by benches/offline_throughput.py's `time_offline_run`."""
     rng = random.Random(seed)
     prompts = [[rng.randrange(vocab) for _ in range(n)] for n in input_lens]
-    warm = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-    engine.generate_token_ids([EngineCoreRequest("warmup", prompts[0][:16], warm, 0.0)])
-    requests = [
-        EngineCoreRequest(str(i), p, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True), 0.0)
-        for i, (p, n) in enumerate(zip(prompts, output_lens, strict=True))
-    ]
-    _sync(engine_args.device)
-    start = time.perf_counter()
-    outputs = engine.generate_token_ids(requests)
-    _sync(engine_args.device)
-    elapsed = time.perf_counter() - start
-    num_tokens = sum(len(o.new_token_ids) for o in outputs.values())
-    if num_tokens != sum(output_lens):
-        raise RuntimeError(f"offline generated {num_tokens} tokens, expected {sum(output_lens)}")
-    del engine
-    return elapsed, num_tokens
-
-
-def _sync(device: str) -> None:
-    if resolve_device(device).type == "cuda":
-        torch.cuda.synchronize()
+    engine = LLMEngine(engine_config_from_args(engine_args))
+    return time_offline_run(engine, prompts, output_lens, engine_args.device)
 
 
 # ----- main ----------------------------------------------------------------------------------------

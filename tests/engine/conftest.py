@@ -1,6 +1,9 @@
-"""The engine tests reuse the toy model of tests/worker (a model without `voltllm.models`)."""
+"""The engine tests reuse the toy model of tests/worker (a model without `voltllm.models`) and the tiny
+Hugging Face checkpoints of tests/models."""
 
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker"))
+TESTS = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(TESTS / "worker"))
+sys.path.insert(0, str(TESTS / "models"))

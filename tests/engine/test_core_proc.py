@@ -13,7 +13,7 @@ from pathlib import Path
 import msgspec
 import pytest
 import zmq
-from hf_tiny import save_tiny
+from tiny_models import save_plain_model
 
 from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from voltllm.engine import protocol
@@ -57,7 +57,7 @@ def greedy(max_tokens: int) -> SamplingParams:
 
 @pytest.mark.slow
 def test_engine_process_streams_aborts_and_survives_bad_input(tmp_path):
-    model_dir, _ = save_tiny("llama", tmp_path / "llama")
+    model_dir, _ = save_plain_model("llama", tmp_path / "llama")
     rng = random.Random(0)
     requests = [
         EngineCoreRequest(f"r{i}", [rng.randrange(3, 320) for _ in range(rng.randrange(2, 40))],

@@ -13,7 +13,7 @@ import random
 import pytest
 import torch
 import transformers
-from hf_tiny import COMMON
+from tiny_models import PLAIN_COMMON
 
 from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from voltllm.engine.llm_engine import LLMEngine
@@ -25,11 +25,13 @@ pytestmark = pytest.mark.gpu
 SHAPES = {
     # head size 64 (hidden / heads), GQA 2
     "llama": lambda: transformers.LlamaConfig(
-        **{**COMMON, "hidden_size": 256, "intermediate_size": 512}, tie_word_embeddings=False
+        **{**PLAIN_COMMON, "hidden_size": 256, "intermediate_size": 512}, tie_word_embeddings=False
     ),
     # explicit head_dim 128, q/k norm, GQA 2
     "qwen3": lambda: transformers.Qwen3Config(
-        **{**COMMON, "hidden_size": 256, "intermediate_size": 512}, head_dim=128, tie_word_embeddings=True
+        **{**PLAIN_COMMON, "hidden_size": 256, "intermediate_size": 512},
+        head_dim=128,
+        tie_word_embeddings=True,
     ),
 }
 NUM_PROMPTS = 12

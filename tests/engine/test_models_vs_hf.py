@@ -6,7 +6,7 @@ import random
 
 import pytest
 import torch
-from hf_tiny import CONFIGS, save_tiny
+from tiny_models import PLAIN_CONFIGS, save_plain_model
 
 from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from voltllm.engine.llm_engine import LLMEngine
@@ -39,9 +39,9 @@ def hf_greedy(model: torch.nn.Module, prompt: list[int]) -> tuple[list[int], tor
     return out.sequences[0, len(prompt) :].tolist(), out.logits[-1][0].float().log_softmax(-1)
 
 
-@pytest.mark.parametrize("arch", sorted(CONFIGS))
+@pytest.mark.parametrize("arch", sorted(PLAIN_CONFIGS))
 def test_greedy_matches_transformers(arch, tmp_path):
-    model_dir, hf_model = save_tiny(arch, tmp_path / arch)
+    model_dir, hf_model = save_plain_model(arch, tmp_path / arch)
     config = EngineConfig(
         model=ModelConfig(model=str(model_dir), dtype="float32"),
         cache=CacheConfig(block_size=8, num_kv_blocks=256),
@@ -97,7 +97,7 @@ def _llama_engine(model_dir, num_kv_blocks: int, prefix: bool = True) -> LLMEngi
 
 
 def test_prefix_cache_and_preemption_keep_outputs(tmp_path):
-    model_dir, _ = save_tiny("llama", tmp_path / "llama")
+    model_dir, _ = save_plain_model("llama", tmp_path / "llama")
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     rng = random.Random(3)
     prefix = [rng.randrange(3, 320) for _ in range(48)]

@@ -1,4 +1,9 @@
-"""Test helper: tiny random Hugging Face checkpoints of each supported architecture."""
+"""Test helper: tiny random Hugging Face checkpoints of each supported architecture.
+
+Two families share one shape (`COMMON`): `tiny_config` / `save_tiny_model` switch on each architecture's
+distinguishing feature and randomize every weight (the layer and loader tests); `PLAIN_CONFIGS` /
+`save_plain_model` keep the features off and transformers' own initialization (the engine tests, which
+compare whole generations with transformers)."""
 
 from __future__ import annotations
 
@@ -24,6 +29,23 @@ COMMON = dict(
     max_position_embeddings=256,
     rms_norm_eps=1e-6,
 )
+# The engine tests' shape: their prompts draw token ids below 320; token 2 ends a sequence; transformers'
+# own initialization, widened to 0.3.
+PLAIN_COMMON = {
+    **COMMON,
+    "vocab_size": 320,
+    "intermediate_size": 128,
+    "max_position_embeddings": 512,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "initializer_range": 0.3,
+}
+PLAIN_CONFIGS = {
+    "llama": lambda: LlamaConfig(**PLAIN_COMMON, tie_word_embeddings=False),
+    "mistral": lambda: MistralConfig(**PLAIN_COMMON, sliding_window=None, tie_word_embeddings=False),
+    "qwen2": lambda: Qwen2Config(**PLAIN_COMMON, tie_word_embeddings=True),
+    "qwen3": lambda: Qwen3Config(**PLAIN_COMMON, head_dim=16, tie_word_embeddings=True),
+}
 
 
 def tiny_config(arch: str, head_size: int | None = None) -> PretrainedConfig:
@@ -84,11 +106,23 @@ def save_tiny_model(
     if rope_parameters is not None:
         config.rope_parameters = rope_parameters
     config.architectures = [arch]
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = _seeded_model(config, seed)
     randomize_(model, seed)
     model.save_pretrained(out_dir, **save_kwargs)
     return config
+
+
+def save_plain_model(arch: str, out_dir: Path, seed: int = 0) -> tuple[Path, torch.nn.Module]:
+    """Write a random `PLAIN_CONFIGS[arch]` checkpoint to `out_dir`; returns it and the model (fp32, eval)."""
+    model = _seeded_model(PLAIN_CONFIGS[arch](), seed).eval()
+    model.save_pretrained(out_dir)
+    return out_dir, model
+
+
+def _seeded_model(config: PretrainedConfig, seed: int) -> torch.nn.Module:
+    """The fp32 transformers model of `config`, initialized from `seed`."""
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
 
 def load_hf_reference(model_dir: Path, device: str = "cpu") -> torch.nn.Module:
