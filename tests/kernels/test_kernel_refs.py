@@ -15,7 +15,7 @@ from voltllm.ops.attention import (
     DECODE_ENV,
     PREFILL_BLOCK_M,
     PREFILL_ENV,
-    PREFILL_V8_BLOCK_M,
+    PREFILL_VARIANTS,
     attend,
     decode_variant,
     gather_context,
@@ -140,14 +140,12 @@ def test_rotary_ref_neox_matches_layer_and_gptj_matches_pairwise() -> None:
 
 
 def test_prefill_row_tiles() -> None:
-    assert PREFILL_BLOCK_M == 64
-    assert prefill_row_tiles([1, 64, 65, 0, 128]) == 1 + 1 + 2 + 0 + 2
-
-
-def test_prefill_row_tiles_of_the_v8_blocks() -> None:
-    assert PREFILL_V8_BLOCK_M == {64: 128, 128: 128, 256: 64}
-    assert prefill_row_tiles([1, 128, 129, 0], PREFILL_V8_BLOCK_M[128]) == 1 + 1 + 2 + 0
-    assert prefill_row_tiles([1, 128, 129, 0], PREFILL_V8_BLOCK_M[256]) == 1 + 2 + 3 + 0
+    assert set(PREFILL_BLOCK_M) == set(PREFILL_VARIANTS)
+    for block_m in PREFILL_BLOCK_M.values():
+        assert block_m == {64: 128, 128: 128, 256: 64}
+    assert prefill_row_tiles([1, 64, 65, 0, 128], 64) == 1 + 1 + 2 + 0 + 2
+    assert prefill_row_tiles([1, 128, 129, 0], PREFILL_BLOCK_M["v8"][128]) == 1 + 1 + 2 + 0
+    assert prefill_row_tiles([1, 128, 129, 0], PREFILL_BLOCK_M["v9"][256]) == 1 + 2 + 3 + 0
 
 
 def test_kernel_variant_selection(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -156,31 +154,35 @@ def test_kernel_variant_selection(monkeypatch: pytest.MonkeyPatch) -> None:
     # The measured faster of each on the H200 (benches/RESULTS.md); on Volta v8 prefill runs v9.
     assert (decode_variant(), prefill_variant()) == ("v6", "v8")
     monkeypatch.setenv(DECODE_ENV, "v8")
-    monkeypatch.setenv(PREFILL_ENV, "v6")
-    assert (decode_variant(), prefill_variant()) == ("v8", "v6")
+    monkeypatch.setenv(PREFILL_ENV, "v9")
+    assert (decode_variant(), prefill_variant()) == ("v8", "v9")
     assert decode_variant("v8-reduce") == "v8-reduce"  # an argument beats the environment
-    monkeypatch.setenv(PREFILL_ENV, "v7")
-    with pytest.raises(ValueError, match=PREFILL_ENV):
+    # v6 prefill is retired: asking for it names the source and the variants there are.
+    monkeypatch.setenv(PREFILL_ENV, "v6")
+    with pytest.raises(ValueError, match=rf"'v6' \(from {PREFILL_ENV}\); known: \('v8', 'v9'\)"):
         prefill_variant()
+    with pytest.raises(ValueError, match="argument"):
+        prefill_variant("v6")
     with pytest.raises(ValueError, match="argument"):
         decode_variant("fast")
     assert not runs_v8(torch.device("cpu"))
 
 
-@pytest.mark.parametrize("variant", ["v6", "v8", "v8-reduce"])
-def test_every_decode_variant_runs_the_reference_on_cpu(variant: str) -> None:
+# Every decode and every prefill variant at least once.
+@pytest.mark.parametrize("decode,prefill", [("v6", "v9"), ("v8", "v8"), ("v8-reduce", "v9")])
+def test_every_variant_runs_the_reference_on_cpu(decode: str, prefill: str) -> None:
     gen = torch.Generator().manual_seed(4)
     seq_lens = [3, 40]
     kv_cache, block_tables = _paged(seq_lens, 2, 16, gen)
     query = torch.randn(2, 8, 16, generator=gen)
     out = ops.paged_decode_attention(
-        query, kv_cache, block_tables, torch.tensor(seq_lens), seq_lens, 0.25, variant=variant
+        query, kv_cache, block_tables, torch.tensor(seq_lens), seq_lens, 0.25, variant=decode
     )
     expected = ops.paged_attention_ref(query, kv_cache, block_tables, [1, 1], seq_lens, 0.25)
     torch.testing.assert_close(out, expected)
     qsl = torch.tensor([0, 1, 2], dtype=torch.int32)
     lens = torch.tensor(seq_lens)
     out = ops.paged_prefill_attention(
-        query, kv_cache, block_tables, lens, qsl, [1, 1], seq_lens, 0.25, variant=variant[:2]
+        query, kv_cache, block_tables, lens, qsl, [1, 1], seq_lens, 0.25, variant=prefill
     )
     torch.testing.assert_close(out, expected)

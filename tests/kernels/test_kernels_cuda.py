@@ -16,13 +16,7 @@ import torch
 
 from voltllm import ops
 from voltllm.layers.attention.backend import AttentionMetadata, AttentionSpec
-from voltllm.ops.attention import (
-    DECODE_VARIANTS,
-    PREFILL_BLOCK_M,
-    PREFILL_V8_BLOCK_M,
-    PREFILL_V9_BLOCK_M,
-    PREFILL_VARIANTS,
-)
+from voltllm.ops.attention import DECODE_VARIANTS, PREFILL_BLOCK_M, PREFILL_VARIANTS
 
 pytestmark = pytest.mark.gpu
 
@@ -117,6 +111,40 @@ class PagedBatch:
             sliding_window,
         )
 
+    def decode(self, variant: str, sliding_window: int | None = None) -> torch.Tensor:
+        """`ops.paged_decode_attention` of this batch (one query token per sequence), into NaN."""
+        out = torch.full_like(self.query, float("nan"))
+        ops.paged_decode_attention(
+            self.query,
+            self.kv_cache,
+            self.block_tables,
+            self.seq_lens_t,
+            self.seq_lens,
+            self.scale,
+            sliding_window,
+            out=out,
+            variant=variant,
+        )
+        return out
+
+    def prefill(self, variant: str, sliding_window: int | None = None) -> torch.Tensor:
+        """`ops.paged_prefill_attention` of this batch, into NaN."""
+        out = torch.full_like(self.query, float("nan"))
+        ops.paged_prefill_attention(
+            self.query,
+            self.kv_cache,
+            self.block_tables,
+            self.seq_lens_t,
+            self.query_start_loc,
+            self.query_lens,
+            self.seq_lens,
+            self.scale,
+            sliding_window,
+            out=out,
+            variant=variant,
+        )
+        return out
+
 
 # ---------------------------------------------------------------- decode
 
@@ -141,12 +169,12 @@ DECODE_CASES = [
 
 @functools.lru_cache(maxsize=2)
 def _decode_case(kind: str, head_size: int, group: int, dtype: torch.dtype):
-    """(seq_lens, batch, reference) of one decode case, shared by the variants that test it in a row."""
+    """(batch, reference) of one decode case, shared by the variants that test it in a row."""
     rng = random.Random(zlib.crc32(f"{kind}-{head_size}-{group}".encode()))
     seq_lens = _decode_lens(kind, rng)
     num_kv_heads = 2 if group == 8 else 4
     batch = PagedBatch([1] * len(seq_lens), seq_lens, num_kv_heads * group, num_kv_heads, head_size, dtype, 7)
-    return seq_lens, batch, batch.reference()
+    return batch, batch.reference()
 
 
 @pytest.mark.parametrize("variant", DECODE_VARIANTS)
@@ -155,19 +183,8 @@ def _decode_case(kind: str, head_size: int, group: int, dtype: torch.dtype):
 def test_paged_decode_attention(
     kind: str, head_size: int, group: int, dtype: torch.dtype, variant: str
 ) -> None:
-    seq_lens, batch, reference = _decode_case(kind, head_size, group, dtype)
-    out = torch.full_like(batch.query, float("nan"))
-    ops.paged_decode_attention(
-        batch.query,
-        batch.kv_cache,
-        batch.block_tables,
-        batch.seq_lens_t,
-        seq_lens,
-        batch.scale,
-        out=out,
-        variant=variant,
-    )
-    assert rel_err(out, reference) < REL_TOL[dtype]
+    batch, reference = _decode_case(kind, head_size, group, dtype)
+    assert rel_err(batch.decode(variant), reference) < REL_TOL[dtype]
 
 
 @pytest.mark.parametrize("variant", DECODE_VARIANTS)
@@ -175,19 +192,7 @@ def test_paged_decode_attention(
 def test_paged_decode_attention_sliding_window(window: int, variant: str) -> None:
     seq_lens = [1, 50, 999, 1000, 1001, 5000]
     batch = PagedBatch([1] * 6, seq_lens, 16, 4, 128, torch.float16, 11)
-    out = torch.full_like(batch.query, float("nan"))
-    ops.paged_decode_attention(
-        batch.query,
-        batch.kv_cache,
-        batch.block_tables,
-        batch.seq_lens_t,
-        seq_lens,
-        batch.scale,
-        window,
-        out=out,
-        variant=variant,
-    )
-    assert rel_err(out, batch.reference(window)) < REL_TOL[torch.float16]
+    assert rel_err(batch.decode(variant, window), batch.reference(window)) < REL_TOL[torch.float16]
 
 
 @pytest.mark.parametrize("variant", DECODE_VARIANTS)
@@ -230,33 +235,9 @@ def test_decode_cuda_graph_replays_with_shorter_sequences(variant: str) -> None:
 def test_unowned_cache_slots_never_leak_into_outputs(variant: str) -> None:
     seq_lens = [1, 17, 100, 1000, 4097]
     batch = PagedBatch([1] * 5, seq_lens, 32, 4, 128, torch.float16, 13, poison_unused=True)
-    out = torch.full_like(batch.query, float("nan"))
-    ops.paged_decode_attention(
-        batch.query,
-        batch.kv_cache,
-        batch.block_tables,
-        batch.seq_lens_t,
-        seq_lens,
-        batch.scale,
-        out=out,
-        variant=variant,
-    )
-    assert rel_err(out, batch.reference()) < REL_TOL[torch.float16]
-    query_lens, seq_lens = [1, 30, 7], [1, 50, 300]
-    batch = PagedBatch(query_lens, seq_lens, 32, 4, 128, torch.float16, 14, poison_unused=True)
-    out = torch.full_like(batch.query, float("nan"))
-    ops.paged_prefill_attention(
-        batch.query,
-        batch.kv_cache,
-        batch.block_tables,
-        batch.seq_lens_t,
-        batch.query_start_loc,
-        query_lens,
-        seq_lens,
-        batch.scale,
-        out=out,
-        variant="v8" if variant.startswith("v8") else "v6",
-    )
+    assert rel_err(batch.decode(variant), batch.reference()) < REL_TOL[torch.float16]
+    batch = PagedBatch([1, 30, 7], [1, 50, 300], 32, 4, 128, torch.float16, 14, poison_unused=True)
+    out = batch.prefill("v8" if variant.startswith("v8") else "v9")
     assert rel_err(out, batch.reference()) < REL_TOL[torch.float16]
 
 
@@ -292,22 +273,8 @@ def _prefill_case(shape: str, head_size: int, group: int, dtype: torch.dtype):
 def test_paged_prefill_attention(
     shape: str, head_size: int, group: int, dtype: torch.dtype, variant: str
 ) -> None:
-    query_lens, seq_lens = PREFILL_SHAPES[shape]
     batch, reference = _prefill_case(shape, head_size, group, dtype)
-    out = torch.full_like(batch.query, float("nan"))
-    ops.paged_prefill_attention(
-        batch.query,
-        batch.kv_cache,
-        batch.block_tables,
-        batch.seq_lens_t,
-        batch.query_start_loc,
-        query_lens,
-        seq_lens,
-        batch.scale,
-        out=out,
-        variant=variant,
-    )
-    assert rel_err(out, reference) < REL_TOL[dtype]
+    assert rel_err(batch.prefill(variant), reference) < REL_TOL[dtype]
 
 
 @pytest.mark.parametrize("variant", PREFILL_VARIANTS)
@@ -317,20 +284,7 @@ def test_paged_prefill_many_sequences_and_window(variant: str) -> None:
     seq_lens = [q + rng.randint(0, 500) for q in query_lens]
     batch = PagedBatch(query_lens, seq_lens, 32, 8, 128, torch.float16, 5)
     for window in (None, 37, 128):
-        out = torch.full_like(batch.query, float("nan"))
-        ops.paged_prefill_attention(
-            batch.query,
-            batch.kv_cache,
-            batch.block_tables,
-            batch.seq_lens_t,
-            batch.query_start_loc,
-            query_lens,
-            seq_lens,
-            batch.scale,
-            window,
-            out=out,
-            variant=variant,
-        )
+        out = batch.prefill(variant, window)
         assert rel_err(out, batch.reference(window)) < REL_TOL[torch.float16], window
 
 
@@ -340,26 +294,13 @@ def test_prefill_unowned_cache_slots_never_leak_into_outputs(variant: str) -> No
     cached prefix, and row tiles that end inside a KV block."""
     query_lens, seq_lens = [1, 30, 7, 130, 1], [1, 50, 300, 130, 17]
     batch = PagedBatch(query_lens, seq_lens, 32, 4, 128, torch.float16, 15, poison_unused=True)
-    out = torch.full_like(batch.query, float("nan"))
-    ops.paged_prefill_attention(
-        batch.query,
-        batch.kv_cache,
-        batch.block_tables,
-        batch.seq_lens_t,
-        batch.query_start_loc,
-        query_lens,
-        seq_lens,
-        batch.scale,
-        out=out,
-        variant=variant,
-    )
-    assert rel_err(out, batch.reference()) < REL_TOL[torch.float16]
+    assert rel_err(batch.prefill(variant), batch.reference()) < REL_TOL[torch.float16]
 
 
 # ---------------------------------------------------------------- backend
 
 
-@pytest.mark.parametrize("decode_variant,prefill_variant", [("v6", "v6"), ("v8", "v8"), ("v6", "v9")])
+@pytest.mark.parametrize("decode_variant,prefill_variant", [("v6", "v8"), ("v8", "v8"), ("v6", "v9")])
 @pytest.mark.parametrize("decode", [True, False])
 def test_sm70_backend_matches_torch_backend(
     decode: bool, decode_variant: str, prefill_variant: str, monkeypatch: pytest.MonkeyPatch
@@ -462,12 +403,26 @@ def test_bad_input_raises_clear_errors() -> None:
         ops.paged_decode_attention(
             batch.query, batch.kv_cache, batch.block_tables, batch.seq_lens_t, [10_000], batch.scale
         )
-    assert torch.ops.voltllm_C.prefill_block_m() == PREFILL_BLOCK_M
-    for head_size, block_m in PREFILL_V8_BLOCK_M.items():
-        assert torch.ops.voltllm_C.prefill_block_m_v8(head_size) == block_m
-    for head_size, block_m in PREFILL_V9_BLOCK_M.items():
-        assert torch.ops.voltllm_C.prefill_block_m_v9(head_size) == block_m
+    for variant, block_m_by_head in PREFILL_BLOCK_M.items():
+        block_m_op = getattr(torch.ops.voltllm_C, f"prefill_block_m_{variant}")
+        for head_size, block_m in block_m_by_head.items():
+            assert block_m_op(head_size) == block_m
+        with pytest.raises(RuntimeError, match="head_size"):
+            block_m_op(96)
     with pytest.raises(ValueError, match="unknown kernel variant"):
         ops.paged_decode_attention(
             batch.query, batch.kv_cache, batch.block_tables, batch.seq_lens_t, [20], 0.1, variant="v7"
         )
+    with pytest.raises(ValueError, match=r"unknown kernel variant 'v6' .*known: \('v8', 'v9'\)"):
+        ops.paged_prefill_attention(
+            batch.query, batch.kv_cache, batch.block_tables, batch.seq_lens_t, batch.query_start_loc,
+            [1], [20], 0.1, variant="v6",
+        )  # fmt: skip
+    q = torch.randn(1, 4, 96, device=DEVICE, dtype=torch.float16)
+    cache = torch.randn(2, 4, 16, 4, 96, device=DEVICE, dtype=torch.float16)
+    for variant in PREFILL_VARIANTS:
+        with pytest.raises(RuntimeError, match="head_size"):
+            ops.paged_prefill_attention(
+                q, cache, batch.block_tables, batch.seq_lens_t, batch.query_start_loc, [1], [20], 0.1,
+                variant=variant,
+            )  # fmt: skip

@@ -201,23 +201,35 @@ def test_decode_v8_plan(emu: ctypes.CDLL) -> None:
 # ---------------------------------------------------------------- prefill
 
 
-def run_prefill(emu: ctypes.CDLL, b: Paged, window: int = 0, seed: int = 1) -> None:
-    block_m = emu.emu_prefill_v8_block_m(b.head)
-    assert block_m == ops.attention.PREFILL_V8_BLOCK_M[b.head]
+WMMA_ORDERS = {"scrambled": 0, "paired": 1}  # emu/include/mma.h
+
+
+def run_prefill(
+    emu: ctypes.CDLL, b: Paged, variant: str, window: int = 0, order: str = "scrambled", seed: int = 1
+) -> None:
+    """One prefill launch of `variant` ("v8" or "v9") after the row-tile map, as the torch glue runs them;
+    `order` is the emulated WMMA fragment order (v8 uses no WMMA)."""
+    number = int(variant.removeprefix("v"))
+    block_m = emu.emu_prefill_block_m(ctypes.c_int(number), ctypes.c_int(b.head))
+    assert block_m == ops.attention.PREFILL_BLOCK_M[variant][b.head]
     starts = [0]
     for q in b.query_lens:
         starts.append(starts[-1] + q)
     qsl = torch.tensor(starts, dtype=torch.int32)
-    cu_tiles = torch.zeros(len(b.seq_lens) + 1, dtype=torch.int32)
+    cu_tiles = torch.full((len(b.seq_lens) + 1,), -1, dtype=torch.int32)
     k, v = b.kv[0].contiguous(), b.kv[1].contiguous()
-    emu.emu_prefill_v8(
-        ctypes.c_int(b.bf16), ctypes.c_int(b.head), ptr(b.out), ptr(b.query), ptr(k), ptr(v),
-        ptr(b.tables), ptr(b.seq_lens_t), ptr(qsl), ptr(cu_tiles), ctypes.c_longlong(b.query.stride(0)),
-        ctypes.c_longlong(b.out.stride(0)), ctypes.c_int(len(b.seq_lens)), ctypes.c_int(b.num_heads),
+    emu.emu_prefill(
+        ctypes.c_int(number), ctypes.c_int(b.bf16), ctypes.c_int(b.head), ptr(b.out), ptr(b.query), ptr(k),
+        ptr(v), ptr(b.tables), ptr(b.seq_lens_t), ptr(qsl), ptr(cu_tiles),
+        ctypes.c_longlong(b.query.stride(0)), ctypes.c_longlong(b.out.stride(0)),
+        ctypes.c_int(len(b.seq_lens)), ctypes.c_int(b.num_heads),
         ctypes.c_int(b.num_kv_heads), ctypes.c_int(b.tables.shape[1]), ctypes.c_int(window),
         ctypes.c_float(b.scale * LOG2E),
-        ctypes.c_int(ops.attention.prefill_row_tiles(b.query_lens, block_m)), ctypes.c_uint(seed),
+        ctypes.c_int(ops.attention.prefill_row_tiles(b.query_lens, block_m)),
+        ctypes.c_int(WMMA_ORDERS[order]), ctypes.c_uint(seed),
     )  # fmt: skip
+    tiles = [-(-q // block_m) for q in b.query_lens]
+    assert cu_tiles.tolist() == [sum(tiles[:i]) for i in range(len(tiles) + 1)]  # the tile map's prefix sum
 
 
 @pytest.mark.parametrize(
@@ -235,20 +247,18 @@ def test_prefill_v8(
     emu: ctypes.CDLL, query_lens: list[int], seq_lens: list[int], head: int, group: int, dtype: torch.dtype
 ) -> None:
     b = Paged(query_lens, seq_lens, 1, group, head, dtype, seed=sum(seq_lens), poison=True)
-    run_prefill(emu, b)
+    run_prefill(emu, b, "v8")
     assert b.rel_err() < REL_TOL[dtype]
 
 
 @pytest.mark.parametrize("window", [1, 37, 128])
 def test_prefill_v8_sliding_window(emu: ctypes.CDLL, window: int) -> None:
     b = Paged([150, 1, 33], [300, 50, 33], 1, 2, 128, torch.float16, seed=window)
-    run_prefill(emu, b, window=window, seed=window)
+    run_prefill(emu, b, "v8", window=window, seed=window)
     assert b.rel_err(window) < REL_TOL[torch.float16]
 
 
 # ---------------------------------------------------------------- WMMA emulation and the v9 prefill kernel
-
-WMMA_ORDERS = {"scrambled": 0, "paired": 1}  # emu/include/mma.h
 
 
 def _sm80_accumulator_codes() -> list[int]:
@@ -289,28 +299,6 @@ def test_emulated_wmma_multiplies_in_an_order_no_gpu_uses(
     assert max(rows_per_lane) > 2  # rows spread over lanes as on no GPU (SM80: two rows per lane)
 
 
-def run_prefill_v9(
-    emu: ctypes.CDLL, b: Paged, window: int = 0, order: str = "scrambled", seed: int = 1
-) -> None:
-    block_m = emu.emu_prefill_v9_block_m(b.head)
-    assert block_m == ops.attention.PREFILL_V9_BLOCK_M[b.head]
-    starts = [0]
-    for q in b.query_lens:
-        starts.append(starts[-1] + q)
-    qsl = torch.tensor(starts, dtype=torch.int32)
-    cu_tiles = torch.zeros(len(b.seq_lens) + 1, dtype=torch.int32)
-    k, v = b.kv[0].contiguous(), b.kv[1].contiguous()
-    emu.emu_prefill_v9(
-        ctypes.c_int(b.bf16), ctypes.c_int(b.head), ptr(b.out), ptr(b.query), ptr(k), ptr(v),
-        ptr(b.tables), ptr(b.seq_lens_t), ptr(qsl), ptr(cu_tiles), ctypes.c_longlong(b.query.stride(0)),
-        ctypes.c_longlong(b.out.stride(0)), ctypes.c_int(len(b.seq_lens)), ctypes.c_int(b.num_heads),
-        ctypes.c_int(b.num_kv_heads), ctypes.c_int(b.tables.shape[1]), ctypes.c_int(window),
-        ctypes.c_float(b.scale * LOG2E),
-        ctypes.c_int(ops.attention.prefill_row_tiles(b.query_lens, block_m)),
-        ctypes.c_int(WMMA_ORDERS[order]), ctypes.c_uint(seed),
-    )  # fmt: skip
-
-
 @pytest.mark.parametrize("order", WMMA_ORDERS)
 @pytest.mark.parametrize(
     "query_lens,seq_lens,head,group,dtype",
@@ -334,7 +322,7 @@ def test_prefill_v9(
     order: str,
 ) -> None:
     b = Paged(query_lens, seq_lens, 1, group, head, dtype, seed=sum(seq_lens), poison=True)
-    run_prefill_v9(emu, b, order=order, seed=len(query_lens) + head)
+    run_prefill(emu, b, "v9", order=order, seed=len(query_lens) + head)
     assert b.rel_err() < REL_TOL[dtype]
 
 
@@ -342,7 +330,7 @@ def test_prefill_v9(
 @pytest.mark.parametrize("window", [1, 37, 128])
 def test_prefill_v9_sliding_window(emu: ctypes.CDLL, window: int, order: str) -> None:
     b = Paged([150, 1, 33], [300, 50, 33], 1, 2, 128, torch.float16, seed=window, poison=True)
-    run_prefill_v9(emu, b, window=window, order=order, seed=window)
+    run_prefill(emu, b, "v9", window=window, order=order, seed=window)
     assert b.rel_err(window) < REL_TOL[torch.float16]
 
 
@@ -350,5 +338,15 @@ def test_prefill_v9_two_kv_heads_many_short_sequences(emu: ctypes.CDLL) -> None:
     """Sequences shorter than a key tile, a window that starts mid-tile, GQA 4 over two KV heads."""
     query_lens, seq_lens = [5, 16, 3, 64, 1], [5, 80, 19, 64, 200]
     b = Paged(query_lens, seq_lens, 2, 4, 64, torch.float16, seed=11, poison=True)
-    run_prefill_v9(emu, b, window=40, order="paired", seed=3)
+    run_prefill(emu, b, "v9", window=40, order="paired", seed=3)
     assert b.rel_err(40) < REL_TOL[torch.float16]
+
+
+@pytest.mark.parametrize("variant", ["v8", "v9"])
+def test_prefill_tile_map_over_more_sequences_than_a_warp(emu: ctypes.CDLL, variant: str) -> None:
+    """40 sequences: the one-warp tile map carries its prefix sum from one 32-sequence pass to the next."""
+    query_lens = [1 + (7 * i) % 20 for i in range(40)]
+    seq_lens = [q + (5 * i) % 30 for i, q in enumerate(query_lens)]
+    b = Paged(query_lens, seq_lens, 1, 2, 64, torch.float16, seed=40, poison=True)
+    run_prefill(emu, b, variant, seed=5)
+    assert b.rel_err() < REL_TOL[torch.float16]

@@ -6,10 +6,10 @@ elsewhere. KV cache layout (see `voltllm.layers.attention.backend`):
 
 Kernel variants (docs/kernels.md): the decode and prefill ops take `variant=`; without it the
 environment variables `VOLTLLM_DECODE_KERNEL` (v6 | v8 | v8-reduce) and `VOLTLLM_PREFILL_KERNEL`
-(v6 | v8 | v9) choose; the defaults are v6 decode and v8 prefill (the faster of each on the H200,
+(v8 | v9) choose; the defaults are v6 decode and v8 prefill (the faster of each on the H200,
 benches/RESULTS.md). The v8 kernels need SM80 or newer; on older GPUs (Volta) the v8 decode variants
-run v6 and v8 prefill runs v9, the Volta-legal WMMA prefill kernel (1.15x SDPA-efficient on the H200
-against v6's 0.85x), which runs on every GPU.
+run v6 and v8 prefill runs v9, the Volta-legal WMMA prefill kernel, which runs on every GPU. (The v6
+prefill kernel is retired: 0.81-0.86x SDPA-efficient on the H200 against v9's 1.12-1.18x.)
 """
 
 from __future__ import annotations
@@ -23,21 +23,23 @@ import torch
 from voltllm.ops._dispatch import kernel_ops, use_kernels
 
 BLOCK_SIZE = 16  # tokens per KV block the kernels are written for
-PREFILL_BLOCK_M = 64  # query rows per prefill thread block (PrefillTraits::kBlockM)
-# Query rows per v8 prefill thread block, by head size (PrefillV8Traits::kBlockM).
-PREFILL_V8_BLOCK_M = {64: 128, 128: 128, 256: 64}
-# Query rows per v9 prefill thread block, by head size (PrefillV9Traits::kBlockM).
-PREFILL_V9_BLOCK_M = {64: 128, 128: 128, 256: 64}
+# Query rows per prefill thread block, by variant and head size (PrefillV8Traits / PrefillV9Traits
+# kBlockM; the ops prefill_block_m_v8 / _v9 report the same). The row-tile count of a launch uses it.
+PREFILL_BLOCK_M = {
+    "v8": {64: 128, 128: 128, 256: 64},
+    "v9": {64: 128, 128: 128, 256: 64},
+}
 
 DECODE_ENV = "VOLTLLM_DECODE_KERNEL"
 PREFILL_ENV = "VOLTLLM_PREFILL_KERNEL"
 # v8: mma.sync decode with the split merge in the kernel; v8-reduce: the same kernel, splits merged
 # by v6's reduce kernel (isolates what the in-kernel merge is worth).
 DECODE_VARIANTS = ("v6", "v8", "v8-reduce")
-# v9: the Volta-legal WMMA prefill kernel (BLOCK_M 128, softmax on registers); runs on every GPU.
-PREFILL_VARIANTS = ("v6", "v8", "v9")
+# v8: mma.sync prefill (SM80+); v9: the Volta-legal WMMA prefill kernel (BLOCK_M 128, softmax on
+# registers), which runs on every GPU.
+PREFILL_VARIANTS = ("v8", "v9")
 DEFAULT_DECODE_VARIANT = "v6"
-DEFAULT_PREFILL_VARIANT = "v8"  # 1.5x v6 on the H200; on Volta v8 runs v9
+DEFAULT_PREFILL_VARIANT = "v8"  # 1.3x v9 on the H200; on Volta v8 runs v9
 
 
 def _choose(variant: str | None, env: str, known: tuple[str, ...], default: str) -> str:
@@ -64,7 +66,7 @@ def _has_sm80(index: int) -> bool:
 
 
 def runs_v8(device: torch.device) -> bool:
-    """Whether the v8 kernels run on `device` (SM80 and newer); elsewhere v6 serves every variant."""
+    """Whether the v8 kernels run on `device` (SM80 and newer); elsewhere v8 decode runs v6, v8 prefill v9."""
     return device.type == "cuda" and _has_sm80(device.index if device.index is not None else 0)
 
 
@@ -219,8 +221,8 @@ def paged_decode_attention(
     return out
 
 
-def prefill_row_tiles(query_lens: Sequence[int], block_m: int = PREFILL_BLOCK_M) -> int:
-    """Thread blocks (per head) the prefill kernel needs for these query lengths."""
+def prefill_row_tiles(query_lens: Sequence[int], block_m: int) -> int:
+    """Thread blocks (per head) a prefill kernel of `block_m` rows per block needs for these query lengths."""
     return sum(-(-q // block_m) for q in query_lens)
 
 
@@ -254,18 +256,10 @@ def paged_prefill_attention(
     if out is None:
         out = torch.empty_like(query)
     if name == "v8" and not runs_v8(query.device):
-        name = "v9"  # the fastest Volta-legal prefill kernel
-    if name == "v8":
-        op = kernel_ops().paged_prefill_attention_v8
-        # An unsupported head size gets the glue's error, not a KeyError here.
-        block_m = PREFILL_V8_BLOCK_M.get(query.shape[-1], PREFILL_BLOCK_M)
-        row_tiles = prefill_row_tiles(query_lens_cpu, block_m)
-    elif name == "v9":
-        op = kernel_ops().paged_prefill_attention_v9
-        block_m = PREFILL_V9_BLOCK_M.get(query.shape[-1], PREFILL_BLOCK_M)
-        row_tiles = prefill_row_tiles(query_lens_cpu, block_m)
-    else:
-        op = kernel_ops().paged_prefill_attention
-        row_tiles = prefill_row_tiles(query_lens_cpu)
+        name = "v9"  # the Volta-legal prefill kernel
+    op = kernel_ops().paged_prefill_attention_v8 if name == "v8" else kernel_ops().paged_prefill_attention_v9
+    # An unsupported head size gets the glue's error, not a KeyError here (any tile count will do).
+    block_m = PREFILL_BLOCK_M[name].get(query.shape[-1], 1)
+    row_tiles = prefill_row_tiles(query_lens_cpu, block_m)
     op(out, query, kv_cache, block_tables, seq_lens, query_start_loc, row_tiles, scale, window)
     return out

@@ -5,10 +5,10 @@ with NVRTC and assembles it, and the torch glue (`csrc/ops_*.cu`) dispatches ove
 sizes and group tiles. It imports nothing, so the gate can load it without torch.
 
 Architectures:
-  * sm_70 (Volta): the element-wise kernels and the fp16 v6 and v9 attention kernels; the v8 attention
-    kernels too, whose bodies compile to a trap there (the Python layer runs v6 / v9 on Volta), so that a
-    V100 build of the extension cannot break.
-  * sm_80: the bf16 v6 / v9 attention kernels (bf16 tensor-core math needs SM80) and every v8 attention
+  * sm_70 (Volta): the element-wise kernels, the prefill row-tile map and the fp16 WMMA attention kernels
+    (v6 decode, v9 prefill); the v8 attention kernels too, whose bodies compile to a trap there (the
+    Python layer runs v6 decode / v9 prefill on Volta), so that a V100 build of the extension cannot break.
+  * sm_80: the bf16 WMMA attention kernels (bf16 tensor-core math needs SM80) and every v8 attention
     kernel (mma.sync m16n8k16, ldmatrix, cp.async).
   * sm_90: everything, as the H200 build compiles it.
 """
@@ -55,8 +55,8 @@ def _attention(dtype: str) -> dict[str, list[str]]:
             for kernel in ("paged_decode_attention_kernel", "paged_decode_reduce_kernel")
             for h in HEAD_SIZES
         ],
-        "paged_prefill_attention.cuh": ["voltllm::prefill_tile_map_kernel"]
-        + [f"voltllm::paged_prefill_attention_kernel<{dtype}, {h}>" for h in HEAD_SIZES],
+        # The row-tile map every prefill launch (v8 or v9) builds first; the same for every dtype.
+        "paged_prefill_attention_tile_map.cuh": ["voltllm::prefill_tile_map_kernel"],
         "paged_prefill_attention_v9.cuh": [
             f"voltllm::paged_prefill_v9_kernel<{dtype}, {h}>" for h in HEAD_SIZES
         ],
@@ -93,9 +93,6 @@ def dynamic_smem_probes() -> dict[str, str]:
             probes[f"voltllm::paged_decode_attention_kernel<{dtype}, {h}>"] = (
                 f"voltllm::decode_smem_bytes<{h}>"
             )
-            probes[f"voltllm::paged_prefill_attention_kernel<{dtype}, {h}>"] = (
-                f"voltllm::prefill_smem_bytes<{h}>"
-            )
             probes[f"voltllm::paged_prefill_v8_kernel<{dtype}, {h}>"] = f"voltllm::prefill_v8_smem_bytes<{h}>"
             probes[f"voltllm::paged_prefill_v9_kernel<{dtype}, {h}>"] = f"voltllm::prefill_v9_smem_bytes<{h}>"
             for nt in DECODE_V8_GROUP_TILES:
@@ -111,7 +108,7 @@ def sm70_variants() -> dict[str, list[str]]:
 
 
 def sm80_bf16_variants() -> dict[str, list[str]]:
-    """The bf16 v6 tensor-core variants, shipped for SM80 and newer only."""
+    """The bf16 WMMA attention variants (v6 decode, v9 prefill), shipped for SM80 and newer only."""
     return _attention(BF16)
 
 

@@ -1,5 +1,6 @@
-// Prefill / chunked-prefill flash attention over the paged KV cache, v8: SM80 and newer (Volta runs v6,
-// paged_prefill_attention.cuh; see attention_sm80.cuh). Same inputs and semantics as v6.
+// Prefill / chunked-prefill flash attention over the paged KV cache, v8: SM80 and newer (Volta runs v9,
+// paged_prefill_attention_v9.cuh; see attention_sm80.cuh). Inputs and the row-tile lookup:
+// paged_prefill_attention_common.cuh.
 //
 // FlashAttention-2 style on mma.sync m16n8k16, whose fragment layouts are documented (WMMA's are not):
 //  * Each warp owns 16 query rows; its Q fragments are loaded once (ldmatrix) and stay in registers.
@@ -10,32 +11,14 @@
 //    computed, without holding it in registers. Block ids are read one tile ahead of their copies.
 //  * B fragments come from shared memory through ldmatrix (.trans for V); rows are padded by 16
 //    bytes so the eight rows of each 8x8 matrix fall in distinct banks.
-//  * BLOCK_M 128 (8 warps) at head <= 128, which halves K/V traffic per query row against v6's 64.
+//  * BLOCK_M 128 (8 warps) at head <= 128: each K/V tile staged in shared memory serves 128 query rows.
 //  * The softmax scale is applied in the exponent (one FFMA per score), not to Q in 16 bits.
 #pragma once
 
 #include "attention_sm80.cuh"
+#include "paged_prefill_attention_common.cuh"
 
 namespace voltllm {
-
-struct PrefillV8Params {
-  void* out;                    // [num_tokens, num_heads, head_size], rows out_stride apart
-  const void* query;            // [num_tokens, num_heads, head_size], rows query_stride apart
-  const void* key_cache;        // [num_blocks, block_size, num_kv_heads, head_size]
-  const void* value_cache;      // [num_blocks, block_size, num_kv_heads, head_size]
-  const int* block_tables;      // [num_seqs, max_blocks_per_seq]
-  const int* seq_lens;          // [num_seqs] context length after this step
-  const int* query_start_loc;   // [num_seqs + 1] first query row of each sequence
-  const int* cu_tiles;          // [num_seqs + 1] first BLOCK_M tile of each sequence (prefix sum)
-  long long query_stride;       // elements between tokens of query
-  long long out_stride;         // elements between tokens of out
-  int num_seqs;                 // sequences in the batch
-  int num_heads;                // query heads
-  int num_kv_heads;             // kv heads (num_heads is a multiple)
-  int max_blocks_per_seq;       // row length of block_tables
-  int sliding_window;           // attend to the last `sliding_window` positions; 0 = unlimited
-  float scale_log2;             // softmax scale * log2(e)
-};
 
 template <int HEAD>
 struct PrefillV8Traits {
@@ -64,7 +47,7 @@ __device__ const int prefill_v8_smem_bytes = PrefillV8Traits<HEAD>::kSmemBytes;
 
 #ifdef VOLTLLM_SM80_PATH
 template <typename T, int HEAD>
-__device__ __forceinline__ void paged_prefill_v8_block(const PrefillV8Params& p) {
+__device__ __forceinline__ void paged_prefill_v8_block(const PrefillParams& p) {
   using Tr = PrefillV8Traits<HEAD>;
   using sm80::exp2_approx;
   using sm80::kFullMask;
@@ -75,26 +58,11 @@ __device__ __forceinline__ void paged_prefill_v8_block(const PrefillV8Params& p)
   constexpr int kCPR = HEAD / 8;    // 16-byte chunks per row
   constexpr int kLd = Tr::kLd;
 
-  // Which sequence and which of its row tiles: binary search in the tile prefix sum.
-  const int tile = blockIdx.x;
-  if (tile >= p.cu_tiles[p.num_seqs]) return;  // the grid may over-count tiles
-  int lo = 0, hi = p.num_seqs - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (p.cu_tiles[mid] <= tile) lo = mid; else hi = mid - 1;
-  }
-  const int seq = lo;
-  const int seq_tiles = p.cu_tiles[seq + 1] - p.cu_tiles[seq];
-  // Later row tiles see more keys; launching them first shortens the tail of the grid.
-  const int m_tile = seq_tiles - 1 - (tile - p.cu_tiles[seq]);
+  PrefillRowTile rt;
+  if (!find_row_tile(p, Tr::kBlockM, rt)) return;
+  const int seq = rt.seq, q_start = rt.q_start, ctx_before = rt.ctx_before, row0 = rt.row0, rows = rt.rows;
   const int head = blockIdx.y;
   const int kv_head = head / (p.num_heads / p.num_kv_heads);
-  const int q_start = p.query_start_loc[seq];
-  const int q_len = p.query_start_loc[seq + 1] - q_start;
-  const int seq_len = p.seq_lens[seq];
-  const int ctx_before = seq_len - q_len;  // cached positions in front of this step's tokens
-  const int row0 = m_tile * Tr::kBlockM;
-  const int rows = min(Tr::kBlockM, q_len - row0);
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2;
@@ -306,12 +274,12 @@ __device__ __forceinline__ void paged_prefill_v8_block(const PrefillV8Params& p)
 // grid: (total row tiles = cu_tiles[num_seqs], num_heads), block: PrefillV8Traits::kThreads,
 // dynamic shared memory: PrefillV8Traits::kSmemBytes. cu_tiles counts tiles of PrefillV8Traits::kBlockM.
 template <typename T, int HEAD>
-__global__ void __launch_bounds__(PrefillV8Traits<HEAD>::kThreads)
-    paged_prefill_v8_kernel(PrefillV8Params p) {
+__global__ void __launch_bounds__(PrefillV8Traits<HEAD>::kThreads) paged_prefill_v8_kernel(PrefillParams p) {
+  begin_dependent_grid();
 #ifdef VOLTLLM_SM80_PATH
   paged_prefill_v8_block<T, HEAD>(p);
 #else
-  __trap();  // SM80+ only: the Python layer runs v6 on older GPUs
+  __trap();  // SM80+ only: the Python layer runs v9 on older GPUs
 #endif
 }
 

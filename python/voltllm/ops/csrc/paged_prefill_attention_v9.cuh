@@ -1,8 +1,9 @@
 // Prefill / chunked-prefill flash attention over the paged KV cache, v9: Volta-legal (WMMA m16n16k16 for
-// every product, no cp.async / ldmatrix / mma.sync, <= 96 KB of shared memory), same inputs and
-// semantics as v6 (paged_prefill_attention.cuh). Against v6:
+// every product, no cp.async / ldmatrix / mma.sync, <= 96 KB of shared memory); the inputs and row-tile
+// lookup it shares with v8 (SM80+) are in paged_prefill_attention_common.cuh. Against the first WMMA prefill
+// kernel (v6, BLOCK_M 64, scores through shared memory; retired, see docs/kernels.md):
 //  * BLOCK_M 128 with 8 warps at head <= 128 (64 / 4 warps at head 256): each K/V tile staged in shared
-//    memory serves twice the query rows, and each warp's Q fragments stay in registers for the block.
+//    memory serves 128 query rows, and each warp's Q fragments stay in registers for the block.
 //  * The online softmax runs on the S accumulators in registers. WMMA's accumulator element order is
 //    unspecified but fixed, so the block reads it once at start-up (a fragment loaded from a tile whose
 //    every element is its own (row, col) code) and relies on nothing else about it: per element its row
@@ -21,35 +22,9 @@
 
 #include <mma.h>
 
-#include "common.cuh"
-
-// Dynamic shared memory of the v9 kernel (the emulator hands out a per-block buffer instead).
-#ifdef VOLTLLM_EMULATE
-#define VOLTLLM_V9_DYNAMIC_SMEM(name) unsigned char* name = ::emu::dynamic_smem()
-#else
-#define VOLTLLM_V9_DYNAMIC_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
-#endif
+#include "paged_prefill_attention_common.cuh"
 
 namespace voltllm {
-
-struct PrefillV9Params {
-  void* out;                    // [num_tokens, num_heads, head_size], rows out_stride apart
-  const void* query;            // [num_tokens, num_heads, head_size], rows query_stride apart
-  const void* key_cache;        // [num_blocks, block_size, num_kv_heads, head_size]
-  const void* value_cache;      // [num_blocks, block_size, num_kv_heads, head_size]
-  const int* block_tables;      // [num_seqs, max_blocks_per_seq]
-  const int* seq_lens;          // [num_seqs] context length after this step
-  const int* query_start_loc;   // [num_seqs + 1] first query row of each sequence
-  const int* cu_tiles;          // [num_seqs + 1] first BLOCK_M tile of each sequence (prefix sum)
-  long long query_stride;       // elements between tokens of query
-  long long out_stride;         // elements between tokens of out
-  int num_seqs;                 // sequences in the batch
-  int num_heads;                // query heads
-  int num_kv_heads;             // kv heads (num_heads is a multiple)
-  int max_blocks_per_seq;       // row length of block_tables
-  int sliding_window;           // attend to the last `sliding_window` positions; 0 = unlimited
-  float scale_log2;             // softmax scale * log2(e)
-};
 
 template <int HEAD>
 struct PrefillV9Traits {
@@ -175,7 +150,7 @@ __device__ __forceinline__ float row_reduce(float* scratch, int ld, const float 
 }  // namespace v9
 
 template <typename T, int HEAD>
-__device__ __forceinline__ void paged_prefill_v9_block(const PrefillV9Params& p) {
+__device__ __forceinline__ void paged_prefill_v9_block(const PrefillParams& p) {
   using Tr = PrefillV9Traits<HEAD>;
   using namespace nvcuda;
   using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major>;
@@ -192,30 +167,15 @@ __device__ __forceinline__ void paged_prefill_v9_block(const PrefillV9Params& p)
   constexpr int kLdP = Tr::kLdP;
   constexpr unsigned kFull = 0xffffffffu;
 
-  // Which sequence and which of its row tiles: binary search in the tile prefix sum.
-  const int tile = blockIdx.x;
-  if (tile >= p.cu_tiles[p.num_seqs]) return;  // the grid may over-count tiles
-  int lo = 0, hi = p.num_seqs - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (p.cu_tiles[mid] <= tile) lo = mid; else hi = mid - 1;
-  }
-  const int seq = lo;
-  const int seq_tiles = p.cu_tiles[seq + 1] - p.cu_tiles[seq];
-  // Later row tiles see more keys; launching them first shortens the tail of the grid.
-  const int m_tile = seq_tiles - 1 - (tile - p.cu_tiles[seq]);
+  PrefillRowTile rt;
+  if (!find_row_tile(p, Tr::kBlockM, rt)) return;
+  const int seq = rt.seq, q_start = rt.q_start, ctx_before = rt.ctx_before, row0 = rt.row0, rows = rt.rows;
   const int head = blockIdx.y;
   const int kv_head = head / (p.num_heads / p.num_kv_heads);
-  const int q_start = p.query_start_loc[seq];
-  const int q_len = p.query_start_loc[seq + 1] - q_start;
-  const int seq_len = p.seq_lens[seq];
-  const int ctx_before = seq_len - q_len;  // cached positions in front of this step's tokens
-  const int row0 = m_tile * Tr::kBlockM;
-  const int rows = min(Tr::kBlockM, q_len - row0);
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
 
-  VOLTLLM_V9_DYNAMIC_SMEM(smem);
+  VOLTLLM_DYNAMIC_SMEM(smem);
   T* stage0 = reinterpret_cast<T*>(smem + Tr::kQBytes);  // K [kBN][kLd], then V [kBN][kLd]
   T* stage1 = reinterpret_cast<T*>(smem + Tr::kQBytes + Tr::kStageBytes);  // the same for odd tiles
   unsigned char* scratch = smem + Tr::kQBytes + 2 * Tr::kStageBytes + warp * Tr::kScratchBytes;
@@ -499,7 +459,8 @@ __device__ __forceinline__ void paged_prefill_v9_block(const PrefillV9Params& p)
 // grid: (total row tiles = cu_tiles[num_seqs], num_heads), block: PrefillV9Traits::kThreads,
 // dynamic shared memory: PrefillV9Traits::kSmemBytes. cu_tiles counts tiles of PrefillV9Traits::kBlockM.
 template <typename T, int HEAD>
-__global__ void __launch_bounds__(PrefillV9Traits<HEAD>::kThreads) paged_prefill_v9_kernel(PrefillV9Params p) {
+__global__ void __launch_bounds__(PrefillV9Traits<HEAD>::kThreads) paged_prefill_v9_kernel(PrefillParams p) {
+  begin_dependent_grid();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   // bf16 tensor-core math exists from SM80 on; the host wrapper never launches this variant there.
   if constexpr (is_same<T, __nv_bfloat16>::value) {
