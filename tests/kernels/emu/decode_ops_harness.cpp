@@ -3,26 +3,11 @@
 // (loaded with ctypes; pointers are CPU torch tensors).
 #include "cuda_emu.h"
 // The kernel headers come after the emulator, which stands in for the CUDA toolchain.
+#include "dispatch.h"
 #include "gemv.cuh"
 #include "qk_norm_rope.cuh"
 
 namespace {
-
-template <typename T, int HEAD>
-void run(const voltllm::QkNormRopeParams& p, int num_tokens, unsigned seed) {
-  const int warps = p.num_heads + p.num_kv_heads < 16 ? p.num_heads + p.num_kv_heads : 16;
-  emu::launch(dim3(num_tokens), dim3(32 * warps), 0, [&] { voltllm::qk_norm_rope_kernel<T, HEAD>(p); }, seed);
-}
-
-template <typename T>
-void run_head(int head, const voltllm::QkNormRopeParams& p, int num_tokens, unsigned seed) {
-  switch (head) {
-    case 64: return run<T, 64>(p, num_tokens, seed);
-    case 128: return run<T, 128>(p, num_tokens, seed);
-    case 256: return run<T, 256>(p, num_tokens, seed);
-    default: emu::fail("head size");
-  }
-}
 
 template <typename T, int ROWS, bool SWIGLU>
 void run_gemv(const voltllm::GemvParams& p, unsigned seed) {
@@ -86,11 +71,7 @@ void emu_add_rms_norm_gemv(int bf16, void* out, void* residual_out, const void* 
   p.rows = rows;
   p.n = n;
   p.k = k;
-  if (bf16) {
-    run_gemv_norm_rows<__nv_bfloat16>(p, swiglu != 0, blocks, seed);
-  } else {
-    run_gemv_norm_rows<__half>(p, swiglu != 0, blocks, seed);
-  }
+  emu::dispatch_dtype(bf16, [&](auto t) { run_gemv_norm_rows<decltype(t)>(p, swiglu != 0, blocks, seed); });
 }
 
 void emu_gemv(int bf16, void* out, const void* x, const void* weight, const void* bias, long long out_stride,
@@ -105,11 +86,7 @@ void emu_gemv(int bf16, void* out, const void* x, const void* weight, const void
   p.rows = rows;
   p.n = n;
   p.k = k;
-  if (bf16) {
-    run_gemv_rows<__nv_bfloat16>(p, swiglu != 0, seed);
-  } else {
-    run_gemv_rows<__half>(p, swiglu != 0, seed);
-  }
+  emu::dispatch_dtype(bf16, [&](auto t) { run_gemv_rows<decltype(t)>(p, swiglu != 0, seed); });
 }
 
 void emu_qk_norm_rope(int bf16, int head, void* qkv, const long long* positions, const float* cos_sin,
@@ -132,11 +109,13 @@ void emu_qk_norm_rope(int bf16, int head, void* qkv, const long long* positions,
   p.num_heads = num_heads;
   p.num_kv_heads = num_kv_heads;
   p.eps = eps;
-  if (bf16) {
-    run_head<__nv_bfloat16>(head, p, num_tokens, seed);
-  } else {
-    run_head<__half>(head, p, num_tokens, seed);
-  }
+  const int warps = num_heads + num_kv_heads < 16 ? num_heads + num_kv_heads : 16;
+  emu::dispatch_dtype(bf16, [&](auto t) {
+    emu::dispatch_head(head, [&](auto h) {
+      emu::launch(dim3(num_tokens), dim3(32 * warps), 0,
+                  [&] { voltllm::qk_norm_rope_kernel<decltype(t), decltype(h)::value>(p); }, seed);
+    });
+  });
 }
 
 }  // extern "C"

@@ -134,21 +134,14 @@ struct fragment {
 
 // Element (r, c) of a 16x16 operand tile: matrix_a is (m, k), matrix_b is (k, n). Row-major puts
 // (r, c) at ptr[r * ldm + c], column-major at ptr[c * ldm + r].
-template <typename T, typename Layout>
-void load_matrix_sync(fragment<matrix_a, 16, 16, 16, T, Layout>& f, const T* ptr, unsigned ldm) {
+template <typename Use, typename T, typename Layout>
+void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& f, const T* ptr, unsigned ldm) {
+  static_assert(std::is_same<Use, matrix_a>::value || std::is_same<Use, matrix_b>::value,
+                "an accumulator load takes a memory layout");
+  constexpr ::emu::WmmaUse use = std::is_same<Use, matrix_a>::value ? ::emu::kUseA : ::emu::kUseB;
   const int lane = ::emu::self().lane;
   for (int i = 0; i < 8; ++i) {
-    const int r = ::emu::wmma_row(::emu::kUseA, lane, i), c = ::emu::wmma_col(::emu::kUseA, lane, i);
-    f.x[i] = std::is_same<Layout, row_major>::value ? ptr[r * ldm + c] : ptr[c * ldm + r];
-  }
-  ::emu::wmma_check_args(ptr, ldm, sizeof(T));
-}
-
-template <typename T, typename Layout>
-void load_matrix_sync(fragment<matrix_b, 16, 16, 16, T, Layout>& f, const T* ptr, unsigned ldm) {
-  const int lane = ::emu::self().lane;
-  for (int i = 0; i < 8; ++i) {
-    const int r = ::emu::wmma_row(::emu::kUseB, lane, i), c = ::emu::wmma_col(::emu::kUseB, lane, i);
+    const int r = ::emu::wmma_row(use, lane, i), c = ::emu::wmma_col(use, lane, i);
     f.x[i] = std::is_same<Layout, row_major>::value ? ptr[r * ldm + c] : ptr[c * ldm + r];
   }
   ::emu::wmma_check_args(ptr, ldm, sizeof(T));
