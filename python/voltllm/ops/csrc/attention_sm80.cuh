@@ -13,13 +13,6 @@
 #define VOLTLLM_SM80_PATH 1
 #endif
 
-// Dynamic shared memory of a v8 kernel (the emulator hands out a per-block buffer instead).
-#ifdef VOLTLLM_EMULATE
-#define VOLTLLM_DYNAMIC_SMEM(name) unsigned char* name = ::emu::dynamic_smem()
-#else
-#define VOLTLLM_DYNAMIC_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
-#endif
-
 namespace voltllm {
 namespace sm80 {
 

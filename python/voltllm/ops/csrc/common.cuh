@@ -7,6 +7,13 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+// Dynamic shared memory of a kernel (the CPU emulator hands out a per-block buffer instead).
+#ifdef VOLTLLM_EMULATE
+#define VOLTLLM_DYNAMIC_SMEM(name) unsigned char* name = ::emu::dynamic_smem()
+#else
+#define VOLTLLM_DYNAMIC_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
+#endif
+
 namespace voltllm {
 
 // The KV cache block size every attention kernel is written for (tokens per paged block).

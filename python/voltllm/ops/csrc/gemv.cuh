@@ -15,16 +15,6 @@
 #include "activation.cuh"
 #include "common.cuh"
 
-// Dynamic shared memory (the emulator hands out a per-block buffer instead). Token for token the
-// definition of attention_sm80.cuh, so a file may include both headers.
-#ifndef VOLTLLM_DYNAMIC_SMEM
-#ifdef VOLTLLM_EMULATE
-#define VOLTLLM_DYNAMIC_SMEM(name) unsigned char* name = ::emu::dynamic_smem()
-#else
-#define VOLTLLM_DYNAMIC_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
-#endif
-#endif
-
 namespace voltllm {
 
 struct GemvParams {

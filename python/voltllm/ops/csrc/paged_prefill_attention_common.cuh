@@ -11,15 +11,6 @@
 
 #include "common.cuh"
 
-// Dynamic shared memory of an attention kernel (the emulator hands out a per-block buffer instead).
-// attention_sm80.cuh defines the same.
-#ifndef VOLTLLM_DYNAMIC_SMEM
-#ifdef VOLTLLM_EMULATE
-#define VOLTLLM_DYNAMIC_SMEM(name) unsigned char* name = ::emu::dynamic_smem()
-#else
-#define VOLTLLM_DYNAMIC_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
-#endif
-#endif
 
 namespace voltllm {
 
