@@ -108,7 +108,8 @@ void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::
       launch(kernel, grid, Tr::kThreads, Tr::kSmemBytes, stream, p);
       if (split.splits > 1) {
         const int reduce_smem = static_cast<int>(split.splits * sizeof(float));
-        launch(paged_decode_reduce_kernel<T, H>, dim3(shape.num_heads, num_seqs, H / kReduceDims), kReduceThreads, reduce_smem, stream, p);
+        launch(paged_decode_reduce_kernel<T, H>, dim3(shape.num_heads, num_seqs, H / kReduceDims),
+               kReduceDims * reduce_groups(split.splits), reduce_smem, stream, p);
       }
     });
   });
@@ -161,7 +162,8 @@ void launch_decode_v8(DecodeV8Params p, const at::Tensor& query, const Attention
     r.partition_size = p.partition_size;
     r.sliding_window = p.sliding_window;
     const int reduce_smem = static_cast<int>(plan.splits * sizeof(float));
-    launch(paged_decode_reduce_kernel<T, H>, dim3(shape.num_heads, num_seqs, H / kReduceDims), kReduceThreads, reduce_smem, stream, r);
+    launch(paged_decode_reduce_kernel<T, H>, dim3(shape.num_heads, num_seqs, H / kReduceDims),
+           kReduceDims * reduce_groups(plan.splits), reduce_smem, stream, r);
   }
 }
 

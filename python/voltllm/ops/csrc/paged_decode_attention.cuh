@@ -302,20 +302,26 @@ __global__ void __launch_bounds__(DecodeTraits<HEAD>::kThreads)
 }
 
 // Split-merge geometry: a block merges kReduceDims output dims of one head, one warp-wide coalesced row
-// of each split's partial, and its kReduceGroups warps share the splits, so that every partial load of
-// a long context (a 32k context has ~64 splits, each an L2 round trip) is in flight at once.
+// of each split's partial, and its warps (one per group, up to kReduceMaxGroups: as many as there are
+// splits) share the splits, so that every partial load of a long context (a 32k context has ~64
+// splits, each an L2 round trip) is in flight at once, while a batch of short splits gets small blocks.
 constexpr int kReduceDims = 32;
-constexpr int kReduceGroups = 16;
-constexpr int kReduceThreads = kReduceDims * kReduceGroups;
+constexpr int kReduceMaxGroups = 16;
+constexpr int kReduceThreads = kReduceDims * kReduceMaxGroups;
+
+// Warps per reduce block for `splits` splits.
+__host__ __device__ constexpr int reduce_groups(long long splits) {
+  return splits < kReduceMaxGroups ? static_cast<int>(splits) : kReduceMaxGroups;
+}
 
 // Merges the splits of sequences whose context was split. grid: (num_heads, num_seqs, HEAD / kReduceDims),
-// block: kReduceThreads, dynamic shared memory: max_splits floats.
+// block: kReduceDims * reduce_groups(max_splits), dynamic shared memory: max_splits floats.
 template <typename T, int HEAD>
 __global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel(DecodeParams p) {
   static_assert(HEAD % kReduceDims == 0, "whole warps of dims");
   extern __shared__ float split_weight[];  // [max_splits]
-  __shared__ float scratch[kReduceGroups];
-  __shared__ float group_out[kReduceGroups][kReduceDims];
+  __shared__ float scratch[kReduceMaxGroups];
+  __shared__ float group_out[kReduceMaxGroups][kReduceDims];
   const int head = blockIdx.x;
   const int seq = blockIdx.y;
   const int seq_len = p.seq_lens[seq];  // read before the wait, as in the attention kernel
@@ -325,12 +331,14 @@ __global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel(Dec
   if (num_splits <= 1) return;  // the attention kernel wrote the output directly
   begin_dependent_grid();  // the partials come from the attention kernel
   const long long idx0 = (static_cast<long long>(seq) * p.num_heads + head) * p.max_splits;
+  const int threads = blockDim.x;
+  const int groups = threads / kReduceDims;
 
   float m = neg_inf();
-  for (int s = threadIdx.x; s < num_splits; s += kReduceThreads) m = fmaxf(m, p.partial_max[idx0 + s]);
+  for (int s = threadIdx.x; s < num_splits; s += threads) m = fmaxf(m, p.partial_max[idx0 + s]);
   m = block_max(m, scratch);
   float l = 0.f;
-  for (int s = threadIdx.x; s < num_splits; s += kReduceThreads) {
+  for (int s = threadIdx.x; s < num_splits; s += threads) {
     const float w = p.partial_sum[idx0 + s] * fast_exp2(p.partial_max[idx0 + s] - m);
     split_weight[s] = w;
     l += w;
@@ -343,12 +351,11 @@ __global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel(Dec
   const float* partial = p.partial_out + idx0 * HEAD + d;
   float o = 0.f;
 #pragma unroll 4
-  for (int s = g; s < num_splits; s += kReduceGroups) o += split_weight[s] * partial[static_cast<long long>(s) * HEAD];
+  for (int s = g; s < num_splits; s += groups) o += split_weight[s] * partial[static_cast<long long>(s) * HEAD];
   group_out[g][lane] = o;
   __syncthreads();
   if (g != 0) return;
-#pragma unroll
-  for (int k = 1; k < kReduceGroups; ++k) o += group_out[k][lane];
+  for (int k = 1; k < groups; ++k) o += group_out[k][lane];
   T* out = static_cast<T*>(p.out) + seq * p.out_stride + head * HEAD;
   out[d] = DType<T>::from_float(o / l);
 }
