@@ -69,6 +69,22 @@ __device__ __forceinline__ void prefetch_first_chunk(const T* const (&w_rows)[MA
   }
 }
 
+// acc[m][r] += the 8 products of chunk u of weight row m with the matching 8 elements x of row r, in
+// element order (both GEMV kernels add in this order, so they agree bit for bit).
+template <typename T, int MATS, int ROWS, int UNROLL>
+__device__ __forceinline__ void fma_chunk(float (&acc)[MATS][ROWS], const uint4 (&w_raw)[MATS][UNROLL], int u, int r,
+                                          uint4 x) {
+  float xv[8];
+  to_floats<T>(x, xv);
+#pragma unroll
+  for (int m = 0; m < MATS; ++m) {
+    float w[8];
+    to_floats<T>(w_raw[m][u], w);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[m][r] = fmaf(w[j], xv[j], acc[m][r]);
+  }
+}
+
 // Issues a lane's 16-byte loads of one chunk of each of its weight rows (elements base + 256 u).
 template <typename T, int MATS, int UNROLL>
 __device__ __forceinline__ void load_weight_chunk(uint4 (&w_raw)[MATS][UNROLL], const T* const (&w_rows)[MATS],
@@ -144,17 +160,7 @@ __global__ void __launch_bounds__(32 * kGemvWarps) gemv_kernel(GemvParams p) {
       if (k >= p.k) break;
 #pragma unroll
       for (int r = 0; r < ROWS; ++r) {
-        if (r < p.rows) {
-          float xv[8];
-          to_floats<T>(x_raw[r][u], xv);
-#pragma unroll
-          for (int m = 0; m < kMats; ++m) {
-            float w[8];
-            to_floats<T>(w_raw[m][u], w);
-#pragma unroll
-            for (int j = 0; j < 8; ++j) acc[m][r] = fmaf(w[j], xv[j], acc[m][r]);
-          }
-        }
+        if (r < p.rows) fma_chunk<T>(acc, w_raw, u, r, x_raw[r][u]);
       }
     }
   }
@@ -304,17 +310,7 @@ __global__ void __launch_bounds__(32 * kGemvNormWarps, kGemvNormBlocksPerSm) gem
         if (k >= p.k) break;
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
-          if (r < p.rows) {
-            float xv[8];
-            to_floats<T>(load16(x_s + r * p.k + k), xv);
-#pragma unroll
-            for (int m = 0; m < kMats; ++m) {
-              float w[8];
-              to_floats<T>(w_raw[m][u], w);
-#pragma unroll
-              for (int j = 0; j < 8; ++j) acc[m][r] = fmaf(w[j], xv[j], acc[m][r]);
-            }
-          }
+          if (r < p.rows) fma_chunk<T>(acc, w_raw, u, r, load16(x_s + r * p.k + k));
         }
       }
     }
