@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -102,3 +104,11 @@ def test_selector() -> None:
         get_attention_backend("flash", "cpu")
     with pytest.raises(RuntimeError, match="CUDA"):
         get_attention_backend("sm70", "cpu")
+
+
+def test_auto_passes_over_kernels_without_the_head_size(caplog: pytest.LogCaptureFixture) -> None:
+    # Decided before any CUDA call, so it runs without a GPU: the kernels have no head size 80.
+    with caplog.at_level(logging.WARNING, logger="voltllm.layers.attention.selector"):
+        backend = get_attention_backend("auto", "cuda", head_size=80)
+    assert isinstance(backend, TorchAttentionBackend)
+    assert "no head size 80" in caplog.text

@@ -159,16 +159,21 @@ class EngineCore:
     @classmethod
     def from_config(cls, config: EngineConfig, engine_index: int = 0) -> EngineCore:
         """Load the model named by `config` and build an engine around it."""
+        from voltllm.layers.attention import AttentionBackend
         from voltllm.layers.attention.selector import get_attention_backend
         from voltllm.loader import load_model
+        from voltllm.models.decoder import head_size_of
 
         device = resolve_device(config.device)
         if config.cpu_threads is not None:
             torch.set_num_threads(config.cpu_threads)
         dtype = resolve_dtype(config.model.dtype, device)
         torch.manual_seed(config.model.seed)  # dummy weights and anything else random at load time
-        backend = get_attention_backend(config.attention_backend, device)
-        loaded = load_model(config.model, device, dtype, backend)
+
+        def choose_backend(hf_config: Any) -> AttentionBackend:
+            return get_attention_backend(config.attention_backend, device, head_size_of(hf_config))
+
+        loaded = load_model(config.model, device, dtype, choose_backend)
         return cls(config, loaded, device, engine_index)
 
     # ----- requests ------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -134,16 +134,19 @@ def load_model(
     model_config: ModelConfig,
     device: torch.device | str,
     dtype: torch.dtype | None,
-    attn_backend: AttentionBackend,
+    attn_backend: AttentionBackend | Callable[[Any], AttentionBackend],
     progress: bool = True,
 ) -> LoadedModel:
     """Build the model named by `model_config` on `device` in `dtype` (None: from `model_config.dtype`)
-    and fill its weights. Raises FileNotFoundError / ValueError with the reason on bad input."""
+    and fill its weights. `attn_backend` is a backend, or a function that picks one from the model's
+    Hugging Face config. Raises FileNotFoundError / ValueError with the reason on bad input."""
     device = torch.device(device)
     dtype = dtype if dtype is not None else resolve_dtype(model_config.dtype, device)
     model_dir, weights_format = resolve_model_source(model_config)
     hf_config = load_hf_config(model_dir)
     model_class = get_model_class(hf_config)
+    if not isinstance(attn_backend, AttentionBackend):
+        attn_backend = attn_backend(hf_config)
 
     limit = model_max_len(hf_config)
     max_model_len = model_config.max_model_len or limit

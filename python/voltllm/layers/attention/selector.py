@@ -2,7 +2,8 @@
 
 "torch" is the plain-torch reference (any device); "sm70" runs voltllm's CUDA kernels (CUDA only).
 "auto" takes sm70 on CUDA and torch elsewhere; on CUDA it falls back to torch, with a warning, when the
-kernels cannot be built here. Further backends register a factory with `register_attention_backend`.
+kernels cannot be built here or have no variant for the model's head size. Further backends register a
+factory with `register_attention_backend`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 
 from voltllm.layers.attention.backend import AttentionBackend
 from voltllm.layers.attention.torch_ref import TorchAttentionBackend
+from voltllm.ops.variants import HEAD_SIZES as KERNEL_HEAD_SIZES
 
 logger = logging.getLogger(__name__)
 
@@ -46,14 +48,25 @@ def available_attention_backends() -> list[str]:
     return ["auto", *_BACKENDS]
 
 
-def get_attention_backend(name: str, device: torch.device | str) -> AttentionBackend:
-    """Build the backend called `name` for `device`.
+def get_attention_backend(
+    name: str, device: torch.device | str, head_size: int | None = None
+) -> AttentionBackend:
+    """Build the backend called `name` for `device`; `head_size` (the model's, when known) lets "auto"
+    pass over kernels that have no variant for it.
 
     Raises ValueError for an unknown name and RuntimeError when the named backend cannot run there.
     """
     device = torch.device(device)
     if name == "auto":
         if device.type != "cuda":
+            return _torch_backend(device)
+        if head_size is not None and head_size not in KERNEL_HEAD_SIZES:
+            logger.warning(
+                "the CUDA attention kernels have no head size %d (they have %s); using the torch reference "
+                "backend",
+                head_size,
+                ", ".join(map(str, KERNEL_HEAD_SIZES)),
+            )
             return _torch_backend(device)
         try:
             return _sm70_backend(device)
