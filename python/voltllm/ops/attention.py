@@ -174,6 +174,21 @@ def paged_attention_ref(
     return out
 
 
+def _reference(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_lens: Sequence[int],
+    seq_lens: Sequence[int],
+    scale: float,
+    sliding_window: int | None,
+    out: torch.Tensor | None,
+) -> torch.Tensor:
+    """`paged_attention_ref` in the query's dtype, into `out` when given: the ops' path off CUDA."""
+    result = paged_attention_ref(query, kv_cache, block_tables, query_lens, seq_lens, scale, sliding_window)
+    return result.to(query.dtype) if out is None else out.copy_(result)
+
+
 def _window(sliding_window: int | None) -> int:
     if sliding_window is not None and sliding_window < 1:
         raise ValueError(f"sliding_window must be >= 1 or None, got {sliding_window}")
@@ -199,13 +214,8 @@ def paged_decode_attention(
     window = _window(sliding_window)
     name = decode_variant(variant)
     if not use_kernels(query):
-        result = paged_attention_ref(
-            query, kv_cache, block_tables, [1] * len(seq_lens_cpu), seq_lens_cpu, scale, sliding_window
-        ).to(query.dtype)
-        if out is None:
-            return result
-        out.copy_(result)
-        return out
+        query_lens = [1] * len(seq_lens_cpu)
+        return _reference(query, kv_cache, block_tables, query_lens, seq_lens_cpu, scale, sliding_window, out)
     if out is None:
         out = torch.empty_like(query)
     max_seq_len = max(seq_lens_cpu, default=1)
@@ -246,13 +256,9 @@ def paged_prefill_attention(
     window = _window(sliding_window)
     name = prefill_variant(variant)
     if not use_kernels(query):
-        result = paged_attention_ref(
-            query, kv_cache, block_tables, query_lens_cpu, seq_lens_cpu, scale, sliding_window
-        ).to(query.dtype)
-        if out is None:
-            return result
-        out.copy_(result)
-        return out
+        return _reference(
+            query, kv_cache, block_tables, query_lens_cpu, seq_lens_cpu, scale, sliding_window, out
+        )
     if out is None:
         out = torch.empty_like(query)
     if name == "v8" and not runs_v8(query.device):
