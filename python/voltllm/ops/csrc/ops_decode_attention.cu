@@ -2,6 +2,7 @@
 #include "torch_glue.h"
 
 #include <cmath>
+#include <utility>
 
 #include "paged_decode_attention.cuh"
 #include "paged_decode_attention_v8.cuh"
@@ -52,19 +53,10 @@ int64_t decode_span(int64_t max_seq_len, int64_t sliding_window) {
   return sliding_window > 0 ? std::min<int64_t>(max_seq_len, sliding_window + kBlockSize) : max_seq_len;
 }
 
-}  // namespace
-
-void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
-                            const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t max_seq_len,
-                            double scale, int64_t sliding_window) {
-  const auto shape = check_decode(out, query, kv_cache, block_tables, seq_lens, max_seq_len, "paged_decode_attention");
-  const int64_t num_seqs = query.size(0);
-  if (num_seqs == 0) return;
-  const at::cuda::OptionalCUDAGuard guard(query.device());
-  const auto stream = at::cuda::getCurrentCUDAStream();
-  const int num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const int64_t span = decode_span(max_seq_len, sliding_window);
-
+// The parameters both variants share, from the op's arguments (splits and partials come later).
+DecodeParams decode_params(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
+                           const at::Tensor& block_tables, const at::Tensor& seq_lens, const AttentionShape& shape,
+                           double scale, int64_t sliding_window) {
   DecodeParams p{};
   p.out = out.data_ptr();
   p.query = query.data_ptr();
@@ -79,6 +71,48 @@ void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::
   p.max_blocks_per_seq = block_tables.size(1);
   p.sliding_window = sliding_window > 0 ? sliding_window : 0;
   p.scale_log2 = static_cast<float>(scale * 1.4426950408889634 /* log2(e) */);
+  return p;
+}
+
+// Sets the split geometry, and with more than one split allocates the partials (returned: they must
+// live until the launches that use them are enqueued).
+std::pair<at::Tensor, at::Tensor> set_splits(DecodeParams& p, const at::Tensor& query, const AttentionShape& shape,
+                                             int64_t num_seqs, int64_t splits, int64_t partition) {
+  p.max_splits = static_cast<int>(splits);
+  // The kernel recomputes each sequence's split count from its own length with this partition.
+  p.partition_size = static_cast<int>(partition);
+  if (splits <= 1) return {};
+  const auto f32 = query.options().dtype(at::kFloat);
+  at::Tensor partial_out = at::empty({num_seqs, shape.num_heads, splits, shape.head_size}, f32);
+  at::Tensor partial_stats = at::empty({2, num_seqs, shape.num_heads, splits}, f32);
+  p.partial_out = partial_out.data_ptr<float>();
+  p.partial_max = partial_stats[0].data_ptr<float>();
+  p.partial_sum = partial_stats[1].data_ptr<float>();
+  return {partial_out, partial_stats};
+}
+
+// Merges the splits set_splits made room for (v6, and v8 without its folded merge).
+template <typename T, int H>
+void launch_split_merge(const DecodeParams& p, const AttentionShape& shape, int64_t num_seqs, cudaStream_t stream) {
+  const int reduce_smem = static_cast<int>(p.max_splits * sizeof(float));
+  launch(paged_decode_reduce_kernel<T, H>, dim3(shape.num_heads, num_seqs, H / kReduceDims),
+         kReduceDims * reduce_groups(p.max_splits), reduce_smem, stream, p);
+}
+
+}  // namespace
+
+void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
+                            const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t max_seq_len,
+                            double scale, int64_t sliding_window) {
+  const auto shape = check_decode(out, query, kv_cache, block_tables, seq_lens, max_seq_len, "paged_decode_attention");
+  const int64_t num_seqs = query.size(0);
+  if (num_seqs == 0) return;
+  const at::cuda::OptionalCUDAGuard guard(query.device());
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  const int num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int64_t span = decode_span(max_seq_len, sliding_window);
+
+  DecodeParams p = decode_params(out, query, kv_cache, block_tables, seq_lens, shape, scale, sliding_window);
 
   dispatch_dtype(query.scalar_type(), "paged_decode_attention", [&](auto t) {
     using T = decltype(t);
@@ -92,25 +126,10 @@ void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::
                                                                    Tr::kSmemBytes));
       const auto split = choose_split(span, num_seqs * shape.num_kv_heads,
                                       static_cast<int64_t>(num_sms) * std::max(blocks_per_sm, 1));
-      p.max_splits = split.splits;
-      // The kernel recomputes each sequence's split count from its own length with this partition.
-      p.partition_size = split.partition;
-      at::Tensor partial_out, partial_stats;
-      if (split.splits > 1) {
-        const auto f32 = query.options().dtype(at::kFloat);
-        partial_out = at::empty({num_seqs, shape.num_heads, split.splits, shape.head_size}, f32);
-        partial_stats = at::empty({2, num_seqs, shape.num_heads, split.splits}, f32);
-        p.partial_out = partial_out.data_ptr<float>();
-        p.partial_max = partial_stats[0].data_ptr<float>();
-        p.partial_sum = partial_stats[1].data_ptr<float>();
-      }
+      const auto partials = set_splits(p, query, shape, num_seqs, split.splits, split.partition);
       const dim3 grid(shape.num_kv_heads, num_seqs, split.splits);
       launch(kernel, grid, Tr::kThreads, Tr::kSmemBytes, stream, p);
-      if (split.splits > 1) {
-        const int reduce_smem = static_cast<int>(split.splits * sizeof(float));
-        launch(paged_decode_reduce_kernel<T, H>, dim3(shape.num_heads, num_seqs, H / kReduceDims),
-               kReduceDims * reduce_groups(split.splits), reduce_smem, stream, p);
-      }
+      if (split.splits > 1) launch_split_merge<T, H>(p, shape, num_seqs, stream);
     });
   });
 }
@@ -135,36 +154,11 @@ void launch_decode_v8(DecodeV8Params p, const at::Tensor& query, const Attention
   }
   const int num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const DecodeV8Plan plan = plan_decode_v8(span, num_seqs * shape.num_kv_heads, num_sms, resident, Tr::kMaxWarps);
-  p.max_splits = static_cast<int>(plan.splits);
-  // The kernel recomputes each sequence's split count from its own length with this partition.
-  p.partition_size = static_cast<int>(plan.partition);
-  at::Tensor partial_out, partial_stats;
-  if (plan.splits > 1) {
-    const auto f32 = query.options().dtype(at::kFloat);
-    partial_out = at::empty({num_seqs, shape.num_heads, plan.splits, shape.head_size}, f32);
-    partial_stats = at::empty({2, num_seqs, shape.num_heads, plan.splits}, f32);
-    p.partial_out = partial_out.data_ptr<float>();
-    p.partial_max = partial_stats[0].data_ptr<float>();
-    p.partial_sum = partial_stats[1].data_ptr<float>();
-  }
+  const auto partials = set_splits(p, query, shape, num_seqs, plan.splits, plan.partition);
   const dim3 grid(shape.num_kv_heads, num_seqs, plan.splits);
   launch(kernel, grid, 32 * plan.warps, Tr::smem_bytes(plan.warps), stream, p);
-  if (plan.splits > 1 && !p.fused_merge) {
-    DecodeParams r{};
-    r.out = p.out;
-    r.seq_lens = p.seq_lens;
-    r.partial_out = p.partial_out;
-    r.partial_max = p.partial_max;
-    r.partial_sum = p.partial_sum;
-    r.out_stride = p.out_stride;
-    r.num_heads = p.num_heads;
-    r.max_splits = p.max_splits;
-    r.partition_size = p.partition_size;
-    r.sliding_window = p.sliding_window;
-    const int reduce_smem = static_cast<int>(plan.splits * sizeof(float));
-    launch(paged_decode_reduce_kernel<T, H>, dim3(shape.num_heads, num_seqs, H / kReduceDims),
-           kReduceDims * reduce_groups(plan.splits), reduce_smem, stream, r);
-  }
+  // The merge kernel takes the shared part of the parameters (the partials' layout is v6's).
+  if (plan.splits > 1 && !p.fused_merge) launch_split_merge<T, H>(DecodeParams(p), shape, num_seqs, stream);
 }
 
 }  // namespace
@@ -188,20 +182,9 @@ void paged_decode_attention_v8(at::Tensor& out, const at::Tensor& query, const a
   const int64_t group = shape.num_heads / shape.num_kv_heads;
 
   DecodeV8Params p{};
-  p.out = out.data_ptr();
-  p.query = query.data_ptr();
-  p.key_cache = kv_cache[0].data_ptr();
-  p.value_cache = kv_cache[1].data_ptr();
-  p.block_tables = block_tables.data_ptr<int>();
-  p.seq_lens = seq_lens.data_ptr<int>();
+  static_cast<DecodeParams&>(p) =
+      decode_params(out, query, kv_cache, block_tables, seq_lens, shape, scale, sliding_window);
   p.tickets = tickets.data_ptr<int>();
-  p.query_stride = query.stride(0);
-  p.out_stride = out.stride(0);
-  p.num_heads = shape.num_heads;
-  p.num_kv_heads = shape.num_kv_heads;
-  p.max_blocks_per_seq = block_tables.size(1);
-  p.sliding_window = sliding_window > 0 ? sliding_window : 0;
-  p.scale_log2 = static_cast<float>(scale * 1.4426950408889634 /* log2(e) */);
   p.fused_merge = fused_merge ? 1 : 0;
 
   dispatch_dtype(query.scalar_type(), op, [&](auto t) {

@@ -25,29 +25,13 @@
 #pragma once
 
 #include "attention_sm80.cuh"
+#include "paged_decode_attention_common.cuh"
 
 namespace voltllm {
 
-struct DecodeV8Params {
-  void* out;                    // [num_seqs, num_heads, head_size], rows out_stride apart
-  const void* query;            // [num_seqs, num_heads, head_size], rows query_stride apart
-  const void* key_cache;        // [num_blocks, block_size, num_kv_heads, head_size]
-  const void* value_cache;      // [num_blocks, block_size, num_kv_heads, head_size]
-  const int* block_tables;      // [num_seqs, max_blocks_per_seq]
-  const int* seq_lens;          // [num_seqs] context length including the new token
-  float* partial_out;           // [num_seqs, num_heads, max_splits, head_size] (max_splits > 1)
-  float* partial_max;           // [num_seqs, num_heads, max_splits] running max, log2 units
-  float* partial_sum;           // [num_seqs, num_heads, max_splits] softmax denominators
+// v6's parameters (group size up to 8 * NT) and the folded merge's.
+struct DecodeV8Params : DecodeParams {
   int* tickets;                 // [num_seqs * num_kv_heads] finished splits; 0 between calls
-  long long query_stride;       // elements between sequences of query
-  long long out_stride;         // elements between sequences of out
-  int num_heads;                // query heads
-  int num_kv_heads;             // kv heads; num_heads / num_kv_heads <= 8 * NT
-  int max_blocks_per_seq;       // row length of block_tables
-  int max_splits;               // grid z; splits past a sequence's own count exit at once
-  int partition_size;           // tokens per split, a multiple of kBlockSize
-  int sliding_window;           // attend to the last `sliding_window` positions; 0 = unlimited
-  float scale_log2;             // softmax scale * log2(e): scores are kept in log2 units
   int fused_merge;              // 1: the last split block merges; 0: the reduce kernel does
 };
 
