@@ -111,6 +111,25 @@ __device__ __forceinline__ void store_floats(T* ptr, const float (&v)[8]) {
   *reinterpret_cast<uint4*>(ptr) = vec.raw;
 }
 
+// Eight elements of the fused residual add: x + res rounded to T (returned as 16 bytes, to be stored),
+// and the squares of the rounded sums added to `sq` in element order. fused_add_rms_norm_kernel
+// (rms_norm.cuh) and the GEMV's norm prologue (gemv.cuh) both use it, so their statistics agree bit for
+// bit.
+template <typename T>
+__device__ __forceinline__ uint4 add_rounded_and_square(const T* x, const T* res, float& sq) {
+  float a[8], b[8];
+  load_floats(x, a);
+  load_floats(res, b);
+  Vec8<T> sum;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    sum.pair[j] = DType<T>::from_float2(make_float2(a[2 * j] + b[2 * j], a[2 * j + 1] + b[2 * j + 1]));
+    const float2 r = DType<T>::to_float2(sum.pair[j]);
+    sq += r.x * r.x + r.y * r.y;
+  }
+  return sum.raw;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

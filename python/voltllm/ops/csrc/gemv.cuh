@@ -231,18 +231,9 @@ __device__ __forceinline__ void add_rms_norm_to_smem(const GemvNormParams& p, T*
     const T* res = static_cast<const T*>(p.residual_in) + row * p.residual_in_stride;
     T* res_out = static_cast<T*>(p.residual_out) + row * p.residual_out_stride;
     for (int i = t * 8; i < p.k; i += kNormThreads * 8) {
-      float a[8], b[8];
-      load_floats(h + i, a);
-      load_floats(res + i, b);
-      Vec8<T> sum;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        sum.pair[j] = DType<T>::from_float2(make_float2(a[2 * j] + b[2 * j], a[2 * j + 1] + b[2 * j + 1]));
-        const float2 r = DType<T>::to_float2(sum.pair[j]);
-        sq += r.x * r.x + r.y * r.y;
-      }
-      *reinterpret_cast<uint4*>(row_s + i) = sum.raw;
-      if (blockIdx.x == 0) *reinterpret_cast<uint4*>(res_out + i) = sum.raw;
+      const uint4 sum = add_rounded_and_square(h + i, res + i, sq);
+      *reinterpret_cast<uint4*>(row_s + i) = sum;
+      if (blockIdx.x == 0) *reinterpret_cast<uint4*>(res_out + i) = sum;
     }
   }
   sq = warp_sum(sq);

@@ -66,17 +66,7 @@ __global__ void fused_add_rms_norm_kernel(RmsNormParams p) {
   float sq = 0.f;
   for (int i = threadIdx.x * VEC; i < p.hidden; i += blockDim.x * VEC) {
     if constexpr (VEC == 8) {
-      float a[8], b[8];
-      load_floats(x + i, a);
-      load_floats(res + i, b);
-      Vec8<T> sum;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        sum.pair[j] = DType<T>::from_float2(make_float2(a[2 * j] + b[2 * j], a[2 * j + 1] + b[2 * j + 1]));
-        const float2 r = DType<T>::to_float2(sum.pair[j]);
-        sq += r.x * r.x + r.y * r.y;
-      }
-      *reinterpret_cast<uint4*>(res + i) = sum.raw;
+      *reinterpret_cast<uint4*>(res + i) = add_rounded_and_square(x + i, res + i, sq);
     } else {
       const T s = DType<T>::from_float(DType<T>::to_float(x[i]) + DType<T>::to_float(res[i]));
       res[i] = s;
