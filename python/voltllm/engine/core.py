@@ -93,8 +93,8 @@ GC_YOUNG_THRESHOLD = 50_000
 def settle_garbage_collector(freeze: bool) -> None:
     """Make young collections rare; with `freeze`, also move everything alive now (start-up objects)
     out of the collector's reach for good (the engine-core process does this once it is built)."""
-    _, older, oldest = gc.get_threshold()
-    gc.set_threshold(max(GC_YOUNG_THRESHOLD, gc.get_threshold()[0]), older, oldest)
+    young, older, oldest = gc.get_threshold()
+    gc.set_threshold(max(GC_YOUNG_THRESHOLD, young), older, oldest)
     if freeze:
         gc.collect()
         gc.freeze()
