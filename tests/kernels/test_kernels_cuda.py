@@ -231,6 +231,50 @@ def test_decode_cuda_graph_replays_with_shorter_sequences(variant: str) -> None:
         assert not tickets.any()
 
 
+@pytest.mark.parametrize("graphed", [False, True])
+@pytest.mark.parametrize("variant", DECODE_VARIANTS)
+def test_decode_sees_the_newest_token_written_just_before(variant: str, graphed: bool) -> None:
+    """The decode kernel reads old K/V before waiting for the kernel before it (on SM90+); the newest
+    token's K/V, written by that kernel, must still be the fresh one: each step writes a new newest
+    key aligned with the query (so it dominates the softmax) and a new value, then attends."""
+    seq_lens = [4000, 33, 1, 2500, 4096]  # newest token first, middle and last in its block
+    batch = PagedBatch([1] * 5, seq_lens, 32, 4, 128, torch.float16, 23)
+    steps = 4
+    group_query = batch.query.view(5, 4, 8, 128).float().mean(2)
+    keys = [(group_query * 4 * (s + 2)).half() for s in range(steps)]  # scores ~10-30: dominant
+    values = [torch.randn_like(batch.value) * (s + 1) for s in range(steps)]
+    outs = [torch.full_like(batch.query, float("nan")) for _ in range(steps)]
+
+    def run() -> None:
+        for key, value, out in zip(keys, values, outs, strict=True):
+            ops.kv_cache_write(key, value, batch.kv_cache, batch.slot_mapping)
+            ops.paged_decode_attention(
+                batch.query,
+                batch.kv_cache,
+                batch.block_tables,
+                batch.seq_lens_t,
+                seq_lens,
+                batch.scale,
+                out=out,
+                variant=variant,
+            )
+
+    if graphed:
+        run()  # warm-up, as the engine does before capturing
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            run()
+        for out in outs:
+            out.fill_(float("nan"))
+        graph.replay()
+    else:
+        run()
+    torch.cuda.synchronize()
+    for key, value, out in zip(keys, values, outs, strict=True):
+        ops.kv_cache_write(key, value, batch.kv_cache, batch.slot_mapping)
+        assert rel_err(out, batch.reference()) < REL_TOL[torch.float16]
+
+
 @pytest.mark.parametrize("variant", DECODE_VARIANTS)
 def test_unowned_cache_slots_never_leak_into_outputs(variant: str) -> None:
     seq_lens = [1, 17, 100, 1000, 4097]

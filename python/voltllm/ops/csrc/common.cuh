@@ -34,6 +34,10 @@ struct is_same<A, A> {
 // calls this first: it waits until the previous kernel has finished and its writes are visible (so
 // nothing below reads stale inputs or overwrites what that kernel still reads), then lets the next
 // kernel be scheduled. Compiled out before SM90 (Volta runs plain stream order).
+//
+// Because every kernel lets its dependents go only after its own wait, a kernel that starts has every
+// kernel but the one just before it complete: reads of what older kernels wrote may come before the
+// wait (the decode attention kernel streams old K/V that way).
 __device__ __forceinline__ void begin_dependent_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");

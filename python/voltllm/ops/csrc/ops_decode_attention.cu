@@ -2,6 +2,7 @@
 #include "torch_glue.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <utility>
 
 #include "paged_decode_attention.cuh"
@@ -12,6 +13,12 @@ namespace voltllm {
 using namespace glue;
 
 namespace {
+
+// A/B switches for one measurement session (read per call, so a CUDA graph keeps what it captured).
+bool experiment(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && v[0] == '1';
+}
 
 struct Split {
   int64_t splits;     // context splits per (sequence, kv head)
@@ -71,6 +78,7 @@ DecodeParams decode_params(at::Tensor& out, const at::Tensor& query, const at::T
   p.max_blocks_per_seq = block_tables.size(1);
   p.sliding_window = sliding_window > 0 ? sliding_window : 0;
   p.scale_log2 = static_cast<float>(scale * 1.4426950408889634 /* log2(e) */);
+  p.early_kv = experiment("VOLTLLM_EXP_LATE_KV") ? 0 : 1;
   return p;
 }
 
@@ -94,9 +102,14 @@ std::pair<at::Tensor, at::Tensor> set_splits(DecodeParams& p, const at::Tensor& 
 // Merges the splits set_splits made room for (v6, and v8 without its folded merge).
 template <typename T, int H>
 void launch_split_merge(const DecodeParams& p, const AttentionShape& shape, int64_t num_seqs, cudaStream_t stream) {
-  const int reduce_smem = static_cast<int>(p.max_splits * sizeof(float));
-  launch(paged_decode_reduce_kernel<T, H>, dim3(shape.num_heads, num_seqs, H / kReduceDims),
-         kReduceDims * reduce_groups(p.max_splits), reduce_smem, stream, p);
+  const dim3 grid(shape.num_heads, num_seqs, H / kReduceDims);
+  const int threads = kReduceDims * reduce_groups(p.max_splits);
+  if (experiment("VOLTLLM_EXP_OLD_MERGE")) {
+    launch(paged_decode_reduce_kernel_old<T, H>, grid, threads, static_cast<int>(p.max_splits * sizeof(float)),
+           stream, p);
+    return;
+  }
+  launch(paged_decode_reduce_kernel<T, H>, grid, threads, 0, stream, p);
 }
 
 }  // namespace

@@ -90,23 +90,10 @@ __device__ __forceinline__ void paged_decode_attention_block(const DecodeParams&
   // for its block-table entry.
   int next_id = first_block > last_block ? 0 : base == 0 ? guess_id : block_table[first_block];
   int second_id = Tr::kPrefetch && first_block + Tr::kWarps <= last_block ? block_table[first_block + Tr::kWarps] : 0;
-  begin_dependent_grid();  // K/V (the newest token's), the query and the outputs belong to other kernels
-
-  extern __shared__ __align__(128) unsigned char smem[];
-  T* q_s = reinterpret_cast<T*>(smem);  // [16][kLdKV]
-  unsigned char* warp_base = smem + Tr::kQBytes + warp * Tr::kWarpBytes;
-  T* k_s = reinterpret_cast<T*>(warp_base);                                 // [16][kLdKV]
-  T* v_s = reinterpret_cast<T*>(warp_base + Tr::kKVBytes);                  // [16][kLdKV]
-  float* s_s = reinterpret_cast<float*>(warp_base + 2 * Tr::kKVBytes);      // [16][kLdS]
-  T* p_s = reinterpret_cast<T*>(warp_base + 2 * Tr::kKVBytes + Tr::kSBytes);  // [16][kLdP]
-  float* alpha_s = reinterpret_cast<float*>(warp_base + 2 * Tr::kKVBytes + Tr::kSBytes + Tr::kPBytes);
-  float* stat_max = reinterpret_cast<float*>(smem + Tr::kQBytes + Tr::kWarps * Tr::kWarpBytes);
-  float* stat_sum = stat_max + Tr::kWarps * Tr::kRows;
 
   const long long token_stride = static_cast<long long>(p.num_kv_heads) * HEAD;
   const T* k_cache = static_cast<const T*>(p.key_cache) + kv_head * HEAD;
   const T* v_cache = static_cast<const T*>(p.value_cache) + kv_head * HEAD;
-
   uint4 k_reg[Tr::kChunks], v_reg[Tr::kChunks];
   auto load_block = [&](int physical_block) {
     const long long block_base = static_cast<long long>(physical_block) * kBlockSize;
@@ -119,8 +106,30 @@ __device__ __forceinline__ void paged_decode_attention_block(const DecodeParams&
     }
   };
 
-  // The first block's loads are issued before the query is staged, so the two latencies overlap.
-  if (Tr::kPrefetch && first_block <= last_block) {
+  // The kernel just before this one writes at most the newest token's K/V (the op's contract), so a
+  // first block that ends before the newest token is loaded before the wait: the stream starts while
+  // that kernel finishes. The block holding the newest token, the query and the outputs wait.
+  const bool first_loaded = Tr::kPrefetch && first_block <= last_block;
+  const bool early = first_loaded && p.early_kv && first_block < (seq_len - 1) / kBlockSize;
+  if (early) {
+    load_block(next_id);
+    next_id = second_id;
+  }
+  begin_dependent_grid();
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* q_s = reinterpret_cast<T*>(smem);  // [16][kLdKV]
+  unsigned char* warp_base = smem + Tr::kQBytes + warp * Tr::kWarpBytes;
+  T* k_s = reinterpret_cast<T*>(warp_base);                                 // [16][kLdKV]
+  T* v_s = reinterpret_cast<T*>(warp_base + Tr::kKVBytes);                  // [16][kLdKV]
+  float* s_s = reinterpret_cast<float*>(warp_base + 2 * Tr::kKVBytes);      // [16][kLdS]
+  T* p_s = reinterpret_cast<T*>(warp_base + 2 * Tr::kKVBytes + Tr::kSBytes);  // [16][kLdP]
+  float* alpha_s = reinterpret_cast<float*>(warp_base + 2 * Tr::kKVBytes + Tr::kSBytes + Tr::kPBytes);
+  float* stat_max = reinterpret_cast<float*>(smem + Tr::kQBytes + Tr::kWarps * Tr::kWarpBytes);
+  float* stat_sum = stat_max + Tr::kWarps * Tr::kRows;
+
+  // Otherwise the first block's loads are issued before the query is staged, so the two latencies overlap.
+  if (first_loaded && !early) {
     load_block(next_id);
     next_id = second_id;
   }
@@ -283,11 +292,12 @@ __global__ void __launch_bounds__(DecodeTraits<HEAD>::kThreads)
 
 // Split-merge geometry: a block merges kReduceDims output dims of one head, one warp-wide coalesced row
 // of each split's partial, and its warps (one per group, up to kReduceMaxGroups: as many as there are
-// splits) share the splits, so that every partial load of a long context (a 32k context has ~64
-// splits, each an L2 round trip) is in flight at once, while a batch of short splits gets small blocks.
+// splits) share the splits, so that every partial load of a long context (a 32k context has ~128
+// splits) is in flight at once, while a batch of short splits gets small blocks.
 constexpr int kReduceDims = 32;
 constexpr int kReduceMaxGroups = 16;
 constexpr int kReduceThreads = kReduceDims * kReduceMaxGroups;
+constexpr int kReduceBatch = 8;  // splits a thread loads at once: 128 splits in one round trip
 
 // Warps per reduce block for `splits` splits.
 __host__ __device__ constexpr int reduce_groups(long long splits) {
@@ -295,12 +305,15 @@ __host__ __device__ constexpr int reduce_groups(long long splits) {
 }
 
 // Merges the splits of sequences whose context was split. grid: (num_heads, num_seqs, HEAD / kReduceDims),
-// block: kReduceDims * reduce_groups(max_splits), dynamic shared memory: max_splits floats.
+// block: kReduceDims * reduce_groups(max_splits).
+// Each thread loads the max, sum and output dim of kReduceBatch splits at once and merges them with an
+// online softmax, so the merge costs one L2 round trip per batch; the groups then combine their
+// (max, sum, output) triples through shared memory behind one barrier.
 template <typename T, int HEAD>
 __global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel(DecodeParams p) {
   static_assert(HEAD % kReduceDims == 0, "whole warps of dims");
-  extern __shared__ float split_weight[];  // [max_splits]
-  __shared__ float scratch[kReduceMaxGroups];
+  __shared__ float group_max[kReduceMaxGroups];
+  __shared__ float group_sum[kReduceMaxGroups];
   __shared__ float group_out[kReduceMaxGroups][kReduceDims];
   const int head = blockIdx.x;
   const int seq = blockIdx.y;
@@ -311,9 +324,74 @@ __global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel(Dec
   if (num_splits <= 1) return;  // the attention kernel wrote the output directly
   begin_dependent_grid();  // the partials come from the attention kernel
   const long long idx0 = (static_cast<long long>(seq) * p.num_heads + head) * p.max_splits;
+  const int groups = blockDim.x / kReduceDims;
+  const int lane = threadIdx.x % kReduceDims;
+  const int g = threadIdx.x / kReduceDims;
+  const int d = blockIdx.z * kReduceDims + lane;
+  const float* partial = p.partial_out + idx0 * HEAD + d;
+
+  float m = neg_inf(), l = 0.f, o = 0.f;
+  for (int s0 = g; s0 < num_splits; s0 += groups * kReduceBatch) {
+    float split_max[kReduceBatch], split_sum[kReduceBatch], split_out[kReduceBatch];
+#pragma unroll
+    for (int i = 0; i < kReduceBatch; ++i) {
+      const int s = s0 + i * groups;
+      const bool here = s < num_splits;
+      split_max[i] = here ? p.partial_max[idx0 + s] : neg_inf();
+      split_sum[i] = here ? p.partial_sum[idx0 + s] : 0.f;
+      split_out[i] = here ? partial[static_cast<long long>(s) * HEAD] : 0.f;
+    }
+    float new_max = m;
+#pragma unroll
+    for (int i = 0; i < kReduceBatch; ++i) new_max = fmaxf(new_max, split_max[i]);
+    const float alpha = fast_exp2(m - new_max);  // m = -inf on the first batch: 0
+    l *= alpha;
+    o *= alpha;
+#pragma unroll
+    for (int i = 0; i < kReduceBatch; ++i) {
+      const float w = fast_exp2(split_max[i] - new_max);  // a missing split (max -inf) weighs 0
+      l += split_sum[i] * w;
+      o += split_out[i] * w;
+    }
+    m = new_max;
+  }
+  if (lane == 0) {
+    group_max[g] = m;
+    group_sum[g] = l;
+  }
+  group_out[g][lane] = o;
+  __syncthreads();
+  if (g != 0) return;
+  float total_max = neg_inf();
+  for (int k = 0; k < groups; ++k) total_max = fmaxf(total_max, group_max[k]);
+  float total_sum = 0.f, total_out = 0.f;
+  for (int k = 0; k < groups; ++k) {
+    const float w = group_max[k] == neg_inf() ? 0.f : fast_exp2(group_max[k] - total_max);  // idle groups
+    total_sum += group_sum[k] * w;
+    total_out += group_out[k][lane] * w;
+  }
+  T* out = static_cast<T*>(p.out) + seq * p.out_stride + head * HEAD;
+  out[d] = DType<T>::from_float(total_out / total_sum);
+}
+
+#ifndef __CUDACC_RTC__
+// The merge before the one above (three dependent round trips); kept for one A/B measurement.
+template <typename T, int HEAD>
+__global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel_old(DecodeParams p) {
+  extern __shared__ float split_weight[];  // [max_splits]
+  __shared__ float scratch[kReduceMaxGroups];
+  __shared__ float group_out[kReduceMaxGroups][kReduceDims];
+  const int head = blockIdx.x;
+  const int seq = blockIdx.y;
+  const int seq_len = p.seq_lens[seq];
+  const int first_pos = p.sliding_window > 0 ? max(0, seq_len - p.sliding_window) : 0;
+  const int base = (first_pos / kBlockSize) * kBlockSize;
+  const int num_splits = (seq_len - base + p.partition_size - 1) / p.partition_size;
+  if (num_splits <= 1) return;
+  begin_dependent_grid();
+  const long long idx0 = (static_cast<long long>(seq) * p.num_heads + head) * p.max_splits;
   const int threads = blockDim.x;
   const int groups = threads / kReduceDims;
-
   float m = neg_inf();
   for (int s = threadIdx.x; s < num_splits; s += threads) m = fmaxf(m, p.partial_max[idx0 + s]);
   m = block_max(m, scratch);
@@ -323,8 +401,7 @@ __global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel(Dec
     split_weight[s] = w;
     l += w;
   }
-  l = block_sum(l, scratch);  // its barriers also publish split_weight
-
+  l = block_sum(l, scratch);
   const int lane = threadIdx.x % kReduceDims;
   const int g = threadIdx.x / kReduceDims;
   const int d = blockIdx.z * kReduceDims + lane;
@@ -339,5 +416,6 @@ __global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel(Dec
   T* out = static_cast<T*>(p.out) + seq * p.out_stride + head * HEAD;
   out[d] = DType<T>::from_float(o / l);
 }
+#endif
 
 }  // namespace voltllm
