@@ -155,20 +155,33 @@ def test_decode_v8_split_merge_in_kernel(
     assert torch.equal(tickets, torch.zeros_like(tickets))  # reset for the next call / graph replay
 
 
-def test_decode_v8_split_partials_for_the_reduce_kernel(emu: ctypes.CDLL) -> None:
-    """With fused_merge off the kernel leaves v6-layout partials: merging them gives the attention."""
-    seq_lens = [500, 17, 129]
-    b = Paged([1] * 3, seq_lens, 2, 8, 64, torch.float16, seed=4)
-    tickets, partial_out, stats = run_decode(emu, b, warps=4, partition=128, fused=False)
+@pytest.mark.parametrize(
+    "seq_lens,partition,head,window",
+    [
+        ([500, 17, 129], 128, 64, 0),  # one group per split, one batch
+        ([2100, 16, 700, 1], 16, 128, 0),  # 132 splits: 16 groups, two batches of loads each
+        ([3000, 40, 1000], 32, 64, 700),  # a window: splits cover only its last blocks
+    ],
+)
+def test_decode_split_merge_kernel(
+    emu: ctypes.CDLL, seq_lens: list[int], partition: int, head: int, window: int
+) -> None:
+    """The v8 kernel with its merge off leaves v6-layout partials; the split merge kernel
+    (paged_decode_reduce_kernel, which v6 and v8-reduce launch) turns them into the attention."""
+    b = Paged([1] * len(seq_lens), seq_lens, 2, 8, head, torch.float16, seed=len(seq_lens) + partition)
+    tickets, partial_out, stats = run_decode(emu, b, warps=4, partition=partition, window=window, fused=False)
     assert torch.equal(tickets, torch.zeros_like(tickets))
-    split_seqs = [i for i, s in enumerate(seq_lens) if s > 128]
-    assert torch.isnan(b.out[split_seqs]).all()  # split sequences are left to the reduce kernel
-    for i in split_seqs:
-        n = -(-seq_lens[i] // 128)
-        maxima, sums = stats[0, i, :, :n], stats[1, i, :, :n]
-        w = sums * torch.exp2(maxima - maxima.max(dim=-1, keepdim=True).values)
-        b.out[i] = ((w[..., None] * partial_out[i, :, :n]).sum(1) / w.sum(-1, keepdim=True)).to(b.out.dtype)
-    assert b.rel_err() < REL_TOL[torch.float16]
+    span = max(seq_lens) if window == 0 else min(max(seq_lens), window + 16)
+    first_block_pos = [max(0, s - window) // 16 * 16 if window else 0 for s in seq_lens]
+    split = [i for i, (s, f) in enumerate(zip(seq_lens, first_block_pos, strict=True)) if s - f > partition]
+    assert split and torch.isnan(b.out[split]).all()  # split sequences are left to the merge
+    emu.emu_decode_split_merge(
+        ctypes.c_int(0), ctypes.c_int(head), ptr(b.out), ptr(b.seq_lens_t), ptr(partial_out), ptr(stats[0]),
+        ptr(stats[1]), ctypes.c_longlong(b.out.stride(0)), ctypes.c_int(len(seq_lens)),
+        ctypes.c_int(b.num_heads), ctypes.c_int(-(-span // partition)), ctypes.c_int(partition),
+        ctypes.c_int(window), ctypes.c_uint(7),
+    )  # fmt: skip
+    assert b.rel_err(window or None) < REL_TOL[torch.float16]
 
 
 @pytest.mark.parametrize("window", [1, 37, 100])

@@ -1,9 +1,10 @@
-// C entry points that run the v8 attention kernels' and the v9 prefill kernel's exact source (and the
-// prefill row-tile map) on the CPU emulator (cuda_emu.h; WMMA through include/mma.h), for
+// C entry points that run the v8 attention kernels', the split merge's and the v9 prefill kernel's exact
+// source (and the prefill row-tile map) on the CPU emulator (cuda_emu.h; WMMA through include/mma.h), for
 // tests/kernels/test_kernels_emulated.py (loaded with ctypes; pointers are CPU torch tensors).
 #include "cuda_emu.h"
 // The kernel headers come after the emulator, which stands in for the CUDA toolchain.
 #include "dispatch.h"
+#include "paged_decode_attention.cuh"
 #include "paged_decode_attention_v8.cuh"
 #include "paged_prefill_attention_tile_map.cuh"
 #include "paged_prefill_attention_v8.cuh"
@@ -79,6 +80,32 @@ void emu_decode_v8(int bf16, int head, void* out, const void* query, const void*
       } else {
         run_decode<T, H, 2>(p, num_seqs, warps, seed);
       }
+    });
+  });
+}
+
+// The split merge (paged_decode_reduce_kernel) over partials laid out as the decode kernels leave them,
+// launched as the glue launches it.
+void emu_decode_split_merge(int bf16, int head, void* out, const int* seq_lens, float* partial_out,
+                            float* partial_max, float* partial_sum, long long out_stride, int num_seqs,
+                            int num_heads, int max_splits, int partition_size, int sliding_window, unsigned seed) {
+  voltllm::DecodeParams p{};
+  p.out = out;
+  p.seq_lens = seq_lens;
+  p.partial_out = partial_out;
+  p.partial_max = partial_max;
+  p.partial_sum = partial_sum;
+  p.out_stride = out_stride;
+  p.num_heads = num_heads;
+  p.max_splits = max_splits;
+  p.partition_size = partition_size;
+  p.sliding_window = sliding_window;
+  emu::dispatch_dtype(bf16, [&](auto t) {
+    emu::dispatch_head(head, [&](auto h) {
+      constexpr int H = decltype(h)::value;
+      const dim3 grid(num_heads, num_seqs, H / voltllm::kReduceDims);
+      emu::launch(grid, dim3(voltllm::kReduceDims * voltllm::reduce_groups(max_splits)), voltllm::kReduceSmemBytes,
+                  [&] { voltllm::paged_decode_reduce_kernel<decltype(t), H>(p); }, seed);
     });
   });
 }

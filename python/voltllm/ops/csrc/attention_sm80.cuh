@@ -108,17 +108,6 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
-// 2^x in one MUFU instruction; 2^-inf = 0.
-__device__ __forceinline__ float exp2_approx(float x) {
-#ifdef VOLTLLM_EMULATE
-  return exp2f(x);
-#else
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-#endif
-}
-
 // Two floats as one register of 16-bit values, `lo` in the lower half.
 template <typename T>
 __device__ __forceinline__ unsigned pack(float lo, float hi) {

@@ -19,6 +19,10 @@ bool experiment(const char* name) {
   const char* v = std::getenv(name);
   return v != nullptr && v[0] == '1';
 }
+int64_t experiment_value(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? std::atoll(v) : fallback;
+}
 
 struct Split {
   int64_t splits;     // context splits per (sequence, kv head)
@@ -35,8 +39,10 @@ constexpr int64_t kMinSplitTokens = 256;
 // Batches that fill the GPU on their own are not split. A split is at least kMinSplitTokens, and there
 // are at most 4096 splits (the reduce kernel keeps one weight per split in shared memory).
 Split choose_split(int64_t span, int64_t base_blocks, int64_t resident_blocks) {
-  const int64_t want = std::max<int64_t>(1, resident_blocks / base_blocks);
-  const int64_t most = std::min<int64_t>(4096, std::max<int64_t>(1, (span + kMinSplitTokens - 1) / kMinSplitTokens));
+  const int64_t waves = experiment_value("VOLTLLM_EXP_WAVES", 1);
+  const int64_t min_split = experiment_value("VOLTLLM_EXP_MIN_SPLIT", kMinSplitTokens);
+  const int64_t want = std::max<int64_t>(1, resident_blocks * waves / base_blocks);
+  const int64_t most = std::min<int64_t>(4096, std::max<int64_t>(1, (span + min_split - 1) / min_split));
   const int64_t splits = std::min(want, most);
   const int64_t partition = ((span + splits - 1) / splits + 63) / 64 * 64;
   return {(span + partition - 1) / partition, partition};
@@ -109,7 +115,7 @@ void launch_split_merge(const DecodeParams& p, const AttentionShape& shape, int6
            stream, p);
     return;
   }
-  launch(paged_decode_reduce_kernel<T, H>, grid, threads, 0, stream, p);
+  launch(paged_decode_reduce_kernel<T, H>, grid, threads, kReduceSmemBytes, stream, p);
 }
 
 }  // namespace

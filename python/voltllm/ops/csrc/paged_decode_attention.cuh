@@ -117,7 +117,7 @@ __device__ __forceinline__ void paged_decode_attention_block(const DecodeParams&
   }
   begin_dependent_grid();
 
-  extern __shared__ __align__(128) unsigned char smem[];
+  VOLTLLM_DYNAMIC_SMEM(smem);
   T* q_s = reinterpret_cast<T*>(smem);  // [16][kLdKV]
   unsigned char* warp_base = smem + Tr::kQBytes + warp * Tr::kWarpBytes;
   T* k_s = reinterpret_cast<T*>(warp_base);                                 // [16][kLdKV]
@@ -298,6 +298,8 @@ constexpr int kReduceDims = 32;
 constexpr int kReduceMaxGroups = 16;
 constexpr int kReduceThreads = kReduceDims * kReduceMaxGroups;
 constexpr int kReduceBatch = 8;  // splits a thread loads at once: 128 splits in one round trip
+// Per group: its running max, its sum, and its kReduceDims outputs (dynamic shared memory, floats).
+constexpr int kReduceSmemBytes = kReduceMaxGroups * (2 + kReduceDims) * 4;
 
 // Warps per reduce block for `splits` splits.
 __host__ __device__ constexpr int reduce_groups(long long splits) {
@@ -305,16 +307,17 @@ __host__ __device__ constexpr int reduce_groups(long long splits) {
 }
 
 // Merges the splits of sequences whose context was split. grid: (num_heads, num_seqs, HEAD / kReduceDims),
-// block: kReduceDims * reduce_groups(max_splits).
+// block: kReduceDims * reduce_groups(max_splits), dynamic shared memory: kReduceSmemBytes.
 // Each thread loads the max, sum and output dim of kReduceBatch splits at once and merges them with an
 // online softmax, so the merge costs one L2 round trip per batch; the groups then combine their
 // (max, sum, output) triples through shared memory behind one barrier.
 template <typename T, int HEAD>
 __global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel(DecodeParams p) {
   static_assert(HEAD % kReduceDims == 0, "whole warps of dims");
-  __shared__ float group_max[kReduceMaxGroups];
-  __shared__ float group_sum[kReduceMaxGroups];
-  __shared__ float group_out[kReduceMaxGroups][kReduceDims];
+  VOLTLLM_DYNAMIC_SMEM(smem);
+  float* group_max = reinterpret_cast<float*>(smem);  // [groups]
+  float* group_sum = group_max + kReduceMaxGroups;     // [groups]
+  float* group_out = group_sum + kReduceMaxGroups;     // [groups][kReduceDims]
   const int head = blockIdx.x;
   const int seq = blockIdx.y;
   const int seq_len = p.seq_lens[seq];  // read before the wait, as in the attention kernel
@@ -349,8 +352,9 @@ __global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel(Dec
     o *= alpha;
 #pragma unroll
     for (int i = 0; i < kReduceBatch; ++i) {
-      const float w = fast_exp2(split_max[i] - new_max);  // a missing split (max -inf) weighs 0
-      l += split_sum[i] * w;
+      // Partials are normalised by their own sums; a missing split (max -inf, sum 0) weighs 0.
+      const float w = split_sum[i] * fast_exp2(split_max[i] - new_max);
+      l += w;
       o += split_out[i] * w;
     }
     m = new_max;
@@ -359,7 +363,7 @@ __global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel(Dec
     group_max[g] = m;
     group_sum[g] = l;
   }
-  group_out[g][lane] = o;
+  group_out[g * kReduceDims + lane] = o;
   __syncthreads();
   if (g != 0) return;
   float total_max = neg_inf();
@@ -368,13 +372,13 @@ __global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel(Dec
   for (int k = 0; k < groups; ++k) {
     const float w = group_max[k] == neg_inf() ? 0.f : fast_exp2(group_max[k] - total_max);  // idle groups
     total_sum += group_sum[k] * w;
-    total_out += group_out[k][lane] * w;
+    total_out += group_out[k * kReduceDims + lane] * w;
   }
   T* out = static_cast<T*>(p.out) + seq * p.out_stride + head * HEAD;
   out[d] = DType<T>::from_float(total_out / total_sum);
 }
 
-#ifndef __CUDACC_RTC__
+#if !defined(__CUDACC_RTC__) && !defined(VOLTLLM_EMULATE)
 // The merge before the one above (three dependent round trips); kept for one A/B measurement.
 template <typename T, int HEAD>
 __global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel_old(DecodeParams p) {

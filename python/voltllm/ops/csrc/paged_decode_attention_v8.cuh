@@ -96,7 +96,6 @@ inline DecodeV8Plan plan_decode_v8(long long span, long long base_blocks, long l
 template <typename T, int HEAD, int NT>
 __device__ __forceinline__ void paged_decode_v8_block(const DecodeV8Params& p) {
   using Tr = DecodeV8Traits<HEAD, NT>;
-  using sm80::exp2_approx;
   using sm80::kFullMask;
   constexpr int kKC = Tr::kKChunks;
   constexpr int kVC = Tr::kVChunks;
@@ -237,9 +236,9 @@ __device__ __forceinline__ void paged_decode_v8_block(const DecodeV8Params& p) {
         mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 16));
         const float m_new = fmaxf(row_m[nt][j], mx);
         const float ref = m_new == neg_inf() ? 0.f : m_new;  // a column with nothing visible stays 0
-        alpha[nt][j] = exp2_approx(row_m[nt][j] - ref);
-        const float p0 = exp2_approx(s0 - ref);
-        const float p1 = exp2_approx(s1 - ref);
+        alpha[nt][j] = fast_exp2(row_m[nt][j] - ref);
+        const float p0 = fast_exp2(s0 - ref);
+        const float p1 = fast_exp2(s1 - ref);
         row_l[nt][j] = row_l[nt][j] * alpha[nt][j] + (p0 + p1);
         row_m[nt][j] = m_new;
         s[nt][j] = p0;
@@ -346,7 +345,7 @@ __device__ __forceinline__ void paged_decode_v8_block(const DecodeV8Params& p) {
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int w = 0; w < warps; ++w) {
       const float wm = stat_m[w * kRows + h];
-      const float f = wm == neg_inf() ? 0.f : exp2_approx(wm - m);  // warps with no tokens add nothing
+      const float f = wm == neg_inf() ? 0.f : fast_exp2(wm - m);  // warps with no tokens add nothing
       l += stat_l[w * kRows + h] * f;
       const float4 v = *reinterpret_cast<const float4*>(o_s + (w * kRows + h) * HEAD + d);
       acc = make_float4(acc.x + v.x * f, acc.y + v.y * f, acc.z + v.z * f, acc.w + v.w * f);
@@ -396,8 +395,8 @@ __device__ __forceinline__ void paged_decode_v8_block(const DecodeV8Params& p) {
         const float sl = sm80::load_cg(p.partial_sum + idx0 + s);
         const float4 so = sm80::load_cg(reinterpret_cast<const float4*>(p.partial_out + (idx0 + s) * HEAD + d));
         const float m_new = fmaxf(m, sm);
-        const float fa = exp2_approx(m - m_new);
-        const float fb = sl * exp2_approx(sm - m_new);
+        const float fa = fast_exp2(m - m_new);
+        const float fb = sl * fast_exp2(sm - m_new);
         l = l * fa + fb;
         acc = make_float4(acc.x * fa + so.x * fb, acc.y * fa + so.y * fb, acc.z * fa + so.z * fb,
                           acc.w * fa + so.w * fb);
@@ -420,7 +419,7 @@ __device__ __forceinline__ void paged_decode_v8_block(const DecodeV8Params& p) {
       acc = make_float4(0.f, 0.f, 0.f, 0.f);
       for (int w = 0; w < ways; ++w) {
         const float* other = part + (w * slots + e) * 6;
-        const float f = other[0] == neg_inf() ? 0.f : exp2_approx(other[0] - mx);  // a way with no splits
+        const float f = other[0] == neg_inf() ? 0.f : fast_exp2(other[0] - mx);  // a way with no splits
         l += other[1] * f;
         acc = make_float4(acc.x + other[2] * f, acc.y + other[3] * f, acc.z + other[4] * f, acc.w + other[5] * f);
       }

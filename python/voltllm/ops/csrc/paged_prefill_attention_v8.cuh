@@ -49,7 +49,6 @@ __device__ const int prefill_v8_smem_bytes = PrefillV8Traits<HEAD>::kSmemBytes;
 template <typename T, int HEAD>
 __device__ __forceinline__ void paged_prefill_v8_block(const PrefillParams& p) {
   using Tr = PrefillV8Traits<HEAD>;
-  using sm80::exp2_approx;
   using sm80::kFullMask;
   constexpr int kBN = Tr::kBlockN;
   constexpr int kNT = kBN / 8;      // 8-key column tiles of S
@@ -199,14 +198,14 @@ __device__ __forceinline__ void paged_prefill_v8_block(const PrefillParams& p) {
       mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 2));
       const float m_new = fmaxf(row_m[r], mx);
       const float ref = m_new == neg_inf() ? 0.f : m_new * sc;  // a row with nothing visible stays 0
-      alpha[r] = exp2_approx(row_m[r] * sc - ref);
+      alpha[r] = fast_exp2(row_m[r] * sc - ref);
       row_m[r] = m_new;
       float sum = 0.f;
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          const float e = exp2_approx(fmaf(s[nt][2 * r + j], sc, -ref));
+          const float e = fast_exp2(fmaf(s[nt][2 * r + j], sc, -ref));
           s[nt][2 * r + j] = e;
           sum += e;
         }

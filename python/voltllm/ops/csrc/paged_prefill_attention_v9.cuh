@@ -69,15 +69,6 @@ __device__ const int prefill_v9_smem_bytes = PrefillV9Traits<HEAD>::kSmemBytes;
 
 namespace v9 {
 
-// 2^x; one MUFU instruction on the GPU (2^-inf = 0).
-__device__ __forceinline__ float exp2_approx(float x) {
-#ifdef VOLTLLM_EMULATE
-  return exp2f(x);
-#else
-  return fast_exp2(x);
-#endif
-}
-
 // The accumulator element order of this GPU, as eight bytes (row << 4 | col), element i in byte i % 4 of
 // word i / 4. Loading a 16x16 tile whose every element holds its own code reveals it; the order is the
 // same for every accumulator fragment of the type, so one lookup serves the whole block.
@@ -370,7 +361,7 @@ __device__ __forceinline__ void paged_prefill_v9_block(const PrefillParams& p) {
       const float tile_max = v9::row_reduce<FragC>(red_s, Tr::kLdRed, part, true);
       const float new_max = fmaxf(row_max, tile_max);
       const float ref = new_max == neg_inf() ? 0.f : new_max * sc;  // a row with nothing visible stays 0
-      const float alpha = v9::exp2_approx(row_max * sc - ref);
+      const float alpha = fast_exp2(row_max * sc - ref);
       row_max = new_max;
       if ((lane & 1) == 0) stat_s[lane >> 1] = make_float2(ref, alpha);
       // Once the running maxima settle, every factor is exactly 1: skip the rescale then.
@@ -393,7 +384,7 @@ __device__ __forceinline__ void paged_prefill_v9_block(const PrefillParams& p) {
         float sum = 0.f;
 #pragma unroll
         for (int n = 0; n < kNT; ++n) {
-          const float e = v9::exp2_approx(fmaf(s[n].x[i], sc, -r));
+          const float e = fast_exp2(fmaf(s[n].x[i], sc, -r));
           s[n].x[i] = e;
           sum += e;
         }
