@@ -115,6 +115,11 @@ void launch_split_merge(const DecodeParams& p, const AttentionShape& shape, int6
            stream, p);
     return;
   }
+  if (experiment("VOLTLLM_EXP_MERGE128")) {
+    launch(paged_decode_reduce_kernel<T, H, 4>, grid, kReduceDims * static_cast<int>(std::min<int64_t>(4, p.max_splits)),
+           kReduceSmemBytes, stream, p);
+    return;
+  }
   launch(paged_decode_reduce_kernel<T, H>, grid, threads, kReduceSmemBytes, stream, p);
 }
 
@@ -139,6 +144,8 @@ void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::
       constexpr int H = decltype(h)::value;
       using Tr = DecodeTraits<H>;
       auto* kernel = paged_decode_attention_kernel<T, H>;
+      if (H <= 128 && experiment("VOLTLLM_EXP_OCC3")) kernel = paged_decode_attention_kernel_occ3<T, H>;
+      if (experiment("VOLTLLM_EXP_DYNAMIC")) kernel = paged_decode_attention_kernel_dyn<T, H>;
       set_smem(kernel, Tr::kSmemBytes);
       int blocks_per_sm = 0;
       C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, Tr::kThreads,

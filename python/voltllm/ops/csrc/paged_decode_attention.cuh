@@ -35,7 +35,7 @@ struct DecodeTraits {
   static constexpr int kSBytes = kRows * kLdS * 4;
   static constexpr int kPBytes = kRows * kLdP * 2;
   static constexpr int kWarpBytes = 2 * kKVBytes + kSBytes + kPBytes + kRows * 4;
-  static constexpr int kStatBytes = 2 * kWarps * kRows * 4;
+  static constexpr int kStatBytes = 2 * kWarps * kRows * 4 + 16;  // row statistics, then the block counter
   static constexpr int kSmemBytes = kQBytes + kWarps * kWarpBytes + kStatBytes;
   static_assert(HEAD == 64 || HEAD == 128 || HEAD == 256, "head sizes 64, 128, 256");
   static_assert(kRows * kLdO * 4 <= 2 * kKVBytes, "merged output must fit in a warp's K/V area");
@@ -51,7 +51,7 @@ template <int HEAD>
 __device__ const int decode_smem_bytes = DecodeTraits<HEAD>::kSmemBytes;
 #endif
 
-template <typename T, int HEAD>
+template <typename T, int HEAD, bool DYNAMIC = false>
 __device__ __forceinline__ void paged_decode_attention_block(const DecodeParams& p) {
   using Tr = DecodeTraits<HEAD>;
   using namespace nvcuda;
@@ -127,6 +127,11 @@ __device__ __forceinline__ void paged_decode_attention_block(const DecodeParams&
   float* alpha_s = reinterpret_cast<float*>(warp_base + 2 * Tr::kKVBytes + Tr::kSBytes + Tr::kPBytes);
   float* stat_max = reinterpret_cast<float*>(smem + Tr::kQBytes + Tr::kWarps * Tr::kWarpBytes);
   float* stat_sum = stat_max + Tr::kWarps * Tr::kRows;
+  int* block_counter = reinterpret_cast<int*>(stat_sum + Tr::kWarps * Tr::kRows);
+  // With dynamic_warps the warps take their third and later blocks from a shared counter instead of
+  // every kWarps-th: a warp whose loads come back late takes fewer, so the split ends with its warps.
+  constexpr bool dynamic = Tr::kPrefetch && DYNAMIC;
+  if (threadIdx.x == 0) *block_counter = start / kBlockSize + 2 * Tr::kWarps;
 
   // Otherwise the first block's loads are issued before the query is staged, so the two latencies overlap.
   if (first_loaded && !early) {
@@ -156,10 +161,20 @@ __device__ __forceinline__ void paged_decode_attention_block(const DecodeParams&
 
   __syncthreads();  // q_s complete
 
-  for (int b = first_block; b <= last_block; b += Tr::kWarps) {
+  // The block after `b_next` this warp computes.
+  auto successor = [&](int b_next) {
+    if constexpr (!dynamic) return b_next + Tr::kWarps;
+    int claimed = 0;
+    if (lane == 0) claimed = atomicAdd(block_counter, 1);
+    return __shfl_sync(0xffffffffu, claimed, 0);
+  };
+  // b: the block computed now (K/V in registers); b_next: the one after it (id in next_id, or K/V in flight).
+  int b = first_block;
+  int b_next = first_block + Tr::kWarps;
+  while (b <= last_block) {
     if (!Tr::kPrefetch) {
       load_block(next_id);
-      next_id = b + Tr::kWarps <= last_block ? block_table[b + Tr::kWarps] : 0;
+      next_id = b_next <= last_block ? block_table[b_next] : 0;
     }
 #pragma unroll
     for (int i = 0; i < Tr::kChunks; ++i) {
@@ -172,9 +187,11 @@ __device__ __forceinline__ void paged_decode_attention_block(const DecodeParams&
       *reinterpret_cast<uint4*>(v_s + off) = live ? v_reg[i] : make_uint4(0, 0, 0, 0);
     }
     __syncwarp();
-    if (Tr::kPrefetch && b + Tr::kWarps <= last_block) {
+    int b_after = b_next + Tr::kWarps;
+    if (Tr::kPrefetch && b_next <= last_block) {
       load_block(next_id);
-      next_id = b + 2 * Tr::kWarps <= last_block ? block_table[b + 2 * Tr::kWarps] : 0;
+      b_after = successor(b_next);
+      next_id = b_after <= last_block ? block_table[b_after] : 0;
     }
 
     // S = Q K^T over this block's 16 tokens.
@@ -234,6 +251,8 @@ __device__ __forceinline__ void paged_decode_attention_block(const DecodeParams&
       wmma::mma_sync(o_acc[j], pa, bv, o_acc[j]);
     }
     __syncwarp();  // k_s/v_s/p_s are overwritten next step
+    b = b_next;
+    b_next = b_after;
   }
 
   // Merge the warps: each parks its unnormalised output (in its K/V area) and its row statistics.
@@ -290,6 +309,18 @@ __global__ void __launch_bounds__(DecodeTraits<HEAD>::kThreads)
   }
 }
 
+#ifndef VOLTLLM_EMULATE
+// A/B only: the same kernel held to 168 registers so that three blocks fit an SM (H200: 12 warps).
+template <typename T, int HEAD>
+__global__ void __launch_bounds__(DecodeTraits<HEAD>::kThreads, 3) paged_decode_attention_kernel_occ3(DecodeParams p) {
+  paged_decode_attention_block<T, HEAD>(p);
+}
+template <typename T, int HEAD>
+__global__ void __launch_bounds__(DecodeTraits<HEAD>::kThreads) paged_decode_attention_kernel_dyn(DecodeParams p) {
+  paged_decode_attention_block<T, HEAD, true>(p);
+}
+#endif
+
 // Split-merge geometry: a block merges kReduceDims output dims of one head, one warp-wide coalesced row
 // of each split's partial, and its warps (one per group, up to kReduceMaxGroups: as many as there are
 // splits) share the splits, so that every partial load of a long context (a 32k context has ~128
@@ -311,13 +342,14 @@ __host__ __device__ constexpr int reduce_groups(long long splits) {
 // Each thread loads the max, sum and output dim of kReduceBatch splits at once and merges them with an
 // online softmax, so the merge costs one L2 round trip per batch; the groups then combine their
 // (max, sum, output) triples through shared memory behind one barrier.
-template <typename T, int HEAD>
-__global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel(DecodeParams p) {
+template <typename T, int HEAD, int MAX_GROUPS = kReduceMaxGroups>
+__global__ void __launch_bounds__(kReduceDims * MAX_GROUPS, MAX_GROUPS == 4 ? 11 : 1)
+    paged_decode_reduce_kernel(DecodeParams p) {
   static_assert(HEAD % kReduceDims == 0, "whole warps of dims");
   VOLTLLM_DYNAMIC_SMEM(smem);
   float* group_max = reinterpret_cast<float*>(smem);  // [groups]
-  float* group_sum = group_max + kReduceMaxGroups;     // [groups]
-  float* group_out = group_sum + kReduceMaxGroups;     // [groups][kReduceDims]
+  float* group_sum = group_max + MAX_GROUPS;           // [groups]
+  float* group_out = group_sum + MAX_GROUPS;           // [groups][kReduceDims]
   const int head = blockIdx.x;
   const int seq = blockIdx.y;
   const int seq_len = p.seq_lens[seq];  // read before the wait, as in the attention kernel
