@@ -146,9 +146,19 @@ void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::
       auto* kernel = paged_decode_attention_kernel<T, H>;
       if (H <= 128 && experiment("VOLTLLM_EXP_OCC3")) kernel = paged_decode_attention_kernel_occ3<T, H>;
       if (experiment("VOLTLLM_EXP_DYNAMIC")) kernel = paged_decode_attention_kernel_dyn<T, H>;
+      switch (experiment_value("VOLTLLM_EXP_ABLATE", 0)) {
+        case 1: kernel = paged_decode_attention_kernel_abl<T, H, 1>; break;
+        case 2: kernel = paged_decode_attention_kernel_abl<T, H, 2>; break;
+        case 3: kernel = paged_decode_attention_kernel_abl<T, H, 3>; break;
+        case 4: kernel = paged_decode_attention_kernel_abl<T, H, 4>; break;
+        case 7: kernel = paged_decode_attention_kernel_abl<T, H, 7>; break;
+        default: break;
+      }
+      auto* sizing_kernel = experiment("VOLTLLM_EXP_OCC3") ? kernel : paged_decode_attention_kernel<T, H>;
       set_smem(kernel, Tr::kSmemBytes);
+      set_smem(sizing_kernel, Tr::kSmemBytes);
       int blocks_per_sm = 0;
-      C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, Tr::kThreads,
+      C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, sizing_kernel, Tr::kThreads,
                                                                    Tr::kSmemBytes));
       const auto split = choose_split(span, num_seqs * shape.num_kv_heads,
                                       static_cast<int64_t>(num_sms) * std::max(blocks_per_sm, 1));
