@@ -117,6 +117,46 @@ def run_decode(
     return tickets, partial_out, torch.stack([partial_max, partial_sum])
 
 
+def run_decode_v6(
+    emu: ctypes.CDLL, b: Paged, partition: int, window: int = 0, early_kv: bool = True, wmma_order: int = 0
+) -> None:
+    """One v6 decode launch and, where the context is split, the split merge (into b.out)."""
+    span = max(b.seq_lens) if window == 0 else min(max(b.seq_lens), window + 16)
+    splits = -(-span // partition)
+    num_seqs = len(b.seq_lens)
+    partial_out = torch.full((num_seqs, b.num_heads, splits, b.head), float("nan"))
+    stats = torch.full((2, num_seqs, b.num_heads, splits), float("nan"))
+    k, v = b.kv[0].contiguous(), b.kv[1].contiguous()
+    emu.emu_decode_v6(
+        ctypes.c_int(b.bf16), ctypes.c_int(b.head), ptr(b.out), ptr(b.query), ptr(k), ptr(v), ptr(b.tables),
+        ptr(b.seq_lens_t), ptr(partial_out), ptr(stats[0]), ptr(stats[1]),
+        ctypes.c_longlong(b.query.stride(0)), ctypes.c_longlong(b.out.stride(0)), ctypes.c_int(num_seqs),
+        ctypes.c_int(b.num_heads), ctypes.c_int(b.num_kv_heads), ctypes.c_int(b.tables.shape[1]),
+        ctypes.c_int(splits), ctypes.c_int(partition), ctypes.c_int(window), ctypes.c_float(b.scale * LOG2E),
+        ctypes.c_int(int(early_kv)), ctypes.c_int(wmma_order), ctypes.c_uint(len(b.seq_lens) + partition),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "head,group,partition,window,early_kv",
+    [
+        (128, 8, 64, 0, True),  # split: partials and the merge; warps with 1 or no blocks
+        (128, 8, 4096, 0, False),  # one split per sequence: the kernel writes the output itself
+        (64, 4, 128, 0, True),
+        (256, 1, 32, 0, True),  # no register prefetch at head 256
+        (128, 16, 64, 37, True),  # 16 query heads per kv head, and a window
+    ],
+)
+def test_decode_v6(
+    emu: ctypes.CDLL, head: int, group: int, partition: int, window: int, early_kv: bool
+) -> None:
+    """The v6 kernel (the default decode kernel) with its merge, on the scrambled WMMA element order."""
+    seq_lens = [700, 17, 160, 1, 64, 65]
+    b = Paged([1] * len(seq_lens), seq_lens, 2, group, head, torch.float16, seed=head + group, poison=True)
+    run_decode_v6(emu, b, partition, window, early_kv)
+    assert b.rel_err(window or None) < REL_TOL[torch.float16]
+
+
 @pytest.mark.parametrize(
     "head,group,dtype,warps",
     [

@@ -31,6 +31,43 @@ void with_prefill_kernel(int variant, Fn&& fn) {
   }
 }
 
+
+// The parameters both decode kernels take, from a C entry point's arguments.
+voltllm::DecodeParams decode_params(void* out, const void* query, const void* key_cache, const void* value_cache,
+                                    const int* block_tables, const int* seq_lens, float* partial_out,
+                                    float* partial_max, float* partial_sum, long long query_stride,
+                                    long long out_stride, int num_heads, int num_kv_heads, int max_blocks_per_seq,
+                                    int max_splits, int partition_size, int sliding_window, float scale_log2) {
+  voltllm::DecodeParams p{};
+  p.out = out;
+  p.query = query;
+  p.key_cache = key_cache;
+  p.value_cache = value_cache;
+  p.block_tables = block_tables;
+  p.seq_lens = seq_lens;
+  p.partial_out = partial_out;
+  p.partial_max = partial_max;
+  p.partial_sum = partial_sum;
+  p.query_stride = query_stride;
+  p.out_stride = out_stride;
+  p.num_heads = num_heads;
+  p.num_kv_heads = num_kv_heads;
+  p.max_blocks_per_seq = max_blocks_per_seq;
+  p.max_splits = max_splits;
+  p.partition_size = partition_size;
+  p.sliding_window = sliding_window;
+  p.scale_log2 = scale_log2;
+  return p;
+}
+
+// The split merge as the glue launches it after a decode kernel that split the context.
+template <typename T, int HEAD>
+void run_split_merge(const voltllm::DecodeParams& p, int num_seqs, unsigned seed) {
+  const dim3 grid(p.num_heads, num_seqs, HEAD / voltllm::kReduceDims);
+  emu::launch(grid, dim3(voltllm::kReduceDims * voltllm::reduce_groups(p.max_splits)), voltllm::kReduceSmemBytes,
+              [&] { voltllm::paged_decode_reduce_kernel<T, HEAD>(p); }, seed);
+}
+
 }  // namespace
 
 extern "C" {
@@ -51,25 +88,11 @@ void emu_decode_v8(int bf16, int head, void* out, const void* query, const void*
                    int num_heads, int num_kv_heads, int max_blocks_per_seq, int max_splits, int partition_size,
                    int sliding_window, float scale_log2, int fused_merge, int warps, unsigned seed) {
   voltllm::DecodeV8Params p{};
-  p.out = out;
-  p.query = query;
-  p.key_cache = key_cache;
-  p.value_cache = value_cache;
-  p.block_tables = block_tables;
-  p.seq_lens = seq_lens;
-  p.partial_out = partial_out;
-  p.partial_max = partial_max;
-  p.partial_sum = partial_sum;
+  static_cast<voltllm::DecodeParams&>(p) =
+      decode_params(out, query, key_cache, value_cache, block_tables, seq_lens, partial_out, partial_max, partial_sum,
+                    query_stride, out_stride, num_heads, num_kv_heads, max_blocks_per_seq, max_splits, partition_size,
+                    sliding_window, scale_log2);
   p.tickets = tickets;
-  p.query_stride = query_stride;
-  p.out_stride = out_stride;
-  p.num_heads = num_heads;
-  p.num_kv_heads = num_kv_heads;
-  p.max_blocks_per_seq = max_blocks_per_seq;
-  p.max_splits = max_splits;
-  p.partition_size = partition_size;
-  p.sliding_window = sliding_window;
-  p.scale_log2 = scale_log2;
   p.fused_merge = fused_merge;
   emu::dispatch_dtype(bf16, [&](auto t) {
     emu::dispatch_head(head, [&](auto h) {
@@ -84,29 +107,41 @@ void emu_decode_v8(int bf16, int head, void* out, const void* query, const void*
   });
 }
 
+// The v6 (WMMA) decode kernel, then the split merge where the context is split, as the glue launches them.
+// early_kv changes only where the first loads are issued (before the PDL wait, which the emulator lacks).
+void emu_decode_v6(int bf16, int head, void* out, const void* query, const void* key_cache, const void* value_cache,
+                   const int* block_tables, const int* seq_lens, float* partial_out, float* partial_max,
+                   float* partial_sum, long long query_stride, long long out_stride, int num_seqs, int num_heads,
+                   int num_kv_heads, int max_blocks_per_seq, int max_splits, int partition_size, int sliding_window,
+                   float scale_log2, int early_kv, int wmma_order, unsigned seed) {
+  emu::set_wmma_order(static_cast<emu::WmmaOrder>(wmma_order));
+  voltllm::DecodeParams p =
+      decode_params(out, query, key_cache, value_cache, block_tables, seq_lens, partial_out, partial_max, partial_sum,
+                    query_stride, out_stride, num_heads, num_kv_heads, max_blocks_per_seq, max_splits, partition_size,
+                    sliding_window, scale_log2);
+  p.early_kv = early_kv;
+  emu::dispatch_dtype(bf16, [&](auto t) {
+    emu::dispatch_head(head, [&](auto h) {
+      using T = decltype(t);
+      constexpr int H = decltype(h)::value;
+      using Tr = voltllm::DecodeTraits<H>;
+      emu::launch(dim3(num_kv_heads, num_seqs, max_splits), dim3(Tr::kThreads), Tr::kSmemBytes,
+                  [&] { voltllm::paged_decode_attention_kernel<T, H>(p); }, seed);
+      if (max_splits > 1) run_split_merge<T, H>(p, num_seqs, seed);
+    });
+  });
+}
+
 // The split merge (paged_decode_reduce_kernel) over partials laid out as the decode kernels leave them,
 // launched as the glue launches it.
 void emu_decode_split_merge(int bf16, int head, void* out, const int* seq_lens, float* partial_out,
                             float* partial_max, float* partial_sum, long long out_stride, int num_seqs,
                             int num_heads, int max_splits, int partition_size, int sliding_window, unsigned seed) {
-  voltllm::DecodeParams p{};
-  p.out = out;
-  p.seq_lens = seq_lens;
-  p.partial_out = partial_out;
-  p.partial_max = partial_max;
-  p.partial_sum = partial_sum;
-  p.out_stride = out_stride;
-  p.num_heads = num_heads;
-  p.max_splits = max_splits;
-  p.partition_size = partition_size;
-  p.sliding_window = sliding_window;
+  const voltllm::DecodeParams p =
+      decode_params(out, nullptr, nullptr, nullptr, nullptr, seq_lens, partial_out, partial_max, partial_sum, 0,
+                    out_stride, num_heads, 1, 0, max_splits, partition_size, sliding_window, 0.f);
   emu::dispatch_dtype(bf16, [&](auto t) {
-    emu::dispatch_head(head, [&](auto h) {
-      constexpr int H = decltype(h)::value;
-      const dim3 grid(num_heads, num_seqs, H / voltllm::kReduceDims);
-      emu::launch(grid, dim3(voltllm::kReduceDims * voltllm::reduce_groups(max_splits)), voltllm::kReduceSmemBytes,
-                  [&] { voltllm::paged_decode_reduce_kernel<decltype(t), H>(p); }, seed);
-    });
+    emu::dispatch_head(head, [&](auto h) { run_split_merge<decltype(t), decltype(h)::value>(p, num_seqs, seed); });
   });
 }
 

@@ -288,27 +288,41 @@ __device__ __forceinline__ void paged_decode_attention_block(const DecodeParams&
   for (int j = 0; j < kDTiles; ++j) wmma::store_matrix_sync(o_s + j * 16, o_acc[j], Tr::kLdO, wmma::mem_row_major);
   __syncthreads();
 
+  // Each thread merges 8 consecutive dims of one row: the row's warp weights are computed once, the
+  // parked outputs are read as 16-byte vectors, and the results leave as 16-byte stores, so the tail
+  // after the slowest warp is a few dependent steps, not a loop over every element.
+  constexpr int kThreadsPerRow = HEAD / 8;
+  constexpr int kRowsPerPass = Tr::kThreads / kThreadsPerRow;
+  const int d0 = (threadIdx.x % kThreadsPerRow) * 8;
   const long long head0 = static_cast<long long>(seq) * p.num_heads + kv_head * group;
-  for (int e = threadIdx.x; e < group * HEAD; e += Tr::kThreads) {
-    const int r = e / HEAD, d = e % HEAD;
+  for (int r = threadIdx.x / kThreadsPerRow; r < group; r += kRowsPerPass) {
     float m = neg_inf();
 #pragma unroll
     for (int w = 0; w < Tr::kWarps; ++w) m = fmaxf(m, stat_max[w * Tr::kRows + r]);
-    float l = 0.f, o = 0.f;
+    float l = 0.f;
+    float o[8] = {};
 #pragma unroll
     for (int w = 0; w < Tr::kWarps; ++w) {
       const float wm = stat_max[w * Tr::kRows + r];
       const float scale = wm == neg_inf() ? 0.f : fast_exp2(wm - m);  // warps with no tokens add nothing
       l += stat_sum[w * Tr::kRows + r] * scale;
-      o += reinterpret_cast<const float*>(smem + Tr::kQBytes + w * Tr::kWarpBytes)[r * Tr::kLdO + d] * scale;
+      const float* parked = reinterpret_cast<const float*>(smem + Tr::kQBytes + w * Tr::kWarpBytes) + r * Tr::kLdO + d0;
+      const float4 lo = *reinterpret_cast<const float4*>(parked);
+      const float4 hi = *reinterpret_cast<const float4*>(parked + 4);
+      o[0] += lo.x * scale, o[1] += lo.y * scale, o[2] += lo.z * scale, o[3] += lo.w * scale;
+      o[4] += hi.x * scale, o[5] += hi.y * scale, o[6] += hi.z * scale, o[7] += hi.w * scale;
     }
+    const float inv_l = 1.f / l;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[i] *= inv_l;
     if (num_splits == 1) {
-      T* out = static_cast<T*>(p.out) + seq * p.out_stride + (kv_head * group + r) * HEAD;
-      out[d] = DType<T>::from_float(o / l);
+      store_floats(static_cast<T*>(p.out) + seq * p.out_stride + (kv_head * group + r) * HEAD + d0, o);
     } else {
       const long long idx = (head0 + r) * p.max_splits + split;
-      p.partial_out[idx * HEAD + d] = o / l;
-      if (d == 0) {
+      float4* dst = reinterpret_cast<float4*>(p.partial_out + idx * HEAD + d0);
+      dst[0] = make_float4(o[0], o[1], o[2], o[3]);
+      dst[1] = make_float4(o[4], o[5], o[6], o[7]);
+      if (d0 == 0) {
         p.partial_max[idx] = m;
         p.partial_sum[idx] = l;
       }
