@@ -210,6 +210,8 @@ def paged_decode_attention(
 
     `variant` picks the kernel (`DECODE_VARIANTS`; see the module docstring). Every variant is CUDA-graph
     safe: per-sequence lengths come from `seq_lens` on the device, `seq_lens_cpu` only bounds them.
+    On SM90+ the kernel starts reading old K/V while the kernel queued just before it finishes, so that
+    kernel may write each sequence's newest token (position seq_len - 1) but no older one (docs/kernels.md).
     """
     window = _window(sliding_window)
     name = decode_variant(variant)

@@ -108,18 +108,17 @@ void emu_decode_v8(int bf16, int head, void* out, const void* query, const void*
 }
 
 // The v6 (WMMA) decode kernel, then the split merge where the context is split, as the glue launches them.
-// early_kv changes only where the first loads are issued (before the PDL wait, which the emulator lacks).
+// wmma_order: 0 = scrambled, 1 = paired (see include/mma.h).
 void emu_decode_v6(int bf16, int head, void* out, const void* query, const void* key_cache, const void* value_cache,
                    const int* block_tables, const int* seq_lens, float* partial_out, float* partial_max,
                    float* partial_sum, long long query_stride, long long out_stride, int num_seqs, int num_heads,
                    int num_kv_heads, int max_blocks_per_seq, int max_splits, int partition_size, int sliding_window,
-                   float scale_log2, int early_kv, int wmma_order, unsigned seed) {
+                   float scale_log2, int wmma_order, unsigned seed) {
   emu::set_wmma_order(static_cast<emu::WmmaOrder>(wmma_order));
-  voltllm::DecodeParams p =
+  const voltllm::DecodeParams p =
       decode_params(out, query, key_cache, value_cache, block_tables, seq_lens, partial_out, partial_max, partial_sum,
                     query_stride, out_stride, num_heads, num_kv_heads, max_blocks_per_seq, max_splits, partition_size,
                     sliding_window, scale_log2);
-  p.early_kv = early_kv;
   emu::dispatch_dtype(bf16, [&](auto t) {
     emu::dispatch_head(head, [&](auto h) {
       using T = decltype(t);

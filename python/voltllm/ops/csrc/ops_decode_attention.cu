@@ -2,7 +2,6 @@
 #include "torch_glue.h"
 
 #include <cmath>
-#include <cstdlib>
 #include <utility>
 
 #include "paged_decode_attention.cuh"
@@ -13,16 +12,6 @@ namespace voltllm {
 using namespace glue;
 
 namespace {
-
-// A/B switches for one measurement session (read per call, so a CUDA graph keeps what it captured).
-bool experiment(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && v[0] == '1';
-}
-int64_t experiment_value(const char* name, int64_t fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr ? std::atoll(v) : fallback;
-}
 
 struct Split {
   int64_t splits;     // context splits per (sequence, kv head)
@@ -39,10 +28,8 @@ constexpr int64_t kMinSplitTokens = 256;
 // Batches that fill the GPU on their own are not split. A split is at least kMinSplitTokens, and there
 // are at most 4096 splits (the reduce kernel keeps one weight per split in shared memory).
 Split choose_split(int64_t span, int64_t base_blocks, int64_t resident_blocks) {
-  const int64_t waves = experiment_value("VOLTLLM_EXP_WAVES", 1);
-  const int64_t min_split = experiment_value("VOLTLLM_EXP_MIN_SPLIT", kMinSplitTokens);
-  const int64_t want = std::max<int64_t>(1, resident_blocks * waves / base_blocks);
-  const int64_t most = std::min<int64_t>(4096, std::max<int64_t>(1, (span + min_split - 1) / min_split));
+  const int64_t want = std::max<int64_t>(1, resident_blocks / base_blocks);
+  const int64_t most = std::min<int64_t>(4096, std::max<int64_t>(1, (span + kMinSplitTokens - 1) / kMinSplitTokens));
   const int64_t splits = std::min(want, most);
   const int64_t partition = ((span + splits - 1) / splits + 63) / 64 * 64;
   return {(span + partition - 1) / partition, partition};
@@ -84,7 +71,6 @@ DecodeParams decode_params(at::Tensor& out, const at::Tensor& query, const at::T
   p.max_blocks_per_seq = block_tables.size(1);
   p.sliding_window = sliding_window > 0 ? sliding_window : 0;
   p.scale_log2 = static_cast<float>(scale * 1.4426950408889634 /* log2(e) */);
-  p.early_kv = experiment("VOLTLLM_EXP_LATE_KV") ? 0 : 1;
   return p;
 }
 
@@ -110,16 +96,6 @@ template <typename T, int H>
 void launch_split_merge(const DecodeParams& p, const AttentionShape& shape, int64_t num_seqs, cudaStream_t stream) {
   const dim3 grid(shape.num_heads, num_seqs, H / kReduceDims);
   const int threads = kReduceDims * reduce_groups(p.max_splits);
-  if (experiment("VOLTLLM_EXP_OLD_MERGE")) {
-    launch(paged_decode_reduce_kernel_old<T, H>, grid, threads, static_cast<int>(p.max_splits * sizeof(float)),
-           stream, p);
-    return;
-  }
-  if (experiment("VOLTLLM_EXP_MERGE128")) {
-    launch(paged_decode_reduce_kernel<T, H, 4>, grid, kReduceDims * static_cast<int>(std::min<int64_t>(4, p.max_splits)),
-           kReduceSmemBytes, stream, p);
-    return;
-  }
   launch(paged_decode_reduce_kernel<T, H>, grid, threads, kReduceSmemBytes, stream, p);
 }
 
@@ -144,21 +120,9 @@ void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::
       constexpr int H = decltype(h)::value;
       using Tr = DecodeTraits<H>;
       auto* kernel = paged_decode_attention_kernel<T, H>;
-      if (H <= 128 && experiment("VOLTLLM_EXP_OCC3")) kernel = paged_decode_attention_kernel_occ3<T, H>;
-      if (experiment("VOLTLLM_EXP_DYNAMIC")) kernel = paged_decode_attention_kernel_dyn<T, H>;
-      switch (experiment_value("VOLTLLM_EXP_ABLATE", 0)) {
-        case 1: kernel = paged_decode_attention_kernel_abl<T, H, 1>; break;
-        case 2: kernel = paged_decode_attention_kernel_abl<T, H, 2>; break;
-        case 3: kernel = paged_decode_attention_kernel_abl<T, H, 3>; break;
-        case 4: kernel = paged_decode_attention_kernel_abl<T, H, 4>; break;
-        case 7: kernel = paged_decode_attention_kernel_abl<T, H, 7>; break;
-        default: break;
-      }
-      auto* sizing_kernel = experiment("VOLTLLM_EXP_OCC3") ? kernel : paged_decode_attention_kernel<T, H>;
       set_smem(kernel, Tr::kSmemBytes);
-      set_smem(sizing_kernel, Tr::kSmemBytes);
       int blocks_per_sm = 0;
-      C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, sizing_kernel, Tr::kThreads,
+      C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, Tr::kThreads,
                                                                    Tr::kSmemBytes));
       const auto split = choose_split(span, num_seqs * shape.num_kv_heads,
                                       static_cast<int64_t>(num_sms) * std::max(blocks_per_sm, 1));

@@ -35,7 +35,7 @@ struct DecodeTraits {
   static constexpr int kSBytes = kRows * kLdS * 4;
   static constexpr int kPBytes = kRows * kLdP * 2;
   static constexpr int kWarpBytes = 2 * kKVBytes + kSBytes + kPBytes + kRows * 4;
-  static constexpr int kStatBytes = 2 * kWarps * kRows * 4 + 16;  // row statistics, then the block counter
+  static constexpr int kStatBytes = 2 * kWarps * kRows * 4;
   static constexpr int kSmemBytes = kQBytes + kWarps * kWarpBytes + kStatBytes;
   static_assert(HEAD == 64 || HEAD == 128 || HEAD == 256, "head sizes 64, 128, 256");
   static_assert(kRows * kLdO * 4 <= 2 * kKVBytes, "merged output must fit in a warp's K/V area");
@@ -51,9 +51,8 @@ template <int HEAD>
 __device__ const int decode_smem_bytes = DecodeTraits<HEAD>::kSmemBytes;
 #endif
 
-template <typename T, int HEAD, bool DYNAMIC = false, int ABLATE = 0>
+template <typename T, int HEAD>
 __device__ __forceinline__ void paged_decode_attention_block(const DecodeParams& p) {
-  unsigned sink = 0;  // A/B ablations only: keeps skipped work's inputs alive
   using Tr = DecodeTraits<HEAD>;
   using namespace nvcuda;
   using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major>;
@@ -102,13 +101,8 @@ __device__ __forceinline__ void paged_decode_attention_block(const DecodeParams&
     for (int i = 0; i < Tr::kChunks; ++i) {
       const int c = lane + 32 * i;
       const long long off = (block_base + c / kChunksPerRow) * token_stride + (c % kChunksPerRow) * 8;
-      if constexpr ((ABLATE & 4) != 0) {
-        k_reg[i] = make_uint4(physical_block, i, 0, 0);
-        v_reg[i] = make_uint4(i, physical_block, 0, 0);
-      } else {
-        k_reg[i] = *reinterpret_cast<const uint4*>(k_cache + off);
-        v_reg[i] = *reinterpret_cast<const uint4*>(v_cache + off);
-      }
+      k_reg[i] = *reinterpret_cast<const uint4*>(k_cache + off);
+      v_reg[i] = *reinterpret_cast<const uint4*>(v_cache + off);
     }
   };
 
@@ -116,7 +110,7 @@ __device__ __forceinline__ void paged_decode_attention_block(const DecodeParams&
   // first block that ends before the newest token is loaded before the wait: the stream starts while
   // that kernel finishes. The block holding the newest token, the query and the outputs wait.
   const bool first_loaded = Tr::kPrefetch && first_block <= last_block;
-  const bool early = first_loaded && p.early_kv && first_block < (seq_len - 1) / kBlockSize;
+  const bool early = first_loaded && first_block < (seq_len - 1) / kBlockSize;
   if (early) {
     load_block(next_id);
     next_id = second_id;
@@ -133,11 +127,6 @@ __device__ __forceinline__ void paged_decode_attention_block(const DecodeParams&
   float* alpha_s = reinterpret_cast<float*>(warp_base + 2 * Tr::kKVBytes + Tr::kSBytes + Tr::kPBytes);
   float* stat_max = reinterpret_cast<float*>(smem + Tr::kQBytes + Tr::kWarps * Tr::kWarpBytes);
   float* stat_sum = stat_max + Tr::kWarps * Tr::kRows;
-  int* block_counter = reinterpret_cast<int*>(stat_sum + Tr::kWarps * Tr::kRows);
-  // With dynamic_warps the warps take their third and later blocks from a shared counter instead of
-  // every kWarps-th: a warp whose loads come back late takes fewer, so the split ends with its warps.
-  constexpr bool dynamic = Tr::kPrefetch && DYNAMIC;
-  if (threadIdx.x == 0) *block_counter = start / kBlockSize + 2 * Tr::kWarps;
 
   // Otherwise the first block's loads are issued before the query is staged, so the two latencies overlap.
   if (first_loaded && !early) {
@@ -167,14 +156,8 @@ __device__ __forceinline__ void paged_decode_attention_block(const DecodeParams&
 
   __syncthreads();  // q_s complete
 
-  // The block after `b_next` this warp computes.
-  auto successor = [&](int b_next) {
-    if constexpr (!dynamic) return b_next + Tr::kWarps;
-    int claimed = 0;
-    if (lane == 0) claimed = atomicAdd(block_counter, 1);
-    return __shfl_sync(0xffffffffu, claimed, 0);
-  };
-  // b: the block computed now (K/V in registers); b_next: the one after it (id in next_id, or K/V in flight).
+  // Warp w computes blocks w, w + kWarps, ... of the split. b: the block computed now (its K/V in
+  // registers, or about to be); b_next: the warp's block after it (its id in next_id).
   int b = first_block;
   int b_next = first_block + Tr::kWarps;
   while (b <= last_block) {
@@ -196,15 +179,7 @@ __device__ __forceinline__ void paged_decode_attention_block(const DecodeParams&
     int b_after = b_next + Tr::kWarps;
     if (Tr::kPrefetch && b_next <= last_block) {
       load_block(next_id);
-      b_after = successor(b_next);
       next_id = b_after <= last_block ? block_table[b_after] : 0;
-    }
-    if constexpr ((ABLATE & 1) != 0) {
-      sink += reinterpret_cast<const unsigned*>(k_s)[lane * 5] ^ reinterpret_cast<const unsigned*>(v_s)[lane * 7];
-      __syncwarp();
-      b = b_next;
-      b_next = b_after;
-      continue;
     }
 
     // S = Q K^T over this block's 16 tokens.
@@ -268,16 +243,6 @@ __device__ __forceinline__ void paged_decode_attention_block(const DecodeParams&
     b_next = b_after;
   }
 
-  if constexpr ((ABLATE & 2) != 0) {
-    float total = row_sum;
-#pragma unroll
-    for (int j = 0; j < kDTiles; ++j)
-#pragma unroll
-      for (int i = 0; i < FragC::num_elements; ++i) total += o_acc[j].x[i];
-    if (total == 1.2345f || sink == 0x9e3779b9u) static_cast<T*>(p.out)[threadIdx.x] = DType<T>::from_float(total);
-    return;
-  }
-  if (sink == 0x9e3779b9u) static_cast<T*>(p.out)[threadIdx.x] = DType<T>::from_float(1.f);
   // Merge the warps: each parks its unnormalised output (in its K/V area) and its row statistics.
   if ((lane & 1) == 0) {
     stat_max[warp * Tr::kRows + my_row] = row_max;
@@ -346,23 +311,6 @@ __global__ void __launch_bounds__(DecodeTraits<HEAD>::kThreads)
   }
 }
 
-#ifndef VOLTLLM_EMULATE
-// A/B only: the same kernel held to 168 registers so that three blocks fit an SM (H200: 12 warps).
-template <typename T, int HEAD>
-__global__ void __launch_bounds__(DecodeTraits<HEAD>::kThreads, 3) paged_decode_attention_kernel_occ3(DecodeParams p) {
-  paged_decode_attention_block<T, HEAD>(p);
-}
-template <typename T, int HEAD>
-__global__ void __launch_bounds__(DecodeTraits<HEAD>::kThreads) paged_decode_attention_kernel_dyn(DecodeParams p) {
-  paged_decode_attention_block<T, HEAD, true>(p);
-}
-// A/B only: ablations (1: no compute, 2: no warp merge / output, 4: no K/V loads), to time the parts.
-template <typename T, int HEAD, int ABLATE>
-__global__ void __launch_bounds__(DecodeTraits<HEAD>::kThreads) paged_decode_attention_kernel_abl(DecodeParams p) {
-  paged_decode_attention_block<T, HEAD, false, ABLATE>(p);
-}
-#endif
-
 // Split-merge geometry: a block merges kReduceDims output dims of one head, one warp-wide coalesced row
 // of each split's partial, and its warps (one per group, up to kReduceMaxGroups: as many as there are
 // splits) share the splits, so that every partial load of a long context (a 32k context has ~128
@@ -384,14 +332,13 @@ __host__ __device__ constexpr int reduce_groups(long long splits) {
 // Each thread loads the max, sum and output dim of kReduceBatch splits at once and merges them with an
 // online softmax, so the merge costs one L2 round trip per batch; the groups then combine their
 // (max, sum, output) triples through shared memory behind one barrier.
-template <typename T, int HEAD, int MAX_GROUPS = kReduceMaxGroups>
-__global__ void __launch_bounds__(kReduceDims * MAX_GROUPS, MAX_GROUPS == 4 ? 11 : 1)
-    paged_decode_reduce_kernel(DecodeParams p) {
+template <typename T, int HEAD>
+__global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel(DecodeParams p) {
   static_assert(HEAD % kReduceDims == 0, "whole warps of dims");
   VOLTLLM_DYNAMIC_SMEM(smem);
   float* group_max = reinterpret_cast<float*>(smem);  // [groups]
-  float* group_sum = group_max + MAX_GROUPS;           // [groups]
-  float* group_out = group_sum + MAX_GROUPS;           // [groups][kReduceDims]
+  float* group_sum = group_max + kReduceMaxGroups;     // [groups]
+  float* group_out = group_sum + kReduceMaxGroups;     // [groups][kReduceDims]
   const int head = blockIdx.x;
   const int seq = blockIdx.y;
   const int seq_len = p.seq_lens[seq];  // read before the wait, as in the attention kernel
@@ -452,48 +399,5 @@ __global__ void __launch_bounds__(kReduceDims * MAX_GROUPS, MAX_GROUPS == 4 ? 11
   out[d] = DType<T>::from_float(total_out / total_sum);
 }
 
-#if !defined(__CUDACC_RTC__) && !defined(VOLTLLM_EMULATE)
-// The merge before the one above (three dependent round trips); kept for one A/B measurement.
-template <typename T, int HEAD>
-__global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel_old(DecodeParams p) {
-  extern __shared__ float split_weight[];  // [max_splits]
-  __shared__ float scratch[kReduceMaxGroups];
-  __shared__ float group_out[kReduceMaxGroups][kReduceDims];
-  const int head = blockIdx.x;
-  const int seq = blockIdx.y;
-  const int seq_len = p.seq_lens[seq];
-  const int first_pos = p.sliding_window > 0 ? max(0, seq_len - p.sliding_window) : 0;
-  const int base = (first_pos / kBlockSize) * kBlockSize;
-  const int num_splits = (seq_len - base + p.partition_size - 1) / p.partition_size;
-  if (num_splits <= 1) return;
-  begin_dependent_grid();
-  const long long idx0 = (static_cast<long long>(seq) * p.num_heads + head) * p.max_splits;
-  const int threads = blockDim.x;
-  const int groups = threads / kReduceDims;
-  float m = neg_inf();
-  for (int s = threadIdx.x; s < num_splits; s += threads) m = fmaxf(m, p.partial_max[idx0 + s]);
-  m = block_max(m, scratch);
-  float l = 0.f;
-  for (int s = threadIdx.x; s < num_splits; s += threads) {
-    const float w = p.partial_sum[idx0 + s] * fast_exp2(p.partial_max[idx0 + s] - m);
-    split_weight[s] = w;
-    l += w;
-  }
-  l = block_sum(l, scratch);
-  const int lane = threadIdx.x % kReduceDims;
-  const int g = threadIdx.x / kReduceDims;
-  const int d = blockIdx.z * kReduceDims + lane;
-  const float* partial = p.partial_out + idx0 * HEAD + d;
-  float o = 0.f;
-#pragma unroll 4
-  for (int s = g; s < num_splits; s += groups) o += split_weight[s] * partial[static_cast<long long>(s) * HEAD];
-  group_out[g][lane] = o;
-  __syncthreads();
-  if (g != 0) return;
-  for (int k = 1; k < groups; ++k) o += group_out[k][lane];
-  T* out = static_cast<T*>(p.out) + seq * p.out_stride + head * HEAD;
-  out[d] = DType<T>::from_float(o / l);
-}
-#endif
 
 }  // namespace voltllm

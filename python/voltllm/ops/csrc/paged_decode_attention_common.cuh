@@ -26,7 +26,6 @@ struct DecodeParams {
   int partition_size;           // tokens per split, a multiple of kBlockSize
   int sliding_window;           // attend to the last `sliding_window` positions; 0 = unlimited
   float scale_log2;             // softmax scale * log2(e): scores are kept in log2 units
-  int early_kv;                 // v6: K/V before the newest token may be read before the PDL wait
 };
 
 }  // namespace voltllm
