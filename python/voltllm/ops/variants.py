@@ -93,6 +93,7 @@ def dynamic_smem_probes() -> dict[str, str]:
             probes[f"voltllm::paged_decode_attention_kernel<{dtype}, {h}>"] = (
                 f"voltllm::decode_smem_bytes<{h}>"
             )
+            probes[f"voltllm::paged_decode_reduce_kernel<{dtype}, {h}>"] = "voltllm::decode_reduce_smem_bytes"
             probes[f"voltllm::paged_prefill_v8_kernel<{dtype}, {h}>"] = f"voltllm::prefill_v8_smem_bytes<{h}>"
             probes[f"voltllm::paged_prefill_v9_kernel<{dtype}, {h}>"] = f"voltllm::prefill_v9_smem_bytes<{h}>"
             for nt in DECODE_V8_GROUP_TILES:

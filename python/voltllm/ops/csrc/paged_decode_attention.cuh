@@ -322,6 +322,10 @@ constexpr int kReduceBatch = 8;  // splits a thread loads at once: 128 splits in
 // Per group: its running max, its sum, and its kReduceDims outputs (dynamic shared memory, floats).
 constexpr int kReduceSmemBytes = kReduceMaxGroups * (2 + kReduceDims) * 4;
 
+#ifdef __CUDACC_RTC__
+__device__ const int decode_reduce_smem_bytes = kReduceSmemBytes;  // for the sm70 gate's report
+#endif
+
 // Warps per reduce block for `splits` splits.
 __host__ __device__ constexpr int reduce_groups(long long splits) {
   return splits < kReduceMaxGroups ? static_cast<int>(splits) : kReduceMaxGroups;
