@@ -111,9 +111,11 @@ class PagedBatch:
             sliding_window,
         )
 
-    def decode(self, variant: str, sliding_window: int | None = None) -> torch.Tensor:
-        """`ops.paged_decode_attention` of this batch (one query token per sequence), into NaN."""
-        out = torch.full_like(self.query, float("nan"))
+    def decode(
+        self, variant: str, sliding_window: int | None = None, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """`ops.paged_decode_attention` of this batch (one query token per sequence), into `out` or NaN."""
+        out = torch.full_like(self.query, float("nan")) if out is None else out
         ops.paged_decode_attention(
             self.query,
             self.kv_cache,
@@ -204,16 +206,7 @@ def test_decode_cuda_graph_replays_with_shorter_sequences(variant: str) -> None:
     out = torch.full_like(batch.query, float("nan"))
 
     def step() -> None:
-        ops.paged_decode_attention(
-            batch.query,
-            batch.kv_cache,
-            batch.block_tables,
-            batch.seq_lens_t,
-            seq_lens,
-            batch.scale,
-            out=out,
-            variant=variant,
-        )
+        batch.decode(variant, out=out)
 
     step()  # eager warm-up, as the engine does before capturing
     graph = torch.cuda.CUDAGraph()
@@ -248,16 +241,7 @@ def test_decode_sees_the_newest_token_written_just_before(variant: str, graphed:
     def run() -> None:
         for key, value, out in zip(keys, values, outs, strict=True):
             ops.kv_cache_write(key, value, batch.kv_cache, batch.slot_mapping)
-            ops.paged_decode_attention(
-                batch.query,
-                batch.kv_cache,
-                batch.block_tables,
-                batch.seq_lens_t,
-                seq_lens,
-                batch.scale,
-                out=out,
-                variant=variant,
-            )
+            batch.decode(variant, out=out)
 
     if graphed:
         run()  # warm-up, as the engine does before capturing
