@@ -159,24 +159,4 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   return total;
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
-// Max over the whole thread block; `scratch` holds one float per warp. Every thread gets the result.
-__device__ __forceinline__ float block_max(float v, float* scratch) {
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  const int num_warps = (blockDim.x + 31) >> 5;
-  v = warp_max(v);
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  float total = neg_inf();
-  for (int w = 0; w < num_warps; ++w) total = fmaxf(total, scratch[w]);
-  __syncthreads();
-  return total;
-}
-
 }  // namespace voltllm

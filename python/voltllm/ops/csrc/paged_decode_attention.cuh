@@ -313,7 +313,7 @@ __global__ void __launch_bounds__(DecodeTraits<HEAD>::kThreads)
 
 // Split-merge geometry: a block merges kReduceDims output dims of one head, one warp-wide coalesced row
 // of each split's partial, and its warps (one per group, up to kReduceMaxGroups: as many as there are
-// splits) share the splits, so that every partial load of a long context (a 32k context has ~128
+// splits) share the splits, so that every partial load of a long context (1 x 32k on the H200: 64
 // splits) is in flight at once, while a batch of short splits gets small blocks.
 constexpr int kReduceDims = 32;
 constexpr int kReduceMaxGroups = 16;
