@@ -76,6 +76,17 @@ class Paged:
         self.scale = 1 / math.sqrt(head)
         self.bf16 = int(dtype == torch.bfloat16)
 
+    def decode_span(self, window: int = 0) -> int:
+        """Context positions a decode launch's splits cover (the glue's decode_span)."""
+        return max(self.seq_lens) if window == 0 else min(max(self.seq_lens), window + 16)
+
+    def split_partials(self, splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """NaN-filled split partials as the decode kernels leave them: outputs [seqs, heads, splits, head]
+        and (max, sum) [2, seqs, heads, splits]."""
+        num_seqs = len(self.seq_lens)
+        partial_out = torch.full((num_seqs, self.num_heads, splits, self.head), float("nan"))
+        return partial_out, torch.full((2, num_seqs, self.num_heads, splits), float("nan"))
+
     def rel_err(self, window: int | None = None) -> float:
         ref = ops.paged_attention_ref(
             self.query, self.kv, self.tables, self.query_lens, self.seq_lens, self.scale, window
@@ -97,33 +108,29 @@ def run_decode(
     seed: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One v8 decode launch; returns the tickets and the split partials (out, stats)."""
-    span = max(b.seq_lens) if window == 0 else min(max(b.seq_lens), window + 16)
+    span = b.decode_span(window)
     partition = partition or -(-span // 16) * 16
     splits = -(-span // partition)
     num_seqs = len(b.seq_lens)
-    partial_out = torch.full((num_seqs, b.num_heads, splits, b.head), float("nan"))
-    partial_max = torch.full((num_seqs, b.num_heads, splits), float("nan"))
-    partial_sum = torch.full((num_seqs, b.num_heads, splits), float("nan"))
+    partial_out, stats = b.split_partials(splits)
     tickets = torch.zeros(num_seqs * b.num_kv_heads, dtype=torch.int32)
     k, v = b.kv[0].contiguous(), b.kv[1].contiguous()
     emu.emu_decode_v8(
         ctypes.c_int(b.bf16), ctypes.c_int(b.head), ptr(b.out), ptr(b.query), ptr(k), ptr(v),
-        ptr(b.tables), ptr(b.seq_lens_t), ptr(partial_out), ptr(partial_max), ptr(partial_sum),
+        ptr(b.tables), ptr(b.seq_lens_t), ptr(partial_out), ptr(stats[0]), ptr(stats[1]),
         ptr(tickets), ctypes.c_longlong(b.query.stride(0)), ctypes.c_longlong(b.out.stride(0)),
         ctypes.c_int(num_seqs), ctypes.c_int(b.num_heads), ctypes.c_int(b.num_kv_heads),
         ctypes.c_int(b.tables.shape[1]), ctypes.c_int(splits), ctypes.c_int(partition), ctypes.c_int(window),
         ctypes.c_float(b.scale * LOG2E), ctypes.c_int(int(fused)), ctypes.c_int(warps), ctypes.c_uint(seed),
     )  # fmt: skip
-    return tickets, partial_out, torch.stack([partial_max, partial_sum])
+    return tickets, partial_out, stats
 
 
 def run_decode_v6(emu: ctypes.CDLL, b: Paged, partition: int, window: int = 0, wmma_order: int = 0) -> None:
     """One v6 decode launch and, where the context is split, the split merge (into b.out)."""
-    span = max(b.seq_lens) if window == 0 else min(max(b.seq_lens), window + 16)
-    splits = -(-span // partition)
+    splits = -(-b.decode_span(window) // partition)
     num_seqs = len(b.seq_lens)
-    partial_out = torch.full((num_seqs, b.num_heads, splits, b.head), float("nan"))
-    stats = torch.full((2, num_seqs, b.num_heads, splits), float("nan"))
+    partial_out, stats = b.split_partials(splits)
     k, v = b.kv[0].contiguous(), b.kv[1].contiguous()
     emu.emu_decode_v6(
         ctypes.c_int(b.bf16), ctypes.c_int(b.head), ptr(b.out), ptr(b.query), ptr(k), ptr(v), ptr(b.tables),
@@ -208,14 +215,13 @@ def test_decode_split_merge_kernel(
     b = Paged([1] * len(seq_lens), seq_lens, 2, 8, head, torch.float16, seed=len(seq_lens) + partition)
     tickets, partial_out, stats = run_decode(emu, b, warps=4, partition=partition, window=window, fused=False)
     assert torch.equal(tickets, torch.zeros_like(tickets))
-    span = max(seq_lens) if window == 0 else min(max(seq_lens), window + 16)
     first_block_pos = [max(0, s - window) // 16 * 16 if window else 0 for s in seq_lens]
     split = [i for i, (s, f) in enumerate(zip(seq_lens, first_block_pos, strict=True)) if s - f > partition]
     assert split and torch.isnan(b.out[split]).all()  # split sequences are left to the merge
     emu.emu_decode_split_merge(
         ctypes.c_int(0), ctypes.c_int(head), ptr(b.out), ptr(b.seq_lens_t), ptr(partial_out), ptr(stats[0]),
         ptr(stats[1]), ctypes.c_longlong(b.out.stride(0)), ctypes.c_int(len(seq_lens)),
-        ctypes.c_int(b.num_heads), ctypes.c_int(-(-span // partition)), ctypes.c_int(partition),
+        ctypes.c_int(b.num_heads), ctypes.c_int(partial_out.shape[2]), ctypes.c_int(partition),
         ctypes.c_int(window), ctypes.c_uint(7),
     )  # fmt: skip
     assert b.rel_err(window or None) < REL_TOL[torch.float16]

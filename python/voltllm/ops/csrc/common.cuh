@@ -57,8 +57,8 @@ __device__ __forceinline__ void prefetch_l2(const void* ptr) {
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
 // 2^x with one MUFU instruction (ex2.approx flushes denormals: softmax weights that small are 0
-// anyway). exp2f without --use_fast_math adds range fix-ups around the same instruction.
-// 2^-inf = 0. (The CPU emulator, which has no PTX, uses exp2f.)
+// anyway); 2^-inf = 0. exp2f without --use_fast_math adds range fix-ups around the same instruction.
+// The CPU emulator, which has no PTX, uses exp2f.
 __device__ __forceinline__ float fast_exp2(float x) {
 #ifdef VOLTLLM_EMULATE
   return exp2f(x);

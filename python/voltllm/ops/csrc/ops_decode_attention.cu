@@ -26,7 +26,7 @@ constexpr int64_t kMinSplitTokens = 256;
 // Splits the context so that the grid is one full wave of resident blocks: long-lived blocks amortise
 // their setup (query load, row map, merge) over many KV blocks, and no second, partial wave is left.
 // Batches that fill the GPU on their own are not split. A split is at least kMinSplitTokens, and there
-// are at most 4096 splits (the reduce kernel keeps one weight per split in shared memory).
+// are at most 4096 splits (a bound on the partial buffers).
 Split choose_split(int64_t span, int64_t base_blocks, int64_t resident_blocks) {
   const int64_t want = std::max<int64_t>(1, resident_blocks / base_blocks);
   const int64_t most = std::min<int64_t>(4096, std::max<int64_t>(1, (span + kMinSplitTokens - 1) / kMinSplitTokens));
@@ -94,9 +94,8 @@ std::pair<at::Tensor, at::Tensor> set_splits(DecodeParams& p, const at::Tensor& 
 // Merges the splits set_splits made room for (v6, and v8 without its folded merge).
 template <typename T, int H>
 void launch_split_merge(const DecodeParams& p, const AttentionShape& shape, int64_t num_seqs, cudaStream_t stream) {
-  const dim3 grid(shape.num_heads, num_seqs, H / kReduceDims);
-  const int threads = kReduceDims * reduce_groups(p.max_splits);
-  launch(paged_decode_reduce_kernel<T, H>, grid, threads, kReduceSmemBytes, stream, p);
+  launch(paged_decode_reduce_kernel<T, H>, dim3(shape.num_heads, num_seqs, H / kReduceDims),
+         kReduceDims * reduce_groups(p.max_splits), kReduceSmemBytes, stream, p);
 }
 
 }  // namespace

@@ -156,14 +156,10 @@ __device__ __forceinline__ void paged_decode_attention_block(const DecodeParams&
 
   __syncthreads();  // q_s complete
 
-  // Warp w computes blocks w, w + kWarps, ... of the split. b: the block computed now (its K/V in
-  // registers, or about to be); b_next: the warp's block after it (its id in next_id).
-  int b = first_block;
-  int b_next = first_block + Tr::kWarps;
-  while (b <= last_block) {
+  for (int b = first_block; b <= last_block; b += Tr::kWarps) {
     if (!Tr::kPrefetch) {
       load_block(next_id);
-      next_id = b_next <= last_block ? block_table[b_next] : 0;
+      next_id = b + Tr::kWarps <= last_block ? block_table[b + Tr::kWarps] : 0;
     }
 #pragma unroll
     for (int i = 0; i < Tr::kChunks; ++i) {
@@ -176,10 +172,9 @@ __device__ __forceinline__ void paged_decode_attention_block(const DecodeParams&
       *reinterpret_cast<uint4*>(v_s + off) = live ? v_reg[i] : make_uint4(0, 0, 0, 0);
     }
     __syncwarp();
-    int b_after = b_next + Tr::kWarps;
-    if (Tr::kPrefetch && b_next <= last_block) {
+    if (Tr::kPrefetch && b + Tr::kWarps <= last_block) {
       load_block(next_id);
-      next_id = b_after <= last_block ? block_table[b_after] : 0;
+      next_id = b + 2 * Tr::kWarps <= last_block ? block_table[b + 2 * Tr::kWarps] : 0;
     }
 
     // S = Q K^T over this block's 16 tokens.
@@ -239,8 +234,6 @@ __device__ __forceinline__ void paged_decode_attention_block(const DecodeParams&
       wmma::mma_sync(o_acc[j], pa, bv, o_acc[j]);
     }
     __syncwarp();  // k_s/v_s/p_s are overwritten next step
-    b = b_next;
-    b_next = b_after;
   }
 
   // Merge the warps: each parks its unnormalised output (in its K/V area) and its row statistics.
