@@ -384,13 +384,23 @@ __global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel(Dec
   group_out[g * kReduceDims + lane] = o;
   __syncthreads();
   if (g != 0) return;
+  // Unrolled over the most groups a block has, so every shared-memory read is issued at once rather
+  // than one dependent read per group; entries past `groups` weigh 0.
+  float gm[kReduceMaxGroups];
   float total_max = neg_inf();
-  for (int k = 0; k < groups; ++k) total_max = fmaxf(total_max, group_max[k]);
+#pragma unroll
+  for (int k = 0; k < kReduceMaxGroups; ++k) {
+    gm[k] = k < groups ? group_max[k] : neg_inf();
+    total_max = fmaxf(total_max, gm[k]);
+  }
   float total_sum = 0.f, total_out = 0.f;
-  for (int k = 0; k < groups; ++k) {
-    const float w = group_max[k] == neg_inf() ? 0.f : fast_exp2(group_max[k] - total_max);  // idle groups
-    total_sum += group_sum[k] * w;
-    total_out += group_out[k * kReduceDims + lane] * w;
+#pragma unroll
+  for (int k = 0; k < kReduceMaxGroups; ++k) {
+    if (k < groups) {
+      const float w = gm[k] == neg_inf() ? 0.f : fast_exp2(gm[k] - total_max);  // idle groups
+      total_sum += group_sum[k] * w;
+      total_out += group_out[k * kReduceDims + lane] * w;
+    }
   }
   T* out = static_cast<T*>(p.out) + seq * p.out_stride + head * HEAD;
   out[d] = DType<T>::from_float(total_out / total_sum);
