@@ -12,8 +12,9 @@ Every attention kernel variant gets its own rows in the one table (the default i
 baselines measured once in the same run; `vs 1st` is each variant's relative difference from the output
 of the case's first variant on the same inputs (decode: v6, prefill: v8; a sanity check, not a timing).
 
-Times are medians of CUDA-event timings after warm-up; inputs rotate over several buffers where one
-input set would fit in L2. Usage: python benches/kernels.py [--json results.json]
+`ok` compares the unrounded ratio with the target (three decimals are printed, so 0.696 does not
+read as 0.70). Times are medians of CUDA-event timings after warm-up; inputs rotate over several
+buffers where one input set would fit in L2. Usage: python benches/kernels.py [--json results.json]
 [--only attention|prefill|fused] (prefill: the prefill rows alone, the quickest look at a prefill kernel).
 """
 
@@ -306,7 +307,7 @@ def main() -> None:
         ok = "yes" if r["ratio"] >= r["target"] else "NO "
         diff = f"{r['vs 1st']:8.1e}" if "vs 1st" in r else ""
         print(
-            f"{r['case']:<20}{r['variant']:<15}{r['ms']:>9.3f}  {measure:<34}{r['ratio']:>8.2f}"
+            f"{r['case']:<20}{r['variant']:<15}{r['ms']:>9.3f}  {measure:<34}{r['ratio']:>8.3f}"
             f"{r['target']:>8.2f}  {ok} {diff}"
         )
     if args.json:

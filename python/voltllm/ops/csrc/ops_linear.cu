@@ -1,6 +1,7 @@
 // Torch glue for the skinny decode GEMV (plain, and with the residual add + RMSNorm as its prologue):
 // checks, device guard, stream, dtype, row-count and epilogue dispatch.
 #include <algorithm>
+#include <type_traits>
 #include <utility>
 
 #include "torch_glue.h"
@@ -12,26 +13,22 @@ using namespace glue;
 
 namespace {
 
-template <typename T, int ROWS>
-void launch_gemv(const GemvParams& p, bool swiglu, cudaStream_t stream) {
-  const int blocks = (p.n + kGemvWarps - 1) / kGemvWarps;
-  if (swiglu)
-    launch(gemv_kernel<T, ROWS, true>, blocks, 32 * kGemvWarps, 0, stream, p);
-  else
-    launch(gemv_kernel<T, ROWS, false>, blocks, 32 * kGemvWarps, 0, stream, p);
-}
-
-template <typename T, int ROWS>
-void launch_gemv_norm(const GemvNormParams& p, bool swiglu, cudaStream_t stream) {
-  // Persistent: no more blocks than stay resident (the kernel's launch bounds guarantee this many per
-  // SM), so that every block computes the norm once and then streams several features.
-  const int resident = kGemvNormBlocksPerSm * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const int blocks = std::min((p.n + kGemvNormWarps - 1) / kGemvNormWarps, resident);
-  const int smem = gemv_norm_smem_bytes(ROWS, p.k);
-  if (swiglu)
-    launch(gemv_norm_kernel<T, ROWS, true>, blocks, 32 * kGemvNormWarps, smem, stream, p);
-  else
-    launch(gemv_norm_kernel<T, ROWS, false>, blocks, 32 * kGemvNormWarps, smem, stream, p);
+// Calls fn(T{}, rows, swiglu) with the dtype, the row count (1 or 2) and the epilogue as compile-time
+// values, the template arguments both GEMV kernels take.
+template <typename Fn>
+void dispatch_gemv(at::ScalarType dtype, int64_t rows, bool swiglu, const char* op, Fn&& fn) {
+  dispatch_dtype(dtype, op, [&](auto t) {
+    auto with_rows = [&](auto r) {
+      if (swiglu)
+        fn(t, r, std::true_type{});
+      else
+        fn(t, r, std::false_type{});
+    };
+    if (rows == 1)
+      with_rows(std::integral_constant<int, 1>{});
+    else
+      with_rows(std::integral_constant<int, 2>{});
+  });
 }
 
 struct GemvShape {
@@ -98,12 +95,9 @@ void gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const 
   p.n = static_cast<int>(n);
   p.k = static_cast<int>(k);
   const auto stream = at::cuda::getCurrentCUDAStream();
-  dispatch_dtype(x.scalar_type(), "gemv", [&](auto t) {
-    using T = decltype(t);
-    if (rows == 1)
-      launch_gemv<T, 1>(p, swiglu, stream);
-    else
-      launch_gemv<T, 2>(p, swiglu, stream);
+  const int blocks = static_cast<int>((n + kGemvWarps - 1) / kGemvWarps);
+  dispatch_gemv(x.scalar_type(), rows, swiglu, "gemv", [&](auto t, auto r, auto glu) {
+    launch(gemv_kernel<decltype(t), decltype(r)::value, decltype(glu)::value>, blocks, 32 * kGemvWarps, 0, stream, p);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -151,12 +145,14 @@ void add_rms_norm_gemv(at::Tensor& out, at::Tensor& residual_out, const at::Tens
   p.n = static_cast<int>(n);
   p.k = static_cast<int>(k);
   const auto stream = at::cuda::getCurrentCUDAStream();
-  dispatch_dtype(hidden.scalar_type(), op, [&](auto t) {
-    using T = decltype(t);
-    if (rows == 1)
-      launch_gemv_norm<T, 1>(p, swiglu, stream);
-    else
-      launch_gemv_norm<T, 2>(p, swiglu, stream);
+  // Persistent: no more blocks than stay resident (the kernel's launch bounds guarantee this many per
+  // SM), so that every block computes the norm once and then streams several features.
+  const int resident = kGemvNormBlocksPerSm * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int blocks = std::min(static_cast<int>((n + kGemvNormWarps - 1) / kGemvNormWarps), resident);
+  const int smem = gemv_norm_smem_bytes(static_cast<int>(rows), static_cast<int>(k));
+  dispatch_gemv(hidden.scalar_type(), rows, swiglu, op, [&](auto t, auto r, auto glu) {
+    launch(gemv_norm_kernel<decltype(t), decltype(r)::value, decltype(glu)::value>, blocks, 32 * kGemvNormWarps,
+           smem, stream, p);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
