@@ -69,6 +69,13 @@ __device__ __forceinline__ float fast_exp2(float x) {
 #endif
 }
 
+// Weight of a partial softmax (its running max `part_max`, log2 units) in a merge whose max is
+// `merged_max`: 2^(part_max - merged_max), and 0 for a part that saw no tokens (part_max = -inf), where
+// the difference would be NaN when every part is empty.
+__device__ __forceinline__ float merge_weight(float part_max, float merged_max) {
+  return part_max == neg_inf() ? 0.f : fast_exp2(part_max - merged_max);
+}
+
 // Per-dtype conversions. Arithmetic is always done in fp32; only loads and stores are 16-bit.
 template <typename T>
 struct DType;

@@ -262,7 +262,7 @@ __device__ __forceinline__ void paged_decode_attention_block(const DecodeParams&
 #pragma unroll
     for (int w = 0; w < Tr::kWarps; ++w) {
       const float wm = stat_max[w * Tr::kRows + r];
-      const float scale = wm == neg_inf() ? 0.f : fast_exp2(wm - m);  // warps with no tokens add nothing
+      const float scale = merge_weight(wm, m);  // warps with no tokens add nothing
       l += stat_sum[w * Tr::kRows + r] * scale;
       const float* parked = reinterpret_cast<const float*>(smem + Tr::kQBytes + w * Tr::kWarpBytes) + r * Tr::kLdO + d0;
       const float4 lo = *reinterpret_cast<const float4*>(parked);
@@ -397,7 +397,7 @@ __global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel(Dec
 #pragma unroll
   for (int k = 0; k < kReduceMaxGroups; ++k) {
     if (k < groups) {
-      const float w = gm[k] == neg_inf() ? 0.f : fast_exp2(gm[k] - total_max);  // idle groups
+      const float w = merge_weight(gm[k], total_max);  // idle groups add nothing
       total_sum += group_sum[k] * w;
       total_out += group_out[k * kReduceDims + lane] * w;
     }
@@ -405,6 +405,5 @@ __global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel(Dec
   T* out = static_cast<T*>(p.out) + seq * p.out_stride + head * HEAD;
   out[d] = DType<T>::from_float(total_out / total_sum);
 }
-
 
 }  // namespace voltllm

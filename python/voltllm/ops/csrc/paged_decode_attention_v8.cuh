@@ -345,7 +345,7 @@ __device__ __forceinline__ void paged_decode_v8_block(const DecodeV8Params& p) {
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int w = 0; w < warps; ++w) {
       const float wm = stat_m[w * kRows + h];
-      const float f = wm == neg_inf() ? 0.f : fast_exp2(wm - m);  // warps with no tokens add nothing
+      const float f = merge_weight(wm, m);  // warps with no tokens add nothing
       l += stat_l[w * kRows + h] * f;
       const float4 v = *reinterpret_cast<const float4*>(o_s + (w * kRows + h) * HEAD + d);
       acc = make_float4(acc.x + v.x * f, acc.y + v.y * f, acc.z + v.z * f, acc.w + v.w * f);
@@ -419,7 +419,7 @@ __device__ __forceinline__ void paged_decode_v8_block(const DecodeV8Params& p) {
       acc = make_float4(0.f, 0.f, 0.f, 0.f);
       for (int w = 0; w < ways; ++w) {
         const float* other = part + (w * slots + e) * 6;
-        const float f = other[0] == neg_inf() ? 0.f : fast_exp2(other[0] - mx);  // a way with no splits
+        const float f = merge_weight(other[0], mx);  // a way with no splits adds nothing
         l += other[1] * f;
         acc = make_float4(acc.x + other[2] * f, acc.y + other[3] * f, acc.z + other[4] * f, acc.w + other[5] * f);
       }
