@@ -31,18 +31,31 @@ struct is_same<A, A> {
 // Programmatic dependent launch (SM90+, where the glue's `launch` asks for it): a kernel may then be
 // scheduled while the kernel before it in the stream is still running, so the launch latency between
 // the hundreds of small kernels of a decode step overlaps work instead of idling the GPU. Every kernel
-// calls this first: it waits until the previous kernel has finished and its writes are visible (so
-// nothing below reads stale inputs or overwrites what that kernel still reads), then lets the next
-// kernel be scheduled. Compiled out before SM90 (Volta runs plain stream order).
+// calls begin_dependent_grid first: it waits until the previous kernel has finished and its writes are
+// visible (so nothing below reads stale inputs or overwrites what that kernel still reads), then lets
+// the next kernel be scheduled. Compiled out before SM90 (Volta runs plain stream order).
 //
-// Because every kernel lets its dependents go only after its own wait, a kernel that starts has every
-// kernel but the one just before it complete: reads of what older kernels wrote may come before the
-// wait (the decode attention kernel streams old K/V that way).
-__device__ __forceinline__ void begin_dependent_grid() {
+// One kernel uses the two halves apart: the decode split merge lets its dependent be scheduled at entry,
+// then waits (every one of its blocks, so it never completes before the attention kernel it merges), so
+// the next kernel is resident and issuing its early loads while attention's last blocks still run. Hence
+// a kernel that starts has every kernel complete but the one just before it, or the two before it when
+// that one is the split merge: reads before the wait must be of what neither wrote (the GEMVs prefetch
+// weights; the decode attention kernel streams old K/V).
+__device__ __forceinline__ void wait_for_previous_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void launch_dependent_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+
+__device__ __forceinline__ void begin_dependent_grid() {
+  wait_for_previous_grid();
+  launch_dependent_grids();
 }
 
 // Brings the 128-byte line holding `ptr` into L2 (PTX prefetch, any GPU) without waiting for it or holding a register.

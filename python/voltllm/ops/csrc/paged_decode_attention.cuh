@@ -304,14 +304,16 @@ __global__ void __launch_bounds__(DecodeTraits<HEAD>::kThreads)
   }
 }
 
-// Split-merge geometry: a block merges kReduceDims output dims of one head, one warp-wide coalesced row
-// of each split's partial, and its warps (one per group, up to kReduceMaxGroups: as many as there are
-// splits) share the splits, so that every partial load of a long context (1 x 32k on the H200: 64
-// splits) is in flight at once, while a batch of short splits gets small blocks.
+// Split-merge geometry: a block of up to kReduceMaxGroups warps merges kReduceDims output dims of one head
+// (one warp-wide coalesced row of each split's partial); its warps take the splits in turn, each lane
+// loading kReduceBatch splits' outputs at once while the splits' max and sum come one per lane and travel
+// by shuffle, so the 64 splits of 1 x 32k on the H200 are one L2 round trip. At 128 threads and 40
+// registers a block fits beside two attention blocks on an SM: the merge is resident while the attention
+// kernel runs, and (SM90) lets the kernel after it be scheduled as attention blocks finish.
 constexpr int kReduceDims = 32;
-constexpr int kReduceMaxGroups = 16;
+constexpr int kReduceMaxGroups = 4;
+constexpr int kReduceBatch = 16;  // splits a warp loads at once: at most 32 (one split's stats per lane)
 constexpr int kReduceThreads = kReduceDims * kReduceMaxGroups;
-constexpr int kReduceBatch = 8;  // splits a thread loads at once: 128 splits in one round trip
 // Per group: its running max, its sum, and its kReduceDims outputs (dynamic shared memory, floats).
 constexpr int kReduceSmemBytes = kReduceMaxGroups * (2 + kReduceDims) * 4;
 
@@ -326,12 +328,13 @@ __host__ __device__ constexpr int reduce_groups(long long splits) {
 
 // Merges the splits of sequences whose context was split. grid: (num_heads, num_seqs, HEAD / kReduceDims),
 // block: kReduceDims * reduce_groups(max_splits), dynamic shared memory: kReduceSmemBytes.
-// Each thread loads the max, sum and output dim of kReduceBatch splits at once and merges them with an
-// online softmax, so the merge costs one L2 round trip per batch; the groups then combine their
-// (max, sum, output) triples through shared memory behind one barrier.
+// The merge lets its dependent be scheduled at once (see begin_dependent_grid): the slots attention
+// blocks leave are then taken by the next kernel, whose early loads overlap attention's last blocks.
 template <typename T, int HEAD>
 __global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel(DecodeParams p) {
   static_assert(HEAD % kReduceDims == 0, "whole warps of dims");
+  static_assert(kReduceBatch <= 32, "one split's statistics per lane");
+  launch_dependent_grids();
   VOLTLLM_DYNAMIC_SMEM(smem);
   float* group_max = reinterpret_cast<float*>(smem);  // [groups]
   float* group_sum = group_max + kReduceMaxGroups;     // [groups]
@@ -342,8 +345,10 @@ __global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel(Dec
   const int first_pos = p.sliding_window > 0 ? max(0, seq_len - p.sliding_window) : 0;
   const int base = (first_pos / kBlockSize) * kBlockSize;
   const int num_splits = (seq_len - base + p.partition_size - 1) / p.partition_size;
+  // Every block waits, even one with nothing to merge, so the merge never completes before the
+  // attention kernel: the kernels after it may rely on both being done.
+  wait_for_previous_grid();
   if (num_splits <= 1) return;  // the attention kernel wrote the output directly
-  begin_dependent_grid();  // the partials come from the attention kernel
   const long long idx0 = (static_cast<long long>(seq) * p.num_heads + head) * p.max_splits;
   const int groups = blockDim.x / kReduceDims;
   const int lane = threadIdx.x % kReduceDims;
@@ -353,25 +358,28 @@ __global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel(Dec
 
   float m = neg_inf(), l = 0.f, o = 0.f;
   for (int s0 = g; s0 < num_splits; s0 += groups * kReduceBatch) {
-    float split_max[kReduceBatch], split_sum[kReduceBatch], split_out[kReduceBatch];
+    // Lane i (mod kReduceBatch) holds split s0 + i * groups's max and sum.
+    const int my_split = s0 + (lane % kReduceBatch) * groups;
+    const bool mine = my_split < num_splits;
+    const float split_max = mine ? p.partial_max[idx0 + my_split] : neg_inf();
+    const float split_sum = mine ? p.partial_sum[idx0 + my_split] : 0.f;
+    float split_out[kReduceBatch];
 #pragma unroll
     for (int i = 0; i < kReduceBatch; ++i) {
       const int s = s0 + i * groups;
-      const bool here = s < num_splits;
-      split_max[i] = here ? p.partial_max[idx0 + s] : neg_inf();
-      split_sum[i] = here ? p.partial_sum[idx0 + s] : 0.f;
-      split_out[i] = here ? partial[static_cast<long long>(s) * HEAD] : 0.f;
+      split_out[i] = s < num_splits ? partial[static_cast<long long>(s) * HEAD] : 0.f;
     }
-    float new_max = m;
+    float new_max = fmaxf(m, split_max);
 #pragma unroll
-    for (int i = 0; i < kReduceBatch; ++i) new_max = fmaxf(new_max, split_max[i]);
+    for (int k = 1; k < 32; k <<= 1) new_max = fmaxf(new_max, __shfl_xor_sync(0xffffffffu, new_max, k));
     const float alpha = fast_exp2(m - new_max);  // m = -inf on the first batch: 0
+    // Partials are normalised by their own sums; a missing split (max -inf, sum 0) weighs 0.
+    const float weight = mine ? split_sum * fast_exp2(split_max - new_max) : 0.f;
     l *= alpha;
     o *= alpha;
 #pragma unroll
     for (int i = 0; i < kReduceBatch; ++i) {
-      // Partials are normalised by their own sums; a missing split (max -inf, sum 0) weighs 0.
-      const float w = split_sum[i] * fast_exp2(split_max[i] - new_max);
+      const float w = __shfl_sync(0xffffffffu, weight, i);
       l += w;
       o += split_out[i] * w;
     }
