@@ -15,7 +15,8 @@ of the case's first variant on the same inputs (decode: v6, prefill: v8; a sanit
 `ok` compares the unrounded ratio with the target (three decimals are printed, so 0.696 does not
 read as 0.70). Times are medians of CUDA-event timings after warm-up; inputs rotate over several
 buffers where one input set would fit in L2. Usage: python benches/kernels.py [--json results.json]
-[--only attention|prefill|fused] (prefill: the prefill rows alone, the quickest look at a prefill kernel).
+[--only attention|decode|prefill|fused] (decode / prefill: those rows alone, the quickest look at one
+kernel).
 """
 
 from __future__ import annotations
@@ -273,13 +274,14 @@ def _ratio(name: str, baseline: Callable[[int], object], fused: Callable[[int], 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="also write the rows here")
-    parser.add_argument("--only", choices=("attention", "prefill", "fused"), help="run one group of rows")
+    groups = ("attention", "decode", "prefill", "fused")
+    parser.add_argument("--only", choices=groups, help="run one group of rows")
     args = parser.parse_args()
     load()
     name = torch.cuda.get_device_name()
     copy_bw = copy_bandwidth()
     rows: list[dict] = []
-    if args.only in (None, "attention"):
+    if args.only in (None, "attention", "decode"):
         for b, c in ((1, 32768), (16, 8192), (64, 4096), (256, 1024)):
             rows += decode_case(b, c, copy_bw)
     if args.only in (None, "attention", "prefill"):
