@@ -3,7 +3,7 @@
 # for ROUNDS rounds, so that two versions are compared without the 1-3% that separates two machines.
 # Each snapshot builds its kernels into its own cache (XDG_CACHE_HOME); output lines carry its name.
 #
-#   bash tools/gpu_compare.sh ROUNDS .carry/a .carry/b -- python benches/kernels.py --only attention
+#   bash tools/gpu_compare.sh ROUNDS .carry/a .carry/b -- python benches/kernels.py --only decode
 set -u
 rounds=$1
 shift
@@ -14,10 +14,8 @@ while [ "$1" != -- ]; do
 done
 shift
 root=$PWD
-if ls .carry/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .carry/msgspec-*cp312*.whl \
-    .carry/pyzmq-*.whl 2>/dev/null
-fi
+source "$root/tools/gpu_wheels.sh"
+install_carried_wheels 2>/dev/null
 export PYTHONUNBUFFERED=1
 in_snapshot() {  # in_snapshot DIR COMMAND...: COMMAND in DIR with its own kernel cache and imports
   local dir=$1

@@ -4,19 +4,16 @@
 #
 #   bash tools/gpu_run.sh [tests|kernels|engine|all]      # default: all
 #
-# The GPU machine lacks msgspec and pyzmq: put their cp312 manylinux wheels in .carry/ (gitignored;
-# `pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64
-# -d .carry msgspec pyzmq`) and name `.carry` in the call's carry list. The front-end benchmark also
-# needs the built `python/voltllm/_core.abi3.so` carried. Kernels build on first use (~75 s on an H200).
+# Carry the msgspec and pyzmq wheels the GPU machine lacks (tools/gpu_wheels.sh says how). The front-end
+# benchmark also needs the built `python/voltllm/_core.abi3.so` carried. Kernels build on first use
+# (~75 s on an H200).
 set -u
 export PYTHONUNBUFFERED=1
 what=${1:-all}
 out=${OUT:-/tmp/gpu_run}
 mkdir -p "$out"
-if ls .carry/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .carry/msgspec-*cp312*.whl \
-    .carry/pyzmq-*.whl || exit 1
-fi
+source "$(dirname "$0")/gpu_wheels.sh"
+install_carried_wheels || exit 1
 export PYTHONPATH=/tmp/site:$PWD/python:$PWD/tests/engine
 t0=$(date +%s)
 el() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
