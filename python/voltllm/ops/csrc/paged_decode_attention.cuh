@@ -369,9 +369,7 @@ __global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel(Dec
       const int s = s0 + i * groups;
       split_out[i] = s < num_splits ? partial[static_cast<long long>(s) * HEAD] : 0.f;
     }
-    float new_max = fmaxf(m, split_max);
-#pragma unroll
-    for (int k = 1; k < 32; k <<= 1) new_max = fmaxf(new_max, __shfl_xor_sync(0xffffffffu, new_max, k));
+    const float new_max = warp_max(fmaxf(m, split_max));
     const float alpha = fast_exp2(m - new_max);  // m = -inf on the first batch: 0
     // Partials are normalised by their own sums; a missing split (max -inf, sum 0) weighs 0.
     const float weight = mine ? split_sum * fast_exp2(split_max - new_max) : 0.f;
