@@ -28,7 +28,7 @@ from model_shapes import LLAMA3_8B, QWEN3_0_6B  # noqa: E402
 
 from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
 from voltllm.engine.llm_engine import LLMEngine  # noqa: E402
-from voltllm.engine.protocol import EngineCoreRequest, SamplingParams  # noqa: E402
+from voltllm.protocol import EngineCoreRequest, EngineSamplingParams  # noqa: E402
 
 MODELS = {"qwen3-0.6b": QWEN3_0_6B, "llama-3-8b": LLAMA3_8B}
 
@@ -54,7 +54,7 @@ def weight_bytes(model: torch.nn.Module) -> int:
 
 def decode_steps(engine: LLMEngine, prompt_len: int, tokens: int) -> tuple[list[float], list]:
     """Per-step wall times and runner timings of the decode steps of one request."""
-    params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+    params = EngineSamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
     engine.add_request(EngineCoreRequest("r", list(range(10, 10 + prompt_len)), params, 0.0))
     times, timings = [], []
     first = True

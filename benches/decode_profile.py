@@ -26,7 +26,7 @@ from decode_latency import MODELS  # noqa: E402
 
 from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
 from voltllm.engine.llm_engine import LLMEngine  # noqa: E402
-from voltllm.engine.protocol import EngineCoreRequest, SamplingParams  # noqa: E402
+from voltllm.protocol import EngineCoreRequest, EngineSamplingParams  # noqa: E402
 
 
 def main() -> None:
@@ -48,7 +48,7 @@ def main() -> None:
                 enforce_eager=not args.graphs,
             )
         )
-    params = SamplingParams(temperature=0.0, max_tokens=10 + args.steps, ignore_eos=True)
+    params = EngineSamplingParams(temperature=0.0, max_tokens=10 + args.steps, ignore_eos=True)
     for i in range(args.batch):
         engine.add_request(EngineCoreRequest(str(i), [5 + i] * args.context, params, 0.0))
     for _ in range(8):  # prefill and warm-up decodes

@@ -49,10 +49,10 @@ from pathlib import Path
 
 import torch
 
+from voltllm import protocol
 from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from voltllm.engine import protocol
 from voltllm.engine.core import EngineCore, EngineStepTimings
-from voltllm.engine.protocol import EngineCoreRequest, MessageType, SamplingParams
+from voltllm.protocol import EngineCoreRequest, EngineSamplingParams, MessageType
 from voltllm.worker.cuda_graphs import DecodeGraphs, graph_batch_sizes
 from voltllm.worker.model_runner import ModelRunner
 
@@ -154,7 +154,7 @@ def build_core(args: argparse.Namespace, tmp: Path) -> EngineCore:
 
 def add_requests(core: EngineCore, args: argparse.Namespace) -> list[str]:
     rng = random.Random(args.seed)
-    params = SamplingParams(temperature=0.0, max_tokens=core.max_model_len, ignore_eos=True)
+    params = EngineSamplingParams(temperature=0.0, max_tokens=core.max_model_len, ignore_eos=True)
     ids = [str(i) for i in range(args.num_seqs)]
     for rid in ids:
         prompt = [rng.randrange(1, core.vocab_size) for _ in range(rng.randint(args.min_len, args.max_len))]

@@ -32,8 +32,8 @@ from model_shapes import QWEN3_0_6B, TINY
 from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from voltllm.engine.core import resolve_device, resolve_dtype
 from voltllm.engine.llm_engine import LLMEngine
-from voltllm.engine.protocol import EngineCoreRequest, SamplingParams
 from voltllm.loader.default_model import DEFAULT_MODEL_NAME, default_model_dir
+from voltllm.protocol import EngineCoreRequest, EngineSamplingParams
 
 
 def make_workload(args: argparse.Namespace, vocab: int) -> tuple[list[list[int]], list[int]]:
@@ -72,10 +72,12 @@ def time_offline_run(
 
     The offline figure of this bench and of serving.py. Raises `RuntimeError` when a sequence did
     not generate exactly its length (the throughput would not be of the intended workload)."""
-    warm = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    warm = EngineSamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     engine.generate_token_ids([EngineCoreRequest("warmup", prompts[0][:16], warm, 0.0)])
     requests = [
-        EngineCoreRequest(str(i), p, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True), 0.0)
+        EngineCoreRequest(
+            str(i), p, EngineSamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True), 0.0
+        )
         for i, (p, n) in enumerate(zip(prompts, output_lens, strict=True))
     ]
     _sync(device)

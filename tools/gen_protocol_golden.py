@@ -1,6 +1,6 @@
 """Write the wire protocol's golden vectors: `tests/protocol/golden/<name>.msgpack` + `<name>.json`.
 
-Each vector is one message encoded by the Python implementation (`voltllm.engine.protocol`). The JSON
+Each vector is one message encoded by the Python implementation (`voltllm.protocol`). The JSON
 file gives its meaning: the message type and the payload as plain JSON (maps for map structs, arrays for
 array structs, `logit_bias` keys as strings since JSON keys must be). Both test suites decode the bytes,
 compare with the meaning, and re-encode them byte for byte. Run after any change to docs/protocol.md.
@@ -17,15 +17,15 @@ import msgspec
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
 
-from voltllm.engine import protocol as p  # noqa: E402
+from voltllm import protocol as p  # noqa: E402
 
 GOLDEN_DIR = ROOT / "tests" / "protocol" / "golden"
 
 
 def vectors() -> dict[str, tuple[p.MessageType, object]]:
     """A representative message of every type, covering nil/optional fields and edge values."""
-    greedy = p.SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
-    full = p.SamplingParams(
+    greedy = p.EngineSamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    full = p.EngineSamplingParams(
         temperature=0.7,
         top_p=0.9,
         top_k=50,
@@ -96,8 +96,8 @@ def vectors() -> dict[str, tuple[p.MessageType, object]]:
                         "req-1",
                         [7, 8],
                         new_logprobs=[
-                            p.Logprob([7, 7, 9], [-0.5, -0.5, -1.25], 1),
-                            p.Logprob([8, 3, 8], [-2.0, -0.125, -2.0], 2),
+                            p.TokenLogprobs([7, 7, 9], [-0.5, -0.5, -1.25], 1),
+                            p.TokenLogprobs([8, 3, 8], [-2.0, -0.125, -2.0], 2),
                         ],
                         num_cached_tokens=32,
                     ),

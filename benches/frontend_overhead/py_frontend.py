@@ -24,7 +24,7 @@ from aiohttp import web
 from tokenizers import Tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
-from voltllm.engine import protocol as P  # noqa: E402
+from voltllm import protocol as P  # noqa: E402
 
 PROMPT_CONTEXT_TOKENS = 5
 
@@ -92,7 +92,7 @@ class Frontend:
                 {"error": {"message": "too long", "type": "BadRequestError"}}, status=400
             )
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        params = P.SamplingParams(max_tokens=max_tokens, ignore_eos=bool(body.get("ignore_eos", False)))
+        params = P.EngineSamplingParams(max_tokens=max_tokens, ignore_eos=bool(body.get("ignore_eos", False)))
         queue: asyncio.Queue = asyncio.Queue()
         self.queues[request_id] = queue
         await self.send(P.MessageType.ADD, P.EngineCoreRequest(request_id, prompt_ids, params, time.time()))

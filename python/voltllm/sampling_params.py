@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from voltllm.engine.protocol import SamplingParams as WireSamplingParams
+from voltllm.protocol import EngineSamplingParams
 
 MAX_LOGPROBS = 20
 _FLOAT_FIELDS = (
@@ -47,7 +47,7 @@ def _check_token_id(name: str, token_id: int, vocab_size: int | None) -> None:
         raise ValueError(f"{name} contains token id {token_id}, outside the vocabulary {bound}")
 
 
-def validate_wire_params(params: WireSamplingParams, vocab_size: int | None = None) -> None:
+def validate_wire_params(params: EngineSamplingParams, vocab_size: int | None = None) -> None:
     """Check every field against the ranges in docs/protocol.md; raise `ValueError` naming the field.
 
     `vocab_size` (known to the engine, not always to the user) also bounds token ids.
@@ -141,9 +141,9 @@ class SamplingParams:
                 raise ValueError(msg) from None
         validate_wire_params(self.to_wire())
 
-    def to_wire(self) -> WireSamplingParams:
+    def to_wire(self) -> EngineSamplingParams:
         """The engine-facing part of these settings (what travels in `EngineCoreRequest`)."""
-        return WireSamplingParams(
+        return EngineSamplingParams(
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k,

@@ -7,11 +7,11 @@ import pytest
 from voltllm.core.block_pool import BlockPool, hash_block_tokens
 from voltllm.core.kv_cache_manager import KVCacheManager
 from voltllm.core.request import Request
-from voltllm.engine.protocol import SamplingParams
+from voltllm.protocol import EngineSamplingParams
 
 
 def req(rid: str, tokens: list[int]) -> Request:
-    return Request(rid, tokens, SamplingParams())
+    return Request(rid, tokens, EngineSamplingParams())
 
 
 def test_chained_hash_depends_on_parent_and_tokens():

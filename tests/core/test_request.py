@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from voltllm.core.request import InvalidTransition, Request, RequestStatus
-from voltllm.engine.protocol import SamplingParams
+from voltllm.protocol import EngineSamplingParams
 
 
 def test_lifecycle_and_forbidden_transitions():
-    r = Request("r", [1, 2, 3], SamplingParams(stop_token_ids=[9]), eos_token_ids=(2,))
+    r = Request("r", [1, 2, 3], EngineSamplingParams(stop_token_ids=[9]), eos_token_ids=(2,))
     assert r.status is RequestStatus.WAITING and r.stop_token_ids == {2, 9}
     with pytest.raises(InvalidTransition):
         r.transition(RequestStatus.PREEMPTED)  # never ran
@@ -26,5 +26,5 @@ def test_lifecycle_and_forbidden_transitions():
 
 
 def test_ignore_eos_keeps_only_user_stop_ids():
-    r = Request("r", [1], SamplingParams(ignore_eos=True, stop_token_ids=[4]), eos_token_ids=(2,))
+    r = Request("r", [1], EngineSamplingParams(ignore_eos=True, stop_token_ids=[4]), eos_token_ids=(2,))
     assert r.stop_token_ids == {4}

@@ -7,7 +7,7 @@ from voltllm.core.kv_cache_manager import KVCacheManager
 from voltllm.core.request import Request, RequestStatus
 from voltllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from voltllm.core.scheduler import Scheduler
-from voltllm.engine.protocol import SamplingParams
+from voltllm.protocol import EngineSamplingParams
 
 TOKEN = 7
 
@@ -25,7 +25,7 @@ def add(s: Scheduler, rid: str, n: int, max_tokens=4, priority=0, first_token=1,
     r = Request(
         rid,
         list(range(first_token, first_token + n)),
-        SamplingParams(max_tokens=max_tokens, ignore_eos=True, **sp),
+        EngineSamplingParams(max_tokens=max_tokens, ignore_eos=True, **sp),
         eos_token_ids=(0,),
         priority=priority,
     )
@@ -107,7 +107,7 @@ def test_min_tokens_delays_stop_token():
 
 def test_eos_respected_unless_ignore_eos():
     s = make()
-    r = Request("e", [1, 2, 3], SamplingParams(max_tokens=5), eos_token_ids=(TOKEN,))
+    r = Request("e", [1, 2, 3], EngineSamplingParams(max_tokens=5), eos_token_ids=(TOKEN,))
     s.add_request(r)
     (out,) = step(s)[1]
     assert out.finish_reason == "stop" and out.stop_reason == TOKEN

@@ -13,7 +13,7 @@ from voltllm.core.kv_cache_manager import KVCacheManager
 from voltllm.core.request import Request
 from voltllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from voltllm.core.scheduler import Scheduler
-from voltllm.engine.protocol import SamplingParams
+from voltllm.protocol import EngineSamplingParams
 
 VOCAB = 12  # small, so that sampled tokens hit stop ids and prompts share prefixes
 
@@ -71,7 +71,7 @@ def kv_view(s: Scheduler) -> tuple:
 def new_request(rng: random.Random, i: int) -> Request:
     prefix = [1, 2, 3, 4, 5, 6, 7, 8][: rng.choice([0, 4, 8])]  # shared full blocks
     prompt = prefix + [rng.randrange(VOCAB) for _ in range(rng.randint(1, 14))]
-    params = SamplingParams(
+    params = EngineSamplingParams(
         max_tokens=rng.randint(1, 24),
         min_tokens=rng.choice([0, 0, 3]),
         stop_token_ids=rng.choice([[], [], [5]]),

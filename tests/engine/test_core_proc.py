@@ -15,10 +15,10 @@ import pytest
 import zmq
 from tiny_models import save_plain_model
 
+from voltllm import protocol
 from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from voltllm.engine import protocol
 from voltllm.engine.llm_engine import LLMEngine
-from voltllm.engine.protocol import EngineCoreRequest, MessageType, SamplingParams, UtilityCall
+from voltllm.protocol import EngineCoreRequest, EngineSamplingParams, MessageType, UtilityCall
 
 ENGINE_INDEX = 3
 IDENTITY = ENGINE_INDEX.to_bytes(2, "little")
@@ -51,8 +51,8 @@ class FrontEnd:
         self.ctx.destroy(linger=0)
 
 
-def greedy(max_tokens: int) -> SamplingParams:
-    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+def greedy(max_tokens: int) -> EngineSamplingParams:
+    return EngineSamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
 
 
 @pytest.mark.slow
@@ -83,7 +83,7 @@ def test_engine_process_streams_aborts_and_survives_bad_input(tmp_path):
         fe.send_raw(MessageType.ADD.frame(), b"\xc1\xc1")  # not msgpack at all
         bad_type = msgspec.msgpack.encode(["bad-type", [5, 6], {"temperature": "hot"}, 0.0, 0])
         fe.send_raw(MessageType.ADD.frame(), bad_type)  # decodes as msgpack, id readable, wrong type
-        bad_value = EngineCoreRequest("bad-value", [5, 6], SamplingParams(top_p=0.0), time.time())
+        bad_value = EngineCoreRequest("bad-value", [5, 6], EngineSamplingParams(top_p=0.0), time.time())
         fe.send(MessageType.ADD, bad_value)
         fe.send(MessageType.ADD, EngineCoreRequest("r1", [7, 8], greedy(3), time.time()))  # duplicate live id
         fe.send(MessageType.UTILITY, UtilityCall(call_id=9, method="ping"))

@@ -11,8 +11,8 @@ from toy_model import VOCAB, ToyLoaded, ToyModel
 
 from voltllm.config import CacheConfig, EngineConfig, SchedulerConfig
 from voltllm.engine.core import EngineCore
-from voltllm.engine.protocol import EngineCoreRequest, SamplingParams
-from voltllm.sampling_params import SamplingParams as UserSamplingParams
+from voltllm.protocol import EngineCoreRequest, EngineSamplingParams
+from voltllm.sampling_params import SamplingParams
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ def core() -> EngineCore:
 
 def request(rid: str, prompt=(5, 6, 7), **sp) -> EngineCoreRequest:
     sp.setdefault("max_tokens", 3)
-    return EngineCoreRequest(rid, list(prompt), SamplingParams(**sp), 0.0)
+    return EngineCoreRequest(rid, list(prompt), EngineSamplingParams(**sp), 0.0)
 
 
 def run(core: EngineCore) -> dict[str, list]:
@@ -107,7 +107,7 @@ def test_utilities_and_ready(core):
 
 
 def test_user_sampling_params_validate_and_convert():
-    sp = UserSamplingParams(temperature=1, stop="x", logit_bias={"5": 1})
+    sp = SamplingParams(temperature=1, stop="x", logit_bias={"5": 1})
     wire = sp.to_wire()
     assert isinstance(wire.temperature, float) and wire.logit_bias == {5: 1.0} and sp.stop == ["x"]
     for bad, field in [
@@ -120,7 +120,7 @@ def test_user_sampling_params_validate_and_convert():
         ({"stop": [""]}, "stop"),
     ]:
         with pytest.raises(ValueError, match=field):
-            UserSamplingParams(**bad)
+            SamplingParams(**bad)
 
 
 class _Runner:

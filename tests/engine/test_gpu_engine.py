@@ -17,7 +17,7 @@ from tiny_models import PLAIN_COMMON
 
 from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from voltllm.engine.llm_engine import LLMEngine
-from voltllm.engine.protocol import EngineCoreRequest, SamplingParams
+from voltllm.protocol import EngineCoreRequest, EngineSamplingParams
 from voltllm.worker.cuda_graphs import DecodeGraphs
 
 pytestmark = pytest.mark.gpu
@@ -85,7 +85,7 @@ def generate(
     prompts, lengths = prompts_and_lengths(engine.vocab_size)
     sampling = sampling or {"temperature": 0.0}
     requests = [
-        EngineCoreRequest(str(i), p, SamplingParams(max_tokens=n, ignore_eos=True, **sampling), 0.0)
+        EngineCoreRequest(str(i), p, EngineSamplingParams(max_tokens=n, ignore_eos=True, **sampling), 0.0)
         for i, (p, n) in enumerate(zip(prompts, lengths, strict=True))
     ]
     outputs = engine.generate_token_ids(requests)

@@ -10,7 +10,7 @@ from tiny_models import PLAIN_CONFIGS, save_plain_model
 
 from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from voltllm.engine.llm_engine import LLMEngine
-from voltllm.engine.protocol import EngineCoreRequest, SamplingParams
+from voltllm.protocol import EngineCoreRequest, EngineSamplingParams
 
 NEW_TOKENS = 32
 
@@ -50,7 +50,7 @@ def test_greedy_matches_transformers(arch, tmp_path):
     )
     engine = LLMEngine(config)
     prompts = make_prompts(engine.vocab_size)
-    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=20)
+    params = EngineSamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=20)
     requests = [EngineCoreRequest(str(i), p, params, float(i)) for i, p in enumerate(prompts)]
     outputs = engine.generate_token_ids(requests)
     assert engine.get_stats().prefix_cache_hits > 0  # the shared prefix was reused
@@ -79,7 +79,7 @@ def test_default_model_knows_the_capital_of_france():
     if not isinstance(prompt, list):  # transformers 5 returns a BatchEncoding
         prompt = prompt["input_ids"]
     engine = LLMEngine(EngineConfig(model=ModelConfig(model=str(model_dir)), device="cpu"))
-    params = SamplingParams(temperature=0.0, max_tokens=24)
+    params = EngineSamplingParams(temperature=0.0, max_tokens=24)
     out = engine.generate_token_ids([EngineCoreRequest("paris", prompt, params, 0.0)])["paris"]
     text = tokenizer.decode(out.new_token_ids, skip_special_tokens=True)
     assert "Paris" in text, text
@@ -98,7 +98,7 @@ def _llama_engine(model_dir, num_kv_blocks: int, prefix: bool = True) -> LLMEngi
 
 def test_prefix_cache_and_preemption_keep_outputs(tmp_path):
     model_dir, _ = save_plain_model("llama", tmp_path / "llama")
-    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    params = EngineSamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     rng = random.Random(3)
     prefix = [rng.randrange(3, 320) for _ in range(48)]
     first, second = prefix + [7, 8, 9], prefix + [10, 11]

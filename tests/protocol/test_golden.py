@@ -8,7 +8,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from voltllm.engine import protocol as p
+from voltllm import protocol as p
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 NAMES = sorted(f.stem for f in GOLDEN_DIR.glob("*.msgpack"))
@@ -44,5 +44,5 @@ def test_malformed_frames_raise_value_error() -> None:
 def test_sampling_params_map_tolerates_unknown_and_missing_keys() -> None:
     """Maps are forward-compatible: a newer peer's extra field is ignored, a missing one defaults."""
     raw = msgspec.msgpack.encode({"temperature": 0.5, "a_future_field": [1, 2]})
-    params = msgspec.msgpack.decode(raw, type=p.SamplingParams)
+    params = msgspec.msgpack.decode(raw, type=p.EngineSamplingParams)
     assert params.temperature == 0.5 and params.max_tokens == 16

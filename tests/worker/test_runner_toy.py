@@ -11,7 +11,7 @@ from toy_model import VOCAB, ToyLoaded, ToyModel
 from voltllm.config import CacheConfig, EngineConfig, SchedulerConfig
 from voltllm.engine.core import EngineCore
 from voltllm.engine.llm_engine import LLMEngine
-from voltllm.engine.protocol import EngineCoreRequest, SamplingParams
+from voltllm.protocol import EngineCoreRequest, EngineSamplingParams
 
 MODEL = ToyModel()
 
@@ -27,7 +27,7 @@ def engine(num_blocks=256, block_size=4, budget=16, max_seqs=16, prefix=True, ma
 
 
 def greedy_req(rid: str, prompt: list[int], n: int, **kw) -> EngineCoreRequest:
-    sp = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, **kw)
+    sp = EngineSamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, **kw)
     return EngineCoreRequest(rid, prompt, sp, 0.0)
 
 
@@ -85,15 +85,21 @@ def test_prefix_cache_computes_only_new_tokens_with_same_output():
 
 def test_seeded_sampling_is_independent_of_batch_and_preemption():
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
-    seeded = EngineCoreRequest("s", prompt, SamplingParams(temperature=1.0, seed=1234, max_tokens=16), 0.0)
+    seeded = EngineCoreRequest(
+        "s", prompt, EngineSamplingParams(temperature=1.0, seed=1234, max_tokens=16), 0.0
+    )
     alone = engine().generate_token_ids([seeded])["s"].new_token_ids
     others = [
-        EngineCoreRequest(f"o{i}", p, SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True), 0.0)
+        EngineCoreRequest(
+            f"o{i}", p, EngineSamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True), 0.0
+        )
         for i, p in enumerate(prompts(7, 6))
     ]
     crowded = engine(num_blocks=24, budget=8).generate_token_ids([*others, seeded])["s"].new_token_ids
     assert alone == crowded
-    other_seed = EngineCoreRequest("s", prompt, SamplingParams(temperature=1.0, seed=99, max_tokens=16), 0.0)
+    other_seed = EngineCoreRequest(
+        "s", prompt, EngineSamplingParams(temperature=1.0, seed=99, max_tokens=16), 0.0
+    )
     assert engine().generate_token_ids([other_seed])["s"].new_token_ids != alone
 
 

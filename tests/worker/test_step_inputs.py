@@ -21,7 +21,7 @@ from toy_model import VOCAB, ToyLoaded, ToyModel
 from voltllm.config import CacheConfig, EngineConfig, SchedulerConfig
 from voltllm.engine.core import EngineCore
 from voltllm.engine.llm_engine import LLMEngine
-from voltllm.engine.protocol import EngineCoreRequest, SamplingParams
+from voltllm.protocol import EngineCoreRequest, EngineSamplingParams
 from voltllm.worker import model_runner
 from voltllm.worker.cuda_graphs import DecodeGraphs, graph_batch_sizes
 from voltllm.worker.step_inputs import BlockTable, StepBuffers
@@ -144,7 +144,9 @@ def requests(seed: int, count: int) -> tuple[list[list[int]], list[int]]:
 
 def generate(eng: LLMEngine, prompts: list[list[int]], lengths: list[int]) -> list[list[int]]:
     reqs = [
-        EngineCoreRequest(str(i), p, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True), 0.0)
+        EngineCoreRequest(
+            str(i), p, EngineSamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True), 0.0
+        )
         for i, (p, n) in enumerate(zip(prompts, lengths, strict=True))
     ]
     out = eng.generate_token_ids(reqs)

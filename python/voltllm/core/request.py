@@ -12,7 +12,7 @@ import enum
 import itertools
 import time
 
-from voltllm.engine.protocol import EngineCoreRequest, FinishReason, SamplingParams
+from voltllm.protocol import EngineCoreRequest, EngineSamplingParams, FinishReason
 
 
 class RequestStatus(enum.Enum):
@@ -86,7 +86,7 @@ class Request:
         self,
         request_id: str,
         prompt_token_ids: list[int],
-        sampling_params: SamplingParams,
+        sampling_params: EngineSamplingParams,
         eos_token_ids: tuple[int, ...] = (),
         arrival_time: float | None = None,
         priority: int = 0,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from voltllm.engine.protocol import Logprob, SamplingParams
+from voltllm.protocol import EngineSamplingParams, TokenLogprobs
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,7 @@ class NewRequestData:
     request_id: str
     token_ids: tuple[int, ...]  # prompt plus any tokens generated before a preemption
     num_prompt_tokens: int
-    sampling_params: SamplingParams
+    sampling_params: EngineSamplingParams
     block_ids: tuple[int, ...]
     num_computed_tokens: int  # tokens already in the KV cache (prefix-cache hits)
 
@@ -59,4 +59,4 @@ class ModelRunnerOutput:
     non-final prefill chunk samples nothing and is absent)."""
 
     sampled_token_ids: dict[str, int] = field(default_factory=dict)
-    logprobs: dict[str, Logprob] = field(default_factory=dict)
+    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)

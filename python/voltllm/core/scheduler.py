@@ -32,7 +32,7 @@ from voltllm.core.sched_output import (
     NewRequestData,
     SchedulerOutput,
 )
-from voltllm.engine.protocol import EngineCoreOutput, SchedulerStats
+from voltllm.protocol import EngineCoreOutput, SchedulerStats
 
 _RUNNING = RequestStatus.RUNNING
 _NO_IDS: frozenset[str] = frozenset()

@@ -21,13 +21,13 @@ from voltllm.config import EngineConfig
 from voltllm.core.kv_cache_manager import KVCacheManager
 from voltllm.core.request import Request
 from voltllm.core.scheduler import Scheduler
-from voltllm.engine.protocol import (
+from voltllm.protocol import (
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequest,
     EngineReady,
+    EngineSamplingParams,
     FinishReason,
-    SamplingParams,
     SchedulerStats,
 )
 from voltllm.sampling_params import validate_wire_params
@@ -307,6 +307,6 @@ class EngineCore:
             )
         if isinstance(request.priority, bool) or not isinstance(request.priority, int):
             raise ValueError(f"priority must be an integer, got {request.priority!r}")
-        if not isinstance(request.sampling_params, SamplingParams):
-            raise ValueError("sampling_params must be a SamplingParams struct")
+        if not isinstance(request.sampling_params, EngineSamplingParams):
+            raise ValueError("sampling_params must be an EngineSamplingParams struct")
         validate_wire_params(request.sampling_params, self.vocab_size)

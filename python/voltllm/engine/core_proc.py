@@ -24,10 +24,10 @@ from typing import Any
 import msgspec
 import zmq
 
-from voltllm.engine import protocol
+from voltllm import protocol
 from voltllm.engine.args import add_engine_args, engine_config_from_args
 from voltllm.engine.core import EngineCore, settle_garbage_collector
-from voltllm.engine.protocol import EngineError, MessageType, UtilityCall, UtilityResult
+from voltllm.protocol import EngineError, MessageType, UtilityCall, UtilityResult
 
 logger = logging.getLogger("voltllm.engine")
 

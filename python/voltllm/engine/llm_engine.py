@@ -6,7 +6,7 @@ from pathlib import Path
 
 from voltllm.config import EngineConfig
 from voltllm.engine.core import EngineCore
-from voltllm.engine.protocol import EngineCoreOutput, EngineCoreRequest, SchedulerStats
+from voltllm.protocol import EngineCoreOutput, EngineCoreRequest, SchedulerStats
 
 
 class LLMEngine:

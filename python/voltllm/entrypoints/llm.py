@@ -19,8 +19,8 @@ from tqdm import tqdm
 from voltllm import _core
 from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from voltllm.engine.llm_engine import LLMEngine
-from voltllm.engine.protocol import EngineCoreOutput, EngineCoreRequest
 from voltllm.outputs import CompletionOutput, Logprob, RequestOutput
+from voltllm.protocol import EngineCoreOutput, EngineCoreRequest
 from voltllm.sampling_params import SamplingParams
 
 PromptType = str | dict[str, Any]

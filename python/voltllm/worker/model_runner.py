@@ -20,8 +20,8 @@ import torch
 
 from voltllm.config import CacheConfig
 from voltllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
-from voltllm.engine.protocol import SamplingParams
 from voltllm.layers.attention.backend import AttentionMetadata
+from voltllm.protocol import EngineSamplingParams
 from voltllm.worker.cuda_graphs import DecodeGraphs, graph_batch_sizes
 from voltllm.worker.sampler import Sampler, SamplingMetadata, seed_for_step
 from voltllm.worker.step_inputs import PAD_SLOT, BlockTable, StepBuffers, StepLayout
@@ -58,7 +58,7 @@ class CachedRequestState:
 
     request_id: str
     num_prompt_tokens: int
-    sampling_params: SamplingParams
+    sampling_params: EngineSamplingParams
     row: int  # this request's row of the block table and of the request arrays
     num_blocks: int
     generator: torch.Generator | None = None
@@ -91,7 +91,7 @@ class RequestArrays:
         return self.token_ids[row, : self.num_tokens[row]].tolist()
 
 
-def is_plain_greedy(p: SamplingParams) -> bool:
+def is_plain_greedy(p: EngineSamplingParams) -> bool:
     """Greedy, and no logit bias, penalties, logprobs or min_tokens: the next token is the argmax."""
     return (
         p.temperature == 0

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from voltllm.engine.protocol import Logprob
+from voltllm.protocol import TokenLogprobs
 
 _MASK = float("-inf")
 
@@ -45,7 +45,7 @@ class SamplingMetadata:
 @dataclass
 class SamplerOutput:
     sampled_token_ids: list[int]
-    logprobs: list[Logprob | None]
+    logprobs: list[TokenLogprobs | None]
 
 
 def seed_for_step(seed: int, num_generated: int) -> int:
@@ -154,7 +154,7 @@ def _apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Te
 
 def _gather_logprobs(
     scaled_logits: torch.Tensor, sampled: torch.Tensor, num_logprobs: list[int | None]
-) -> list[Logprob | None]:
+) -> list[TokenLogprobs | None]:
     wanted = [n for n in num_logprobs if n is not None]
     if not wanted:
         return [None] * len(num_logprobs)
@@ -162,7 +162,7 @@ def _gather_logprobs(
     sampled_lp = logprobs.gather(1, sampled.unsqueeze(1))
     ranks = (logprobs > sampled_lp).sum(dim=-1) + 1
     top_lp, top_ids = logprobs.topk(max(wanted), dim=-1) if max(wanted) > 0 else (None, None)
-    out: list[Logprob | None] = []
+    out: list[TokenLogprobs | None] = []
     sampled_l, sampled_lp_l, ranks_l = sampled.tolist(), sampled_lp.squeeze(1).tolist(), ranks.tolist()
     top_lp_l = top_lp.tolist() if top_lp is not None else None
     top_ids_l = top_ids.tolist() if top_ids is not None else None
@@ -174,5 +174,5 @@ def _gather_logprobs(
         if n > 0:
             ids += top_ids_l[row][:n]
             lps += top_lp_l[row][:n]
-        out.append(Logprob(token_ids=ids, logprobs=lps, rank=ranks_l[row]))
+        out.append(TokenLogprobs(token_ids=ids, logprobs=lps, rank=ranks_l[row]))
     return out

@@ -3,6 +3,12 @@
 `docs/protocol.md` is the specification; this module and `rust/protocol` implement it and are checked
 against the golden vectors in `tests/protocol/golden/`. Hot messages are positional arrays, everything
 else is a map so that new fields can be added without breaking older peers.
+
+A foundation module: it imports nothing from voltllm, and every layer (`engine/`, `core/`, `worker/`,
+the offline API) takes the wire types from here. Class names never reach the bytes, so the two structs
+whose user-facing twins share a name carry their own: `EngineSamplingParams` (the user's
+`voltllm.SamplingParams` minus what only the front end acts on) and `TokenLogprobs` (the offline API's
+`voltllm.outputs.Logprob` is one candidate's entry).
 """
 
 from __future__ import annotations
@@ -35,8 +41,9 @@ class FinishReason(str, enum.Enum):
     ERROR = "error"
 
 
-class SamplingParams(msgspec.Struct, kw_only=True):
-    """Sampling settings of one request, as they travel (validation lives in `voltllm.sampling_params`)."""
+class EngineSamplingParams(msgspec.Struct, kw_only=True):
+    """Sampling settings of one request, as they travel (validation lives in `voltllm.sampling_params`;
+    `SamplingParams.to_wire()` builds one)."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -57,13 +64,14 @@ class SamplingParams(msgspec.Struct, kw_only=True):
 class EngineCoreRequest(msgspec.Struct, array_like=True):
     request_id: str
     prompt_token_ids: list[int]
-    sampling_params: SamplingParams
+    sampling_params: EngineSamplingParams
     arrival_time: float
     priority: int = 0
 
 
-class Logprob(msgspec.Struct, array_like=True, gc=False):
-    """Sampled token first, then the top-N alternatives; `rank` is the sampled token's rank (1 = best)."""
+class TokenLogprobs(msgspec.Struct, array_like=True, gc=False):
+    """Log-probabilities at one generated position: the sampled token first, then the top-N
+    alternatives; `rank` is the sampled token's rank (1 = best)."""
 
     token_ids: list[int]
     logprobs: list[float]
@@ -76,7 +84,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, gc=False):
 
     request_id: str
     new_token_ids: list[int]
-    new_logprobs: list[Logprob] | None = None
+    new_logprobs: list[TokenLogprobs] | None = None
     finish_reason: str | None = None
     stop_reason: int | None = None
     error: str | None = None
