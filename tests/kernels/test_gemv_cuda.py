@@ -9,8 +9,10 @@ import torch.nn.functional as F
 from transformers import Qwen3Config
 
 from voltllm import ops
+from voltllm.layers import linear_method
 from voltllm.layers.attention import AttentionMetadata, get_attention_backend
-from voltllm.layers.linear import linear
+from voltllm.layers.linear import LinearBase, linear
+from voltllm.layers.linear_method import UnquantizedLinearMethod
 from voltllm.models import decoder
 from voltllm.ops.linear import (
     GEMV_MAX_ROWS,
@@ -212,7 +214,7 @@ def test_decoder_layers_fold_norms_into_the_projections(num_seqs, monkeypatch):
         calls.append(args)
         return True
 
-    monkeypatch.setattr(decoder, "add_rms_norm_linear_applies", always)
+    monkeypatch.setattr(linear_method, "add_rms_norm_gemv_applies", always)
     folded = decode_steps(model, num_seqs, "cpu")
     # Every norm but the first layer's input norm, in each of the 3 steps.
     assert len(calls) == 3 * (2 * model.num_layers - 1)
@@ -225,10 +227,11 @@ def test_decoder_layers_fold_norms_into_the_projections(num_seqs, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_decoder_layers_fold_norms_on_cuda(num_seqs, dtype):
     model = tiny_qwen3("cuda", dtype)
-    assert all(layer.norm_gemv_enabled for layer in model.model.layers)
+    linears = [m for m in model.modules() if isinstance(m, LinearBase)]
+    assert all(m.linear_method.fold_norm for m in linears)
     folded = decode_steps(model, num_seqs, "cuda")
-    for layer in model.model.layers:
-        layer.norm_gemv_enabled = False  # what VOLTLLM_NORM_GEMV=0 sets at build
+    for m in linears:
+        m.linear_method = UnquantizedLinearMethod(fold_norm=False)  # the same weights, norms unfolded
     unfused = decode_steps(model, num_seqs, "cuda")
     for got, want in zip(folded, unfused, strict=True):
         assert ulps_off(got, want).max() <= 1

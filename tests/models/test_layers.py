@@ -9,7 +9,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from voltllm.layers.attention import get_attention_backend
-from voltllm.layers.linear import MergedLinear
+from voltllm.layers.linear import QKVParallelLinear
 from voltllm.layers.rotary import compute_inv_freq, rope_attention_scaling, rope_parameters_of
 from voltllm.models import DecoderForCausalLM, UnsupportedArchitectureError, get_model_class
 from voltllm.models.decoder import layer_sliding_windows, variant_for
@@ -82,8 +82,8 @@ def test_fused_projections_and_tied_head() -> None:
     config.architectures = ["Qwen3ForCausalLM"]
     model = DecoderForCausalLM(config, get_attention_backend("torch", "cpu"))
     attn = model.model.layers[0].self_attn
-    assert isinstance(attn.qkv_proj, MergedLinear)
-    assert attn.qkv_proj.output_sizes == (4 * 32, 2 * 32, 2 * 32)  # explicit head_dim 32
+    assert isinstance(attn.qkv_proj, QKVParallelLinear)
+    assert attn.qkv_proj.output_partition_sizes == [4 * 32, 2 * 32, 2 * 32]  # explicit head_dim 32
     assert model.lm_head.weight is model.model.embed_tokens.weight
     assert model.kv_cache_shape_per_layer(10, 16) == (2, 10, 16, 2, 32)
     assert model.num_layers == 2

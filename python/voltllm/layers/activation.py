@@ -15,12 +15,18 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def swiglu(x: torch.Tensor) -> torch.Tensor:
+    """`silu_and_mul`, run by the CUDA kernel for 2-D fp16/bf16 CUDA tensors (the SwiGLU of
+    Llama-style MLPs)."""
+    if use_cuda_kernels(x) and x.dim() == 2:
+        from voltllm import ops
+
+        return ops.silu_and_mul(x)
+    return silu_and_mul(x)
+
+
 class SiluAndMul(nn.Module):
-    """Module face of `silu_and_mul` (the SwiGLU gate of Llama-style MLPs)."""
+    """Module face of `swiglu`."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if use_cuda_kernels(x) and x.dim() == 2:
-            from voltllm import ops
-
-            return ops.silu_and_mul(x)
-        return silu_and_mul(x)
+        return swiglu(x)

@@ -19,6 +19,7 @@ from torch import nn
 
 from voltllm.config import ModelConfig
 from voltllm.layers.attention.backend import AttentionBackend
+from voltllm.layers.quantization import get_quantization_config
 from voltllm.layers.rotary import rope_max_positions, rope_parameters_of
 from voltllm.loader.default_model import default_model_dir
 from voltllm.loader.dummy import init_dummy_weights
@@ -145,6 +146,7 @@ def load_model(
     model_dir, weights_format = resolve_model_source(model_config)
     hf_config = load_hf_config(model_dir)
     model_class = get_model_class(hf_config)
+    quant_config = get_quantization_config(hf_config)  # None: unquantized
     if not isinstance(attn_backend, AttentionBackend):
         attn_backend = attn_backend(hf_config)
 
@@ -154,7 +156,7 @@ def load_model(
         raise ValueError(f"max_model_len {max_model_len} exceeds the model's limit of {limit} tokens")
 
     with torch.device(device), _default_dtype(dtype):
-        model = model_class(hf_config, attn_backend)
+        model = model_class(hf_config, attn_backend, quant_config=quant_config)
     if weights_format == "dummy":
         init_dummy_weights(model, model_config.seed)
     else:

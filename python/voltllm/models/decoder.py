@@ -5,7 +5,10 @@ per-head q/k RMSNorm, and how the sliding window is assigned to layers. Everythi
 or derived head_dim, tied embeddings, RoPE theta and scaling) is read from the Hugging Face config.
 
 Module and parameter names follow Hugging Face checkpoints, except that q/k/v and gate/up are fused
-into `qkv_proj` and `gate_up_proj`; `load_weights` maps checkpoint names onto them.
+into `qkv_proj` and `gate_up_proj`; `load_weights` maps checkpoint names onto them. The layers come
+from `voltllm.layers` (this module calls no kernel): the linear layers shard over the tensor-parallel
+group and take their weight method from the `QuantizationConfig`; the attention backend runs the q/k
+norm, RoPE and KV-cache write.
 
 Forward contract (what the model runner calls):
     hidden = model(input_ids [T], positions [T], metadata, kv_caches)   -> [T, hidden_size]
@@ -14,7 +17,6 @@ Forward contract (what the model runner calls):
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -22,15 +24,13 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from voltllm import ops
-from voltllm.layers.activation import SiluAndMul
 from voltllm.layers.attention import Attention, AttentionBackend, AttentionMetadata, AttentionSpec
-from voltllm.layers.embedding import LMHead, VocabEmbedding
-from voltllm.layers.linear import Linear, MergedLinear, add_rms_norm_linear, add_rms_norm_linear_applies
+from voltllm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from voltllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from voltllm.layers.norm import RMSNorm
+from voltllm.layers.quantization import QuantizationConfig
 from voltllm.layers.rotary import RotaryEmbedding, rope_parameters_of
-from voltllm.ops.linear import gemv, gemv_applies
-from voltllm.ops.variants import HEAD_SIZES as KERNEL_HEAD_SIZES
+from voltllm.models.checkpoint import FusedShard, load_checkpoint
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,8 @@ def layer_sliding_windows(hf_config: Any, variant: DecoderVariant) -> list[int |
 
 
 class DecoderAttention(nn.Module):
-    """Self-attention: fused qkv projection, optional q/k norm, RoPE, paged attention, output projection."""
+    """Self-attention: fused qkv projection, paged attention (its backend runs the optional q/k norm,
+    RoPE and the KV-cache write), output projection. Heads are sharded over the tensor-parallel ranks."""
 
     def __init__(
         self,
@@ -117,31 +118,40 @@ class DecoderAttention(nn.Module):
         rotary_emb: RotaryEmbedding,
         sliding_window: int | None,
         attn_backend: AttentionBackend,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
     ) -> None:
         super().__init__()
         attention_bias = bool(getattr(hf_config, "attention_bias", False))
         qkv_bias = attention_bias if variant.qkv_bias is None else variant.qkv_bias
         o_bias = attention_bias if variant.o_proj_bias is None else variant.o_proj_bias
-        self.num_heads = hf_config.num_attention_heads
-        self.num_kv_heads = num_kv_heads_of(hf_config)
+        total_num_heads = hf_config.num_attention_heads
         self.head_size = head_size_of(hf_config)
-        self.q_size = self.num_heads * self.head_size
-        self.kv_size = self.num_kv_heads * self.head_size
 
-        self.qkv_proj = MergedLinear(
-            hf_config.hidden_size, [self.q_size, self.kv_size, self.kv_size], bias=qkv_bias
+        self.qkv_proj = QKVParallelLinear(
+            hf_config.hidden_size,
+            self.head_size,
+            total_num_heads,
+            num_kv_heads_of(hf_config),
+            bias=qkv_bias,
+            quant_config=quant_config,
+            prefix=f"{prefix}.qkv_proj",
         )
-        self.o_proj = Linear(self.q_size, hf_config.hidden_size, bias=o_bias)
+        self.num_heads = self.qkv_proj.num_heads  # this rank's
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
+        self.o_proj = RowParallelLinear(
+            total_num_heads * self.head_size,
+            hf_config.hidden_size,
+            bias=o_bias,
+            quant_config=quant_config,
+            prefix=f"{prefix}.o_proj",
+        )
         if variant.qk_norm:
             self.q_norm = RMSNorm(self.head_size, eps=hf_config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_size, eps=hf_config.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
         self.rotary_emb = rotary_emb
-        # Read once: the check runs in every layer of every step.
-        self.fused_prologue_enabled = (
-            self.head_size in KERNEL_HEAD_SIZES and os.environ.get("VOLTLLM_FUSED_PROLOGUE", "1") != "0"
-        )
         spec = AttentionSpec(
             num_heads=self.num_heads,
             num_kv_heads=self.num_kv_heads,
@@ -149,7 +159,7 @@ class DecoderAttention(nn.Module):
             scale=self.head_size**-0.5,
             sliding_window=sliding_window,
         )
-        self.attn = Attention(spec, attn_backend)
+        self.attn = Attention(spec, attn_backend, rotary_emb, self.q_norm, self.k_norm)
 
     def forward(
         self,
@@ -168,66 +178,44 @@ class DecoderAttention(nn.Module):
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
         """Everything after the qkv projection (which a decoder layer may fuse with its input norm)."""
-        num_tokens = qkv.shape[0]
-        fused = self._fused_prologue(qkv, kv_cache)
-        if fused:
-            # q/k norm, rotary and the KV-cache write in one kernel, in place on qkv.
-            norm = self.q_norm is not None
-            ops.qk_norm_rope_kv_write(
-                qkv,
-                positions,
-                self.rotary_emb.cos_sin_table(),
-                self.q_norm.weight if norm else None,
-                self.k_norm.weight if norm else None,
-                self.q_norm.eps if norm else 0.0,
-                self.num_heads,
-                kv_cache,
-                metadata.slot_mapping,
-            )
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_size)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_size)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_size)
-        if not fused:
-            if self.q_norm is not None:
-                q, k = self.q_norm(q), self.k_norm(k)
-            q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v, kv_cache, metadata, kv_written=fused))
-
-    def _fused_prologue(self, qkv: torch.Tensor, kv_cache: torch.Tensor) -> bool:
-        """The fused prologue kernel applies: CUDA fp16/bf16, a head size it is built for, the cache in
-        the same dtype, and not switched off with VOLTLLM_FUSED_PROLOGUE=0."""
-        return (
-            self.fused_prologue_enabled
-            and qkv.is_cuda
-            and qkv.dtype in (torch.float16, torch.bfloat16)
-            and kv_cache.dtype == qkv.dtype
-        )
+        return self.o_proj(self.attn(positions, qkv, kv_cache, metadata))
 
 
 class GatedMLP(nn.Module):
-    """`down(silu(gate(x)) * up(x))` with gate and up fused into one projection."""
+    """`down(silu(gate(x)) * up(x))` with gate and up fused into one projection whose epilogue is the
+    SwiGLU; the intermediate features are sharded over the tensor-parallel ranks."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        bias: bool,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+    ) -> None:
         super().__init__()
-        self.gate_up_proj = MergedLinear(hidden_size, [intermediate_size, intermediate_size], bias=bias)
-        self.down_proj = Linear(intermediate_size, hidden_size, bias=bias)
-        self.act_fn = SiluAndMul()
+        self.gate_up_proj = MergedColumnParallelLinear(
+            hidden_size,
+            [intermediate_size, intermediate_size],
+            bias=bias,
+            swiglu=True,
+            quant_config=quant_config,
+            prefix=f"{prefix}.gate_up_proj",
+        )
+        self.down_proj = RowParallelLinear(
+            intermediate_size, hidden_size, bias=bias, quant_config=quant_config, prefix=f"{prefix}.down_proj"
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj
-        if gemv_applies(x, gate_up.weight):
-            # Decode rows on a GPU: SiLU-and-mul runs in the gate/up GEMV's epilogue.
-            return self.down_proj(gemv(x, gate_up.weight, gate_up.bias, swiglu=True))
-        return self.down_proj(self.act_fn(gate_up(x)))
+        return self.down_proj(self.gate_up_proj(x))
 
 
 class DecoderLayer(nn.Module):
     """Pre-norm block; the residual stream is carried separately so the norms can fuse the add.
 
-    At decode batch sizes on a GPU each norm's residual add + RMSNorm also runs as the prologue of the
-    projection after it (qkv, and gate/up with SiLU-and-mul as its epilogue): two launches fewer per
-    layer. VOLTLLM_NORM_GEMV=0 turns that off (for A/B timing), read once when the model is built.
+    Each norm after the first hands its residual add + RMSNorm to the projection after it
+    (`add_norm_forward`), whose linear method folds them into its GEMV at decode batch sizes on a GPU
+    (qkv, and gate/up with SiLU-and-mul as its epilogue): two launches fewer per layer.
     """
 
     def __init__(
@@ -237,17 +225,23 @@ class DecoderLayer(nn.Module):
         rotary_emb: RotaryEmbedding,
         sliding_window: int | None,
         attn_backend: AttentionBackend,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
     ) -> None:
         super().__init__()
         eps = hf_config.rms_norm_eps
         self.input_layernorm = RMSNorm(hf_config.hidden_size, eps=eps)
-        self.self_attn = DecoderAttention(hf_config, variant, rotary_emb, sliding_window, attn_backend)
+        self.self_attn = DecoderAttention(
+            hf_config, variant, rotary_emb, sliding_window, attn_backend, quant_config, f"{prefix}.self_attn"
+        )
         self.post_attention_layernorm = RMSNorm(hf_config.hidden_size, eps=eps)
         self.mlp = GatedMLP(
-            hf_config.hidden_size, hf_config.intermediate_size, bool(getattr(hf_config, "mlp_bias", False))
+            hf_config.hidden_size,
+            hf_config.intermediate_size,
+            bool(getattr(hf_config, "mlp_bias", False)),
+            quant_config,
+            f"{prefix}.mlp",
         )
-        # Read once: the check runs in every layer of every step.
-        self.norm_gemv_enabled = os.environ.get("VOLTLLM_NORM_GEMV", "1") != "0"
 
     def forward(
         self,
@@ -261,37 +255,36 @@ class DecoderLayer(nn.Module):
         if residual is None:  # the first layer: no residual stream to add yet
             residual = hidden
             qkv = attn.qkv_proj(self.input_layernorm(hidden))
-        elif self._norm_gemv(hidden, residual, self.input_layernorm, attn.qkv_proj):
-            qkv, residual = add_rms_norm_linear(hidden, residual, self.input_layernorm, attn.qkv_proj)
         else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-            qkv = attn.qkv_proj(hidden)
+            qkv, residual = attn.qkv_proj.add_norm_forward(hidden, residual, self.input_layernorm)
         hidden = attn.attend(positions, qkv, kv_cache, metadata)
-        if self._norm_gemv(hidden, residual, self.post_attention_layernorm, mlp.gate_up_proj):
-            gated, residual = add_rms_norm_linear(
-                hidden, residual, self.post_attention_layernorm, mlp.gate_up_proj, swiglu=True
-            )
-            return mlp.down_proj(gated), residual
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return mlp(hidden), residual
-
-    def _norm_gemv(self, hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm, proj: Linear) -> bool:
-        """The add + norm runs inside `proj`'s GEMV: decode rows on a GPU, not switched off."""
-        return self.norm_gemv_enabled and add_rms_norm_linear_applies(hidden, residual, norm, proj)
+        gated, residual = mlp.gate_up_proj.add_norm_forward(hidden, residual, self.post_attention_layernorm)
+        return mlp.down_proj(gated), residual
 
 
 class DecoderModel(nn.Module):
     """Embedding, the decoder layers and the final norm (Hugging Face's `model.*` submodule)."""
 
-    def __init__(self, hf_config: Any, variant: DecoderVariant, attn_backend: AttentionBackend) -> None:
+    def __init__(
+        self,
+        hf_config: Any,
+        variant: DecoderVariant,
+        attn_backend: AttentionBackend,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "model",
+    ) -> None:
         super().__init__()
-        self.embed_tokens = VocabEmbedding(hf_config.vocab_size, hf_config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(
+            hf_config.vocab_size, hf_config.hidden_size, prefix=f"{prefix}.embed_tokens"
+        )
         rotary_emb = RotaryEmbedding(
             head_size_of(hf_config), rope_parameters_of(hf_config), hf_config.max_position_embeddings
         )
         windows = layer_sliding_windows(hf_config, variant)
         self.layers = nn.ModuleList(
-            DecoderLayer(hf_config, variant, rotary_emb, windows[i], attn_backend)
+            DecoderLayer(
+                hf_config, variant, rotary_emb, windows[i], attn_backend, quant_config, f"{prefix}.layers.{i}"
+            )
             for i in range(hf_config.num_hidden_layers)
         )
         self.norm = RMSNorm(hf_config.hidden_size, eps=hf_config.rms_norm_eps)
@@ -311,23 +304,32 @@ class DecoderModel(nn.Module):
         return hidden
 
 
-# Checkpoint names that land in a fused parameter: (checkpoint fragment, fused fragment, shard index).
-_FUSED_SHARDS = (
-    (".q_proj.", ".qkv_proj.", 0),
-    (".k_proj.", ".qkv_proj.", 1),
-    (".v_proj.", ".qkv_proj.", 2),
-    (".gate_proj.", ".gate_up_proj.", 0),
-    (".up_proj.", ".gate_up_proj.", 1),
+# Checkpoint names that land in a fused parameter.
+FUSED_SHARDS = (
+    FusedShard(".q_proj.", ".qkv_proj.", "q"),
+    FusedShard(".k_proj.", ".qkv_proj.", "k"),
+    FusedShard(".v_proj.", ".qkv_proj.", "v"),
+    FusedShard(".gate_proj.", ".gate_up_proj.", 0),
+    FusedShard(".up_proj.", ".gate_up_proj.", 1),
 )
 # Buffers some older checkpoints saved that the model recomputes.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 class DecoderForCausalLM(nn.Module):
-    """Llama / Mistral / Qwen2 / Qwen3 causal LM over a paged KV cache."""
+    """Llama / Mistral / Qwen2 / Qwen3 causal LM over a paged KV cache.
+
+    Built for the tensor-parallel group current at construction (`voltllm.distributed`): each rank holds
+    its heads, its intermediate features and its vocab rows, and `kv_cache_shape_per_layer` is its
+    share of the cache. `quant_config` picks each linear layer's weight method (None: unquantized).
+    """
 
     def __init__(
-        self, hf_config: Any, attn_backend: AttentionBackend, variant: DecoderVariant | None = None
+        self,
+        hf_config: Any,
+        attn_backend: AttentionBackend,
+        variant: DecoderVariant | None = None,
+        quant_config: QuantizationConfig | None = None,
     ) -> None:
         super().__init__()
         act = getattr(hf_config, "hidden_act", "silu")
@@ -335,17 +337,20 @@ class DecoderForCausalLM(nn.Module):
             raise ValueError(f"decoder family supports hidden_act 'silu' only, got {act!r}")
         self.config = hf_config
         self.variant = variant if variant is not None else variant_for(hf_config)
-        self.model = DecoderModel(hf_config, self.variant, attn_backend)
+        self.quant_config = quant_config
+        self.model = DecoderModel(hf_config, self.variant, attn_backend, quant_config)
         self.attn_backend = attn_backend
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
-        self.lm_head = LMHead(
+        self.lm_head = ParallelLMHead(
             hf_config.vocab_size,
             hf_config.hidden_size,
             tied_to=self.model.embed_tokens if self.tie_word_embeddings else None,
+            prefix="lm_head",
         )
+        attn = self.model.layers[0].self_attn
         self.num_layers: int = hf_config.num_hidden_layers
-        self.num_kv_heads: int = num_kv_heads_of(hf_config)
-        self.head_size: int = head_size_of(hf_config)
+        self.num_kv_heads: int = attn.num_kv_heads  # this rank's
+        self.head_size: int = attn.head_size
         self.vocab_size: int = hf_config.vocab_size
 
     def forward(
@@ -371,56 +376,8 @@ class DecoderForCausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy Hugging Face-named checkpoint tensors into the model; every parameter must be covered.
 
-        Raises ValueError on unknown names, shape mismatches and parameters the checkpoint lacks.
+        Raises ValueError on unknown names, shape mismatches and tensors the checkpoint lacks.
         """
-        modules = dict(self.named_modules())
-        params = dict(self.named_parameters())  # tied lm_head.weight is deduplicated away here
-        loaded: set[str] = set()
-        for name, tensor in weights:
-            if name.endswith(_IGNORED_SUFFIXES):
-                continue
-            if name == "lm_head.weight" and self.tie_word_embeddings:
-                continue  # some tied checkpoints still store the (identical) head
-            target, shard = name, None
-            for fragment, fused, shard_id in _FUSED_SHARDS:
-                if fragment in name:
-                    target, shard = name.replace(fragment, fused), shard_id
-                    break
-            if target not in params:
-                raise ValueError(f"checkpoint tensor {name!r} has no place in {type(self).__name__}")
-            module_name, _, param_name = target.rpartition(".")
-            module = modules[module_name]
-            if shard is None:
-                if isinstance(module, Linear):
-                    module.load_weight(param_name, tensor)
-                else:
-                    _copy_param(params[target], tensor, name)
-                loaded.add(target)
-            else:
-                module.load_shard(param_name, shard, tensor)
-                loaded.add(f"{target}#{shard}")
-        self._check_all_loaded(params, modules, loaded)
-
-    def _check_all_loaded(
-        self, params: dict[str, nn.Parameter], modules: dict[str, nn.Module], loaded: set[str]
-    ) -> None:
-        missing = []
-        for name in params:
-            module_name, _, _ = name.rpartition(".")
-            module = modules[module_name]
-            if isinstance(module, MergedLinear):
-                missing += [
-                    f"{name}#{i}" for i in range(len(module.output_sizes)) if f"{name}#{i}" not in loaded
-                ]
-            elif name not in loaded:
-                missing.append(name)
-        if missing:
-            shown = ", ".join(missing[:8]) + (f" (+{len(missing) - 8} more)" if len(missing) > 8 else "")
-            raise ValueError(f"checkpoint is missing {len(missing)} tensors: {shown}")
-
-
-def _copy_param(param: nn.Parameter, tensor: torch.Tensor, name: str) -> None:
-    if param.shape != tensor.shape:
-        raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != expected {tuple(param.shape)}")
-    with torch.no_grad():
-        param.copy_(tensor)
+        # Some tied checkpoints still store the (identical) head.
+        skipped = frozenset({"lm_head.weight"}) if self.tie_word_embeddings else frozenset()
+        load_checkpoint(self, weights, FUSED_SHARDS, _IGNORED_SUFFIXES, skipped)

@@ -1,6 +1,11 @@
 """Attention backends behind one interface (`backend.AttentionBackend`)."""
 
-from voltllm.layers.attention.backend import AttentionBackend, AttentionMetadata, AttentionSpec
+from voltllm.layers.attention.backend import (
+    AttentionBackend,
+    AttentionMetadata,
+    AttentionPrologue,
+    AttentionSpec,
+)
 from voltllm.layers.attention.layer import Attention
 from voltllm.layers.attention.selector import (
     available_attention_backends,
@@ -13,6 +18,7 @@ __all__ = [
     "Attention",
     "AttentionBackend",
     "AttentionMetadata",
+    "AttentionPrologue",
     "AttentionSpec",
     "TorchAttentionBackend",
     "available_attention_backends",

@@ -2,9 +2,15 @@
 
 A step's tokens arrive flattened: the scheduled tokens of every sequence, back to back, prefills and
 decodes mixed. The model runner builds one `AttentionMetadata` per step and hands it to the model; every
-attention layer passes it, with its own KV cache, to the selected backend. Backends first write the
-step's new keys/values into the paged cache, then attend each query to its sequence's whole context
-(cached prefix + earlier chunks + this step's tokens), causally.
+attention layer passes it, with its own KV cache, to the selected backend.
+
+The backend owns everything that touches the KV cache. The model hands it the fused qkv projection
+(`forward_qkv`) with the layer's `AttentionPrologue` (optional per-head q/k RMSNorm, then RoPE); the
+backend runs the prologue, writes the step's new keys/values into the paged cache and attends each
+query to its sequence's whole context (cached prefix + earlier chunks + this step's tokens), causally.
+How it does so is its own choice: the CUDA backend runs norm + rope + cache write as one kernel, the
+reference backend runs the layers one after another. `forward` is the same minus the prologue, for
+q/k/v already normed and rotated.
 
 KV cache layout, shared by every backend (one tensor per layer):
     kv_cache: [2, num_blocks, block_size, num_kv_heads, head_size]   (kv_cache[0] = keys, [1] = values)
@@ -18,6 +24,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
+
+from voltllm.layers.norm import RMSNorm
+from voltllm.layers.rotary import RotaryEmbedding
 
 
 @dataclass(frozen=True)
@@ -63,13 +72,67 @@ class AttentionSpec:
         return self.num_heads // self.num_kv_heads
 
 
+@dataclass(frozen=True, eq=False)
+class AttentionPrologue:
+    """What a layer applies to q and k before attention: optional per-head RMSNorm (Qwen3), then RoPE.
+
+    The modules belong to the model (their parameters keep the checkpoint's names there); the attention
+    layer hands them to its backend, which applies them in whatever form it likes.
+    """
+
+    rotary_emb: RotaryEmbedding | None = None
+    q_norm: RMSNorm | None = None
+    k_norm: RMSNorm | None = None
+
+    def __post_init__(self) -> None:
+        if (self.q_norm is None) != (self.k_norm is None):
+            raise ValueError("q_norm and k_norm come together")
+
+    def __call__(
+        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The unfused form: the norm layers, then the rotary layer (each a kernel on CUDA)."""
+        if self.q_norm is not None and self.k_norm is not None:
+            query, key = self.q_norm(query), self.k_norm(key)
+        if self.rotary_emb is not None:
+            query, key = self.rotary_emb(positions, query, key)
+        return query, key
+
+
+def split_qkv(spec: AttentionSpec, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Views `[T, heads, head]`, `[T, kv_heads, head]` x 2 of a fused `[q | k | v]` projection."""
+    q_size, kv_size = spec.num_heads * spec.head_size, spec.num_kv_heads * spec.head_size
+    q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    num_tokens = qkv.shape[0]
+    return (
+        q.view(num_tokens, spec.num_heads, spec.head_size),
+        k.view(num_tokens, spec.num_kv_heads, spec.head_size),
+        v.view(num_tokens, spec.num_kv_heads, spec.head_size),
+    )
+
+
 class AttentionBackend(ABC):
-    """Writes a step's K/V into the paged cache and computes attention for its queries."""
+    """Runs a layer's q/k prologue, writes the step's K/V into the paged cache and computes attention."""
 
     name: str = "abstract"
     # True when a decode step can be captured in a CUDA graph: the backend reads lengths and block
     # tables from device tensors only (host-side metadata may be stale on replay) and never syncs.
     supports_cuda_graphs: bool = False
+
+    def forward_qkv(
+        self,
+        spec: AttentionSpec,
+        prologue: AttentionPrologue,
+        positions: torch.Tensor,  # [num_tokens] int64
+        qkv: torch.Tensor,  # [num_tokens, (num_heads + 2 * num_kv_heads) * head_size], updated in place
+        kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_size]
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:  # [num_tokens, num_heads, head_size]
+        """Apply `prologue` to the q and k heads of `qkv`, then `forward`. Backends with a fused
+        prologue override this."""
+        query, key, value = split_qkv(spec, qkv)
+        query, key = prologue(positions, query, key)
+        return self.forward(spec, query, key, value, kv_cache, metadata)
 
     @abstractmethod
     def forward(
@@ -80,8 +143,5 @@ class AttentionBackend(ABC):
         value: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
         kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_size]
         metadata: AttentionMetadata,
-        kv_written: bool = False,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_size]
-        """Store key/value at `metadata.slot_mapping`, then attend every query causally. With
-        `kv_written` the step's keys/values are already in the cache (the fused prologue kernel wrote
-        them) and only the attention runs."""
+        """Store key/value at `metadata.slot_mapping`, then attend every query causally."""

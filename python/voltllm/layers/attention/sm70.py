@@ -1,16 +1,24 @@
 """The CUDA attention backend: voltllm's own kernels, written for Volta (SM70) and run on newer GPUs too.
 
-Per step it writes the new keys/values into the paged cache (`ops.kv_cache_write`), then runs the
-split-K decode kernel when every sequence brings one token, and the tensor-core prefill kernel (which
-also serves chunked prefill, prefix-cache hits and mixed prefill/decode batches) otherwise. Same KV
-layout and semantics as `TorchAttentionBackend`, which is its test oracle.
+Per layer and step it runs the prologue (q/k RMSNorm + RoPE + KV-cache write) as one kernel
+(`ops.qk_norm_rope_kv_write`, in place on the qkv projection) where it applies, else the norm and rotary
+layers and `ops.kv_cache_write`; then the split-K decode kernel when every sequence brings one token,
+and the tensor-core prefill kernel (which also serves chunked prefill, prefix-cache hits and mixed
+prefill/decode batches) otherwise. Same KV layout and semantics as `TorchAttentionBackend`, which is its
+test oracle.
 """
 
 from __future__ import annotations
 
 import torch
 
-from voltllm.layers.attention.backend import AttentionBackend, AttentionMetadata, AttentionSpec
+from voltllm import ops
+from voltllm.layers.attention.backend import (
+    AttentionBackend,
+    AttentionMetadata,
+    AttentionPrologue,
+    AttentionSpec,
+)
 from voltllm.ops import attention as attn_ops
 from voltllm.ops.build import KernelBuildError, load
 from voltllm.ops.variants import HEAD_SIZES
@@ -33,6 +41,46 @@ class SM70AttentionBackend(AttentionBackend):
         except KernelBuildError as err:
             raise RuntimeError(str(err)) from err
 
+    def forward_qkv(
+        self,
+        spec: AttentionSpec,
+        prologue: AttentionPrologue,
+        positions: torch.Tensor,
+        qkv: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        if not self._fused_prologue_applies(spec, prologue, qkv, kv_cache):
+            return super().forward_qkv(spec, prologue, positions, qkv, kv_cache, metadata)
+        # q/k norm, rotary and the KV-cache write in one kernel, in place on qkv.
+        q_norm, k_norm = prologue.q_norm, prologue.k_norm
+        ops.qk_norm_rope_kv_write(
+            qkv,
+            positions,
+            prologue.rotary_emb.cos_sin_table(),
+            q_norm.weight if q_norm is not None else None,
+            k_norm.weight if k_norm is not None else None,
+            q_norm.eps if q_norm is not None else 0.0,
+            spec.num_heads,
+            kv_cache,
+            metadata.slot_mapping,
+        )
+        query = qkv[:, : spec.num_heads * spec.head_size].view(qkv.shape[0], spec.num_heads, spec.head_size)
+        return self._attend(spec, query, kv_cache, metadata)
+
+    @staticmethod
+    def _fused_prologue_applies(
+        spec: AttentionSpec, prologue: AttentionPrologue, qkv: torch.Tensor, kv_cache: torch.Tensor
+    ) -> bool:
+        """The prologue kernel takes fp16/bf16 qkv with the cache in the same dtype, a head size the
+        kernels are built for, and always rotates (NeoX halves, the rotary layer's table)."""
+        return (
+            prologue.rotary_emb is not None
+            and qkv.dtype in (torch.float16, torch.bfloat16)
+            and kv_cache.dtype == qkv.dtype
+            and spec.head_size in SUPPORTED_HEAD_SIZES
+        )
+
     def forward(
         self,
         spec: AttentionSpec,
@@ -41,15 +89,20 @@ class SM70AttentionBackend(AttentionBackend):
         value: torch.Tensor,
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
-        kv_written: bool = False,
     ) -> torch.Tensor:
+        attn_ops.kv_cache_write(key, value, kv_cache, metadata.slot_mapping)
+        return self._attend(spec, query, kv_cache, metadata)
+
+    @staticmethod
+    def _attend(
+        spec: AttentionSpec, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        """Attention of `query` over the cache, which already holds the step's keys/values."""
         if spec.head_size not in SUPPORTED_HEAD_SIZES:
             raise ValueError(f"sm70 backend supports head sizes {SUPPORTED_HEAD_SIZES}, got {spec.head_size}")
         num_tokens = sum(metadata.query_lens_cpu)
         if num_tokens != query.shape[0]:
             raise ValueError(f"metadata covers {num_tokens} query tokens but the batch has {query.shape[0]}")
-        if not kv_written:
-            attn_ops.kv_cache_write(key, value, kv_cache, metadata.slot_mapping)
         if metadata.is_pure_decode and query.shape[0] == metadata.num_seqs:
             return attn_ops.paged_decode_attention(
                 query,

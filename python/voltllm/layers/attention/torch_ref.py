@@ -149,15 +149,13 @@ class TorchAttentionBackend(AttentionBackend):
         value: torch.Tensor,
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
-        kv_written: bool = False,
     ) -> torch.Tensor:
         plan = self._plan_for(metadata, kv_cache, query.shape[0])
         if query.shape[0] != plan.num_tokens:
             raise ValueError(
                 f"metadata covers {plan.num_tokens} query tokens but the batch has {query.shape[0]}"
             )
-        if not kv_written:
-            self._write(key, value, kv_cache, plan)
+        self._write(key, value, kv_cache, plan)
         if plan.decode_rows is not None and plan.decode_all_rows:
             return self._decode(spec, query, kv_cache, plan)
         # Every row belongs to a decode or a prefill (zero-length sequences own no rows): all are written.
