@@ -275,16 +275,12 @@ template <class T> T __shfl_down_sync(unsigned, T, unsigned, int = 32);
 int __all_sync(unsigned, int);
 int __any_sync(unsigned, int);
 unsigned __ballot_sync(unsigned, int);
-int atomicAdd(int*, int);
-void __threadfence();
 [[noreturn]] void __trap();
-unsigned __byte_perm(unsigned, unsigned, unsigned);
 float __int_as_float(int);
 float rsqrtf(float);
 float __expf(float);
 float __fdividef(float, float);
 template <class T> T __ldg(const T*);
-template <class T> T __ldcg(const T*);
 size_t __cvta_generic_to_shared(const void*);
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }

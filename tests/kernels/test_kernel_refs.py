@@ -12,15 +12,13 @@ from voltllm import ops
 from voltllm.layers.attention.backend import AttentionSpec
 from voltllm.layers.rotary import apply_rotary, compute_inv_freq
 from voltllm.ops.attention import (
-    DECODE_ENV,
     PREFILL_BLOCK_M,
-    PREFILL_ENV,
     PREFILL_VARIANTS,
     attend,
-    decode_variant,
     gather_context,
     prefill_row_tiles,
     prefill_variant,
+    prefill_variants,
     runs_v8,
 )
 
@@ -148,35 +146,31 @@ def test_prefill_row_tiles() -> None:
     assert prefill_row_tiles([1, 128, 129, 0], PREFILL_BLOCK_M["v9"][256]) == 1 + 2 + 3 + 0
 
 
-def test_kernel_variant_selection(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(DECODE_ENV, raising=False)
-    monkeypatch.delenv(PREFILL_ENV, raising=False)
-    # The measured faster of each on the H200 (benches/RESULTS.md); on Volta v8 prefill runs v9.
-    assert (decode_variant(), prefill_variant()) == ("v6", "v8")
-    monkeypatch.setenv(DECODE_ENV, "v8")
-    monkeypatch.setenv(PREFILL_ENV, "v9")
-    assert (decode_variant(), prefill_variant()) == ("v8", "v9")
-    assert decode_variant("v8-reduce") == "v8-reduce"  # an argument beats the environment
-    # v6 prefill is retired: asking for it names the source and the variants there are.
-    monkeypatch.setenv(PREFILL_ENV, "v6")
-    with pytest.raises(ValueError, match=rf"'v6' \(from {PREFILL_ENV}\); known: \('v8', 'v9'\)"):
-        prefill_variant()
-    with pytest.raises(ValueError, match="argument"):
-        prefill_variant("v6")
-    with pytest.raises(ValueError, match="argument"):
-        decode_variant("fast")
-    assert not runs_v8(torch.device("cpu"))
+def test_prefill_kernel_selection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The device's compute capability picks the prefill kernel; `variant=` names one; no environment."""
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr("voltllm.ops.attention._capability", lambda index: (9, 0))
+    assert prefill_variant(cuda) == "v8" and prefill_variants(cuda) == ("v8", "v9")
+    monkeypatch.setattr("voltllm.ops.attention._capability", lambda index: (7, 0))  # Volta
+    assert prefill_variant(cuda) == "v9" and prefill_variants(cuda) == ("v9",)
+    assert prefill_variant(cuda, "v8") == "v8"  # named: the glue refuses it below SM80, loudly
+    monkeypatch.setenv("VOLTLLM_PREFILL_KERNEL", "v8")  # read by nothing any more
+    assert prefill_variant(cuda) == "v9"
+    cpu = torch.device("cpu")
+    assert not runs_v8(cpu) and prefill_variant(cpu) == "v9"
+    # v6 prefill is retired: asking for it names the variants there are.
+    with pytest.raises(ValueError, match=r"'v6'; known: \('v8', 'v9'\)"):
+        prefill_variant(cpu, "v6")
 
 
-# Every decode and every prefill variant at least once.
-@pytest.mark.parametrize("decode,prefill", [("v6", "v9"), ("v8", "v8"), ("v8-reduce", "v9")])
-def test_every_variant_runs_the_reference_on_cpu(decode: str, prefill: str) -> None:
+@pytest.mark.parametrize("prefill", [*PREFILL_VARIANTS, None])
+def test_every_variant_runs_the_reference_on_cpu(prefill: str | None) -> None:
     gen = torch.Generator().manual_seed(4)
     seq_lens = [3, 40]
     kv_cache, block_tables = _paged(seq_lens, 2, 16, gen)
     query = torch.randn(2, 8, 16, generator=gen)
     out = ops.paged_decode_attention(
-        query, kv_cache, block_tables, torch.tensor(seq_lens), seq_lens, 0.25, variant=decode
+        query, kv_cache, block_tables, torch.tensor(seq_lens), seq_lens, 0.25
     )
     expected = ops.paged_attention_ref(query, kv_cache, block_tables, [1, 1], seq_lens, 0.25)
     torch.testing.assert_close(out, expected)

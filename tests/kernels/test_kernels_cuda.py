@@ -16,7 +16,7 @@ import torch
 
 from voltllm import ops
 from voltllm.layers.attention.backend import AttentionMetadata, AttentionSpec
-from voltllm.ops.attention import DECODE_VARIANTS, PREFILL_BLOCK_M, PREFILL_VARIANTS
+from voltllm.ops.attention import PREFILL_BLOCK_M, PREFILL_VARIANTS, prefill_variants
 
 pytestmark = pytest.mark.gpu
 
@@ -29,6 +29,11 @@ def _dtypes() -> list[torch.dtype]:
     if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 8:
         return [torch.float16, torch.bfloat16]
     return [torch.float16]
+
+
+def _prefill_variants() -> tuple[str, ...]:
+    """The prefill kernels this GPU runs (every one where there is none: the tests are skipped then)."""
+    return prefill_variants(torch.device(DEVICE)) if torch.cuda.is_available() else PREFILL_VARIANTS
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -111,9 +116,7 @@ class PagedBatch:
             sliding_window,
         )
 
-    def decode(
-        self, variant: str, sliding_window: int | None = None, out: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def decode(self, sliding_window: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
         """`ops.paged_decode_attention` of this batch (one query token per sequence), into `out` or NaN."""
         out = torch.full_like(self.query, float("nan")) if out is None else out
         ops.paged_decode_attention(
@@ -125,12 +128,11 @@ class PagedBatch:
             self.scale,
             sliding_window,
             out=out,
-            variant=variant,
         )
         return out
 
-    def prefill(self, variant: str, sliding_window: int | None = None) -> torch.Tensor:
-        """`ops.paged_prefill_attention` of this batch, into NaN."""
+    def prefill(self, variant: str | None, sliding_window: int | None = None) -> torch.Tensor:
+        """`ops.paged_prefill_attention` of this batch, kernel `variant` (None: the device's), into NaN."""
         out = torch.full_like(self.query, float("nan"))
         ops.paged_prefill_attention(
             self.query,
@@ -171,7 +173,7 @@ DECODE_CASES = [
 
 @functools.lru_cache(maxsize=2)
 def _decode_case(kind: str, head_size: int, group: int, dtype: torch.dtype):
-    """(batch, reference) of one decode case, shared by the variants that test it in a row."""
+    """(batch, reference) of one decode case."""
     rng = random.Random(zlib.crc32(f"{kind}-{head_size}-{group}".encode()))
     seq_lens = _decode_lens(kind, rng)
     num_kv_heads = 2 if group == 8 else 4
@@ -179,34 +181,29 @@ def _decode_case(kind: str, head_size: int, group: int, dtype: torch.dtype):
     return batch, batch.reference()
 
 
-@pytest.mark.parametrize("variant", DECODE_VARIANTS)
 @pytest.mark.parametrize("kind,head_size,group", DECODE_CASES)
 @pytest.mark.parametrize("dtype", _dtypes())
-def test_paged_decode_attention(
-    kind: str, head_size: int, group: int, dtype: torch.dtype, variant: str
-) -> None:
+def test_paged_decode_attention(kind: str, head_size: int, group: int, dtype: torch.dtype) -> None:
     batch, reference = _decode_case(kind, head_size, group, dtype)
-    assert rel_err(batch.decode(variant), reference) < REL_TOL[dtype]
+    assert rel_err(batch.decode(), reference) < REL_TOL[dtype]
 
 
-@pytest.mark.parametrize("variant", DECODE_VARIANTS)
 @pytest.mark.parametrize("window", [1, 100, 1000])
-def test_paged_decode_attention_sliding_window(window: int, variant: str) -> None:
+def test_paged_decode_attention_sliding_window(window: int) -> None:
     seq_lens = [1, 50, 999, 1000, 1001, 5000]
     batch = PagedBatch([1] * 6, seq_lens, 16, 4, 128, torch.float16, 11)
-    assert rel_err(batch.decode(variant, window), batch.reference(window)) < REL_TOL[torch.float16]
+    assert rel_err(batch.decode(window), batch.reference(window)) < REL_TOL[torch.float16]
 
 
-@pytest.mark.parametrize("variant", DECODE_VARIANTS)
-def test_decode_cuda_graph_replays_with_shorter_sequences(variant: str) -> None:
+def test_decode_cuda_graph_replays_with_shorter_sequences() -> None:
     """Captured once with a fixed max_seq_len, replayed with other (shorter) device lengths: each replay
-    is right, and the v8 split tickets are back to zero after every call."""
+    is right."""
     seq_lens = [4000, 100, 1, 2500]
     batch = PagedBatch([1] * 4, seq_lens, 32, 4, 128, torch.float16, 21)
     out = torch.full_like(batch.query, float("nan"))
 
     def step() -> None:
-        batch.decode(variant, out=out)
+        batch.decode(out=out)
 
     step()  # eager warm-up, as the engine does before capturing
     graph = torch.cuda.CUDAGraph()
@@ -220,13 +217,10 @@ def test_decode_cuda_graph_replays_with_shorter_sequences(variant: str) -> None:
             batch.query, batch.kv_cache, batch.block_tables, [1] * 4, lens, batch.scale
         )
         assert rel_err(out, reference) < REL_TOL[torch.float16], lens
-    for tickets in ops.attention._tickets_kept:
-        assert not tickets.any()
 
 
 @pytest.mark.parametrize("graphed", [False, True])
-@pytest.mark.parametrize("variant", DECODE_VARIANTS)
-def test_decode_sees_the_newest_token_written_just_before(variant: str, graphed: bool) -> None:
+def test_decode_sees_the_newest_token_written_just_before(graphed: bool) -> None:
     """The decode kernel reads old K/V before waiting for the kernel before it (on SM90+); the newest
     token's K/V, written by that kernel, must still be the fresh one: each step writes a new newest
     key aligned with the query (so it dominates the softmax) and a new value, then attends."""
@@ -241,7 +235,7 @@ def test_decode_sees_the_newest_token_written_just_before(variant: str, graphed:
     def run() -> None:
         for key, value, out in zip(keys, values, outs, strict=True):
             ops.kv_cache_write(key, value, batch.kv_cache, batch.slot_mapping)
-            batch.decode(variant, out=out)
+            batch.decode(out=out)
 
     if graphed:
         run()  # warm-up, as the engine does before capturing
@@ -259,13 +253,12 @@ def test_decode_sees_the_newest_token_written_just_before(variant: str, graphed:
         assert rel_err(out, batch.reference()) < REL_TOL[torch.float16]
 
 
-@pytest.mark.parametrize("variant", DECODE_VARIANTS)
-def test_unowned_cache_slots_never_leak_into_outputs(variant: str) -> None:
+def test_unowned_cache_slots_never_leak_into_outputs() -> None:
     seq_lens = [1, 17, 100, 1000, 4097]
     batch = PagedBatch([1] * 5, seq_lens, 32, 4, 128, torch.float16, 13, poison_unused=True)
-    assert rel_err(batch.decode(variant), batch.reference()) < REL_TOL[torch.float16]
+    assert rel_err(batch.decode(), batch.reference()) < REL_TOL[torch.float16]
     batch = PagedBatch([1, 30, 7], [1, 50, 300], 32, 4, 128, torch.float16, 14, poison_unused=True)
-    out = batch.prefill("v8" if variant.startswith("v8") else "v9")
+    out = batch.prefill(None)
     assert rel_err(out, batch.reference()) < REL_TOL[torch.float16]
 
 
@@ -291,7 +284,7 @@ def _prefill_case(shape: str, head_size: int, group: int, dtype: torch.dtype):
     return batch, batch.reference()
 
 
-@pytest.mark.parametrize("variant", PREFILL_VARIANTS)
+@pytest.mark.parametrize("variant", _prefill_variants())
 @pytest.mark.parametrize(
     "shape,head_size,group",
     [(s, 128, 4) for s in PREFILL_SHAPES]
@@ -305,7 +298,7 @@ def test_paged_prefill_attention(
     assert rel_err(batch.prefill(variant), reference) < REL_TOL[dtype]
 
 
-@pytest.mark.parametrize("variant", PREFILL_VARIANTS)
+@pytest.mark.parametrize("variant", _prefill_variants())
 def test_paged_prefill_many_sequences_and_window(variant: str) -> None:
     rng = random.Random(5)
     query_lens = [rng.randint(1, 200) for _ in range(64)]
@@ -316,7 +309,7 @@ def test_paged_prefill_many_sequences_and_window(variant: str) -> None:
         assert rel_err(out, batch.reference(window)) < REL_TOL[torch.float16], window
 
 
-@pytest.mark.parametrize("variant", PREFILL_VARIANTS)
+@pytest.mark.parametrize("variant", _prefill_variants())
 def test_prefill_unowned_cache_slots_never_leak_into_outputs(variant: str) -> None:
     """NaN in every slot no sequence owns (block tails, spare blocks): decode rows, a chunk after a
     cached prefix, and row tiles that end inside a KV block."""
@@ -328,17 +321,18 @@ def test_prefill_unowned_cache_slots_never_leak_into_outputs(variant: str) -> No
 # ---------------------------------------------------------------- backend
 
 
-@pytest.mark.parametrize("decode_variant,prefill_variant", [("v6", "v8"), ("v8", "v8"), ("v6", "v9")])
+@pytest.mark.parametrize("volta", [False, True])
 @pytest.mark.parametrize("decode", [True, False])
 def test_sm70_backend_matches_torch_backend(
-    decode: bool, decode_variant: str, prefill_variant: str, monkeypatch: pytest.MonkeyPatch
+    decode: bool, volta: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The backend picks its kernels from the environment, as a server started with the variables would."""
+    """The backend runs the kernels the device's compute capability picks; `volta` makes the Python layer
+    see SM70, so that prefill runs the Volta kernel (WMMA, v9) as on a V100."""
     from voltllm.layers.attention.sm70 import SM70AttentionBackend
     from voltllm.layers.attention.torch_ref import TorchAttentionBackend
 
-    monkeypatch.setenv(ops.attention.DECODE_ENV, decode_variant)
-    monkeypatch.setenv(ops.attention.PREFILL_ENV, prefill_variant)
+    if volta:
+        monkeypatch.setattr(ops.attention, "_capability", lambda index: (7, 0))
     query_lens = [1] * 9 if decode else [1, 40, 1, 200, 3]
     seq_lens = [1, 16, 17, 100, 555, 2000, 31, 64, 65] if decode else [20, 40, 300, 1200, 3]
     batch = PagedBatch(query_lens, seq_lens, 16, 2, 128, torch.float16, 9)
@@ -437,18 +431,14 @@ def test_bad_input_raises_clear_errors() -> None:
             assert block_m_op(head_size) == block_m
         with pytest.raises(RuntimeError, match="head_size"):
             block_m_op(96)
-    with pytest.raises(ValueError, match="unknown kernel variant"):
-        ops.paged_decode_attention(
-            batch.query, batch.kv_cache, batch.block_tables, batch.seq_lens_t, [20], 0.1, variant="v7"
-        )
-    with pytest.raises(ValueError, match=r"unknown kernel variant 'v6' .*known: \('v8', 'v9'\)"):
+    with pytest.raises(ValueError, match=r"unknown kernel variant 'v6'; known: \('v8', 'v9'\)"):
         ops.paged_prefill_attention(
             batch.query, batch.kv_cache, batch.block_tables, batch.seq_lens_t, batch.query_start_loc,
             [1], [20], 0.1, variant="v6",
         )  # fmt: skip
     q = torch.randn(1, 4, 96, device=DEVICE, dtype=torch.float16)
     cache = torch.randn(2, 4, 16, 4, 96, device=DEVICE, dtype=torch.float16)
-    for variant in PREFILL_VARIANTS:
+    for variant in _prefill_variants():
         with pytest.raises(RuntimeError, match="head_size"):
             ops.paged_prefill_attention(
                 q, cache, batch.block_tables, batch.seq_lens_t, batch.query_start_loc, [1], [20], 0.1,

@@ -81,7 +81,7 @@ class Paged:
         return max(self.seq_lens) if window == 0 else min(max(self.seq_lens), window + 16)
 
     def split_partials(self, splits: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """NaN-filled split partials as the decode kernels leave them: outputs [seqs, heads, splits, head]
+        """NaN-filled split partials as the decode kernel leaves them: outputs [seqs, heads, splits, head]
         and (max, sum) [2, seqs, heads, splits]."""
         num_seqs = len(self.seq_lens)
         partial_out = torch.full((num_seqs, self.num_heads, splits, self.head), float("nan"))
@@ -101,103 +101,57 @@ class Paged:
 def run_decode(
     emu: ctypes.CDLL,
     b: Paged,
-    warps: int,
-    partition: int | None = None,
+    partition: int,
     window: int = 0,
-    fused: bool = True,
-    seed: int = 1,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One v8 decode launch; returns the tickets and the split partials (out, stats)."""
-    span = b.decode_span(window)
-    partition = partition or -(-span // 16) * 16
-    splits = -(-span // partition)
-    num_seqs = len(b.seq_lens)
-    partial_out, stats = b.split_partials(splits)
-    tickets = torch.zeros(num_seqs * b.num_kv_heads, dtype=torch.int32)
-    k, v = b.kv[0].contiguous(), b.kv[1].contiguous()
-    emu.emu_decode_v8(
-        ctypes.c_int(b.bf16), ctypes.c_int(b.head), ptr(b.out), ptr(b.query), ptr(k), ptr(v),
-        ptr(b.tables), ptr(b.seq_lens_t), ptr(partial_out), ptr(stats[0]), ptr(stats[1]),
-        ptr(tickets), ctypes.c_longlong(b.query.stride(0)), ctypes.c_longlong(b.out.stride(0)),
-        ctypes.c_int(num_seqs), ctypes.c_int(b.num_heads), ctypes.c_int(b.num_kv_heads),
-        ctypes.c_int(b.tables.shape[1]), ctypes.c_int(splits), ctypes.c_int(partition), ctypes.c_int(window),
-        ctypes.c_float(b.scale * LOG2E), ctypes.c_int(int(fused)), ctypes.c_int(warps), ctypes.c_uint(seed),
-    )  # fmt: skip
-    return tickets, partial_out, stats
-
-
-def run_decode_v6(emu: ctypes.CDLL, b: Paged, partition: int, window: int = 0, wmma_order: int = 0) -> None:
-    """One v6 decode launch and, where the context is split, the split merge (into b.out)."""
+    wmma_order: int = 0,
+    merge: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decode launch and, with `merge` where the context is split, the split merge (into b.out);
+    returns the split partials (out, stats)."""
     splits = -(-b.decode_span(window) // partition)
     num_seqs = len(b.seq_lens)
     partial_out, stats = b.split_partials(splits)
     k, v = b.kv[0].contiguous(), b.kv[1].contiguous()
-    emu.emu_decode_v6(
+    emu.emu_decode(
         ctypes.c_int(b.bf16), ctypes.c_int(b.head), ptr(b.out), ptr(b.query), ptr(k), ptr(v), ptr(b.tables),
         ptr(b.seq_lens_t), ptr(partial_out), ptr(stats[0]), ptr(stats[1]),
         ctypes.c_longlong(b.query.stride(0)), ctypes.c_longlong(b.out.stride(0)), ctypes.c_int(num_seqs),
         ctypes.c_int(b.num_heads), ctypes.c_int(b.num_kv_heads), ctypes.c_int(b.tables.shape[1]),
         ctypes.c_int(splits), ctypes.c_int(partition), ctypes.c_int(window), ctypes.c_float(b.scale * LOG2E),
-        ctypes.c_int(wmma_order), ctypes.c_uint(len(b.seq_lens) + partition),
+        ctypes.c_int(int(merge)), ctypes.c_int(wmma_order), ctypes.c_uint(len(b.seq_lens) + partition),
     )  # fmt: skip
+    return partial_out, stats
 
 
 @pytest.mark.parametrize(
-    "head,group,partition,window,wmma_order",
+    "head,group,dtype,partition,window,wmma_order",
     [
-        (128, 8, 64, 0, 0),  # split: partials and the merge; warps with 1 or no blocks
-        (128, 8, 4096, 0, 1),  # one split per sequence: the kernel writes the output itself
-        (64, 4, 128, 0, 0),
-        (256, 1, 32, 0, 0),  # no register prefetch at head 256
-        (128, 16, 64, 37, 0),  # 16 query heads per kv head, and a window
+        (128, 8, torch.float16, 64, 0, 0),  # split: partials and the merge; warps with 1 or no blocks
+        (128, 8, torch.float16, 4096, 0, 1),  # one split per sequence: the kernel writes the output itself
+        (64, 4, torch.float16, 128, 0, 0),
+        (256, 1, torch.float16, 32, 0, 0),  # no register prefetch at head 256
+        (128, 16, torch.float16, 64, 37, 0),  # 16 query heads per kv head, and a window
+        (64, 12, torch.float16, 64, 0, 1),  # a group that is no power of two
+        (128, 4, torch.bfloat16, 64, 0, 0),
+        (128, 16, torch.bfloat16, 4096, 0, 0),
     ],
 )
-def test_decode_v6(
-    emu: ctypes.CDLL, head: int, group: int, partition: int, window: int, wmma_order: int
+def test_decode(
+    emu: ctypes.CDLL, head: int, group: int, dtype: torch.dtype, partition: int, window: int, wmma_order: int
 ) -> None:
-    """The v6 kernel (the default decode kernel) and its split merge, on WMMA element orders no GPU has."""
+    """The decode kernel and its split merge, on WMMA element orders no GPU has."""
     seq_lens = [300, 17, 160, 1, 64, 65]
-    b = Paged([1] * len(seq_lens), seq_lens, 2, group, head, torch.float16, seed=head + group, poison=True)
-    run_decode_v6(emu, b, partition, window, wmma_order)
-    assert b.rel_err(window or None) < REL_TOL[torch.float16]
+    b = Paged([1] * len(seq_lens), seq_lens, 2, group, head, dtype, seed=head + group, poison=True)
+    run_decode(emu, b, partition, window, wmma_order)
+    assert b.rel_err(window or None) < REL_TOL[dtype]
 
 
-@pytest.mark.parametrize(
-    "head,group,dtype,warps",
-    [
-        (128, 8, torch.float16, 4),
-        (128, 8, torch.float16, 16),
-        (128, 4, torch.bfloat16, 8),
-        (64, 4, torch.float16, 4),
-        (256, 1, torch.float16, 8),
-        (64, 12, torch.float16, 4),  # two 8-head column tiles
-        (128, 16, torch.bfloat16, 8),
-    ],
-)
-def test_decode_v8_unsplit(emu: ctypes.CDLL, head: int, group: int, dtype: torch.dtype, warps: int) -> None:
-    seq_lens = [1, 15, 16, 17, 100, 333]
-    b = Paged([1] * len(seq_lens), seq_lens, 2, group, head, dtype, seed=head + group)
-    run_decode(emu, b, warps)
-    assert b.rel_err() < REL_TOL[dtype]
-
-
-@pytest.mark.parametrize(
-    "seed,head,group,warps",
-    [
-        (1, 128, 8, 4),  # fewer threads than output quads: one thread per quad
-        (2, 128, 8, 16),  # 1 x 32k's shape: two threads share each quad's splits
-        (3, 64, 3, 16),  # ten threads per quad, two threads left over
-    ],
-)
-def test_decode_v8_split_merge_in_kernel(
-    emu: ctypes.CDLL, seed: int, head: int, group: int, warps: int
-) -> None:
-    """Splits of different sequences finish in a different order for each seed; the last one merges."""
-    seq_lens = [700, 17, 160, 1, 64, 65]
-    b = Paged([1] * len(seq_lens), seq_lens, 2, group, head, torch.float16, seed=seed, poison=True)
-    tickets, _, _ = run_decode(emu, b, warps=warps, partition=64, seed=seed)
-    assert b.rel_err() < REL_TOL[torch.float16]
-    assert torch.equal(tickets, torch.zeros_like(tickets))  # reset for the next call / graph replay
+@pytest.mark.parametrize("window", [1, 100])
+def test_decode_sliding_window(emu: ctypes.CDLL, window: int) -> None:
+    seq_lens = [1, 50, 300, 301, 90]
+    b = Paged([1] * 5, seq_lens, 1, 8, 128, torch.float16, seed=window, poison=True)
+    run_decode(emu, b, partition=32, window=window)
+    assert b.rel_err(window) < REL_TOL[torch.float16]
 
 
 @pytest.mark.parametrize(
@@ -210,11 +164,10 @@ def test_decode_v8_split_merge_in_kernel(
 def test_decode_split_merge_kernel(
     emu: ctypes.CDLL, seq_lens: list[int], partition: int, head: int, window: int
 ) -> None:
-    """The v8 kernel with its merge off leaves v6-layout partials; the split merge kernel
-    (paged_decode_reduce_kernel, which v6 and v8-reduce launch) turns them into the attention."""
+    """The decode kernel leaves split sequences to the merge, as partials; the split merge kernel
+    (paged_decode_reduce_kernel) turns them into the attention."""
     b = Paged([1] * len(seq_lens), seq_lens, 2, 8, head, torch.float16, seed=len(seq_lens) + partition)
-    tickets, partial_out, stats = run_decode(emu, b, warps=4, partition=partition, window=window, fused=False)
-    assert torch.equal(tickets, torch.zeros_like(tickets))
+    partial_out, stats = run_decode(emu, b, partition, window, merge=False)
     first_block_pos = [max(0, s - window) // 16 * 16 if window else 0 for s in seq_lens]
     split = [i for i, (s, f) in enumerate(zip(seq_lens, first_block_pos, strict=True)) if s - f > partition]
     assert split and torch.isnan(b.out[split]).all()  # split sequences are left to the merge
@@ -251,33 +204,6 @@ def test_decode_split_merge_kernel_many_splits(emu: ctypes.CDLL) -> None:
         w = sums[i, :, :n] * torch.exp2(maxima[i, :, :n] - maxima[i, :, :n].max(-1, keepdim=True).values)
         expected = (w[..., None] * partial_out[i, :, :n]).sum(1) / w.sum(-1, keepdim=True)
         torch.testing.assert_close(out[i].float(), expected, rtol=2e-3, atol=2e-3)
-
-
-@pytest.mark.parametrize("window", [1, 37, 100])
-def test_decode_v8_sliding_window(emu: ctypes.CDLL, window: int) -> None:
-    seq_lens = [1, 50, 300, 301, 90]
-    b = Paged([1] * 5, seq_lens, 1, 8, 128, torch.float16, seed=window)
-    tickets, _, _ = run_decode(emu, b, warps=8, partition=32, window=window)
-    assert b.rel_err(window) < REL_TOL[torch.float16]
-    assert not tickets.any()
-
-
-def test_decode_v8_plan(emu: ctypes.CDLL) -> None:
-    def plan(span: int, base: int, sms: int, resident: tuple[int, int, int], max_warps: int = 16):
-        out = (ctypes.c_longlong * 3)()
-        sizes = (ctypes.c_longlong(span), ctypes.c_longlong(base), ctypes.c_longlong(sms))
-        emu.emu_plan_decode_v8(*sizes, *resident, max_warps, out)
-        return tuple(out)
-
-    # H200, head 128, group 8: 16-warp blocks fit once per SM, 8-warp twice, 4-warp four times.
-    resident = (4, 2, 1)
-    assert plan(32768, 4, 132, resident) == (16, 33, 1008)  # 1 x 32k: one wave of 16-warp blocks
-    assert plan(8192, 64, 132, resident) == (16, 2, 4096)  # 16 x 8k
-    assert plan(4096, 256, 132, resident) == (8, 1, 4096)  # 64 x 4k: one wave of 8-warp blocks
-    assert plan(1024, 1024, 132, resident) == (4, 1, 1024)  # 256 x 1k: many waves, smallest blocks
-    assert plan(1, 4, 132, resident) == (16, 1, 16)  # a one-token context is never split
-    assert plan(32768, 4, 132, resident, max_warps=8) == (8, 64, 512)  # launch bounds cap the block
-    assert plan(32768, 4, 132, (4, 2, 0)) == (8, 64, 512)  # 16 warps do not fit at all
 
 
 # ---------------------------------------------------------------- prefill

@@ -61,10 +61,10 @@ def test_every_variant_compiles_for_sm70_without_spills(gate) -> None:
 def test_v8_kernels_are_checked_where_they_have_bodies(gate) -> None:
     """v8 compiles to a trap on sm_70 (checked so a V100 build cannot break) and for real on sm_80/90."""
     variants = gate.load_variants()
-    v8 = {e for e in variants[80]["paged_decode_attention_v8.cuh"]}
+    v8 = {e for e in variants[80]["paged_prefill_attention_v8.cuh"]}
     assert {e for e in v8 if "__nv_bfloat16" in e} and {e for e in v8 if "__half" in e}
-    assert v8 <= set(variants[90]["paged_decode_attention_v8.cuh"])
-    assert set(variants[70]["paged_decode_attention_v8.cuh"]) <= v8
+    assert v8 <= set(variants[90]["paged_prefill_attention_v8.cuh"])
+    assert set(variants[70]["paged_prefill_attention_v8.cuh"]) <= v8
     everything = {e for sources in variants.values() for exprs in sources.values() for e in exprs}
     assert everything == {e for exprs in variants[90].values() for e in exprs}
 

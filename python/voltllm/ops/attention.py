@@ -4,18 +4,14 @@ Each op runs the CUDA kernel for CUDA tensors and its plain-torch reference (`*_
 elsewhere. KV cache layout (see `voltllm.layers.attention.backend`):
 `kv_cache: [2, num_blocks, block_size=16, num_kv_heads, head_size]`.
 
-Kernel variants (docs/kernels.md): the decode and prefill ops take `variant=`; without it the
-environment variables `VOLTLLM_DECODE_KERNEL` (v6 | v8 | v8-reduce) and `VOLTLLM_PREFILL_KERNEL`
-(v8 | v9) choose; the defaults are v6 decode and v8 prefill (the faster of each on the H200,
-benches/RESULTS.md). The v8 kernels need SM80 or newer; on older GPUs (Volta) the v8 decode variants
-run v6 and v8 prefill runs v9, the Volta-legal WMMA prefill kernel, which runs on every GPU. (The v6
-prefill kernel is retired: 0.81-0.86x SDPA-efficient on the H200 against v9's 1.12-1.18x.)
+Kernels (docs/kernels.md): decode has one kernel (WMMA, split-K, every GPU). Prefill has two: v8
+(mma.sync, SM80 and newer) and v9 (WMMA, Volta-legal, every GPU); a call runs the one for its device's
+compute capability (`prefill_variant`), or the one named by `variant=` (tests and benchmarks).
 """
 
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Sequence
 
 import torch
@@ -30,63 +26,34 @@ PREFILL_BLOCK_M = {
     "v9": {64: 128, 128: 128, 256: 64},
 }
 
-DECODE_ENV = "VOLTLLM_DECODE_KERNEL"
-PREFILL_ENV = "VOLTLLM_PREFILL_KERNEL"
-# v8: mma.sync decode with the split merge in the kernel; v8-reduce: the same kernel, splits merged
-# by v6's reduce kernel (isolates what the in-kernel merge is worth).
-DECODE_VARIANTS = ("v6", "v8", "v8-reduce")
 # v8: mma.sync prefill (SM80+); v9: the Volta-legal WMMA prefill kernel (BLOCK_M 128, softmax on
 # registers), which runs on every GPU.
 PREFILL_VARIANTS = ("v8", "v9")
-DEFAULT_DECODE_VARIANT = "v6"
-DEFAULT_PREFILL_VARIANT = "v8"  # 1.3x v9 on the H200; on Volta v8 runs v9
-
-
-def _choose(variant: str | None, env: str, known: tuple[str, ...], default: str) -> str:
-    name = variant if variant is not None else os.environ.get(env) or default
-    if name not in known:
-        source = "argument" if variant is not None else env
-        raise ValueError(f"unknown kernel variant {name!r} (from {source}); known: {known}")
-    return name
-
-
-def decode_variant(variant: str | None = None) -> str:
-    """The decode kernel variant a call runs: `variant`, else $VOLTLLM_DECODE_KERNEL, else the default."""
-    return _choose(variant, DECODE_ENV, DECODE_VARIANTS, DEFAULT_DECODE_VARIANT)
-
-
-def prefill_variant(variant: str | None = None) -> str:
-    """The prefill kernel variant a call runs: `variant`, else $VOLTLLM_PREFILL_KERNEL, else the default."""
-    return _choose(variant, PREFILL_ENV, PREFILL_VARIANTS, DEFAULT_PREFILL_VARIANT)
 
 
 @functools.cache
-def _has_sm80(index: int) -> bool:
-    return torch.cuda.get_device_capability(index)[0] >= 8
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
 
 
 def runs_v8(device: torch.device) -> bool:
-    """Whether the v8 kernels run on `device` (SM80 and newer); elsewhere v8 decode runs v6, v8 prefill v9."""
-    return device.type == "cuda" and _has_sm80(device.index if device.index is not None else 0)
+    """Whether the v8 prefill kernel runs on `device` (a CUDA device of SM80 or newer)."""
+    return device.type == "cuda" and _capability(device.index if device.index is not None else 0)[0] >= 8
 
 
-# Per device: zeroed int32 tickets for the v8 decode split merge. The kernel resets every ticket it
-# uses, so a buffer stays zero between calls and CUDA graph replays need no memset of it.
-_tickets: dict[torch.device, torch.Tensor] = {}
-# Every ticket buffer ever handed out: a captured CUDA graph keeps pointing at the one it saw.
-_tickets_kept: list[torch.Tensor] = []
+def prefill_variants(device: torch.device) -> tuple[str, ...]:
+    """The prefill variants that run on `device`, the default (`prefill_variant`) first."""
+    return PREFILL_VARIANTS if runs_v8(device) else ("v9",)
 
 
-def _ticket_buffer(device: torch.device, needed: int) -> torch.Tensor:
-    buf = _tickets.get(device)
-    if buf is not None and buf.numel() >= needed:
-        return buf
-    fresh = torch.zeros(max(needed, 4096), dtype=torch.int32, device=device)
-    _tickets_kept.append(fresh)
-    # Zeros made during a capture exist only when the graph replays the memset: not for eager calls.
-    if not torch.cuda.is_current_stream_capturing():
-        _tickets[device] = fresh
-    return fresh
+def prefill_variant(device: torch.device, variant: str | None = None) -> str:
+    """The prefill kernel a call on `device` runs: `variant` when given, else v8 on SM80 and newer (1.3x v9
+    on the H200, benches/RESULTS.md) and v9 below."""
+    if variant is None:
+        return prefill_variants(device)[0]
+    if variant not in PREFILL_VARIANTS:
+        raise ValueError(f"unknown kernel variant {variant!r}; known: {PREFILL_VARIANTS}")
+    return variant
 
 
 def kv_cache_write_ref(
@@ -204,31 +171,22 @@ def paged_decode_attention(
     scale: float,
     sliding_window: int | None = None,
     out: torch.Tensor | None = None,
-    variant: str | None = None,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_size]
     """Attention of each sequence's newest token over its whole paged context (split-K on long ones).
 
-    `variant` picks the kernel (`DECODE_VARIANTS`; see the module docstring). Every variant is CUDA-graph
-    safe: per-sequence lengths come from `seq_lens` on the device, `seq_lens_cpu` only bounds them.
-    On SM90+ the kernel starts reading old K/V while the kernel queued just before it finishes, so that
+    CUDA-graph safe: per-sequence lengths come from `seq_lens` on the device, `seq_lens_cpu` only bounds
+    them. On SM90+ the kernel starts reading old K/V while the kernel queued just before it finishes, so that
     kernel may write each sequence's newest token (position seq_len - 1) but no older one (docs/kernels.md).
     """
     window = _window(sliding_window)
-    name = decode_variant(variant)
     if not use_kernels(query):
         query_lens = [1] * len(seq_lens_cpu)
         return _reference(query, kv_cache, block_tables, query_lens, seq_lens_cpu, scale, sliding_window, out)
     if out is None:
         out = torch.empty_like(query)
     max_seq_len = max(seq_lens_cpu, default=1)
-    if name == "v6" or not runs_v8(query.device):
-        kernel_ops().paged_decode_attention(
-            out, query, kv_cache, block_tables, seq_lens, max_seq_len, scale, window
-        )
-        return out
-    tickets = _ticket_buffer(query.device, query.shape[0] * kv_cache.shape[3])
-    kernel_ops().paged_decode_attention_v8(
-        out, query, kv_cache, block_tables, seq_lens, max_seq_len, scale, window, tickets, name == "v8"
+    kernel_ops().paged_decode_attention(
+        out, query, kv_cache, block_tables, seq_lens, max_seq_len, scale, window
     )
     return out
 
@@ -254,17 +212,16 @@ def paged_prefill_attention(
     """Causal attention of a mixed batch (prefills, chunked prefills with a cached prefix, decodes)
     over the paged cache. The step's keys/values must already be in the cache (`kv_cache_write`).
 
-    `variant` picks the kernel (`PREFILL_VARIANTS`; see the module docstring)."""
+    `variant` names the kernel (`PREFILL_VARIANTS`); without it the device's compute capability picks
+    (`prefill_variant`). A variant the device cannot run gets the glue's error."""
     window = _window(sliding_window)
-    name = prefill_variant(variant)
+    name = prefill_variant(query.device, variant)
     if not use_kernels(query):
         return _reference(
             query, kv_cache, block_tables, query_lens_cpu, seq_lens_cpu, scale, sliding_window, out
         )
     if out is None:
         out = torch.empty_like(query)
-    if name == "v8" and not runs_v8(query.device):
-        name = "v9"  # the Volta-legal prefill kernel
     op = kernel_ops().paged_prefill_attention_v8 if name == "v8" else kernel_ops().paged_prefill_attention_v9
     # An unsupported head size gets the glue's error, not a KeyError here (any tile count will do).
     block_m = PREFILL_BLOCK_M[name].get(query.shape[-1], 1)

@@ -19,8 +19,6 @@ HEAD_SIZES = (64, 128, 256)
 FP16 = "__half"
 BF16 = "__nv_bfloat16"
 DTYPES = (FP16, BF16)
-# v8 decode: query heads per kv head are tiled by 8 (NT = 1 for groups up to 8, 2 up to 16).
-DECODE_V8_GROUP_TILES = (1, 2)
 
 
 def _elementwise() -> dict[str, list[str]]:
@@ -65,11 +63,6 @@ def _attention(dtype: str) -> dict[str, list[str]]:
 
 def _attention_v8(dtype: str) -> dict[str, list[str]]:
     return {
-        "paged_decode_attention_v8.cuh": [
-            f"voltllm::paged_decode_v8_kernel<{dtype}, {h}, {nt}>"
-            for h in HEAD_SIZES
-            for nt in DECODE_V8_GROUP_TILES
-        ],
         "paged_prefill_attention_v8.cuh": [
             f"voltllm::paged_prefill_v8_kernel<{dtype}, {h}>" for h in HEAD_SIZES
         ],
@@ -85,8 +78,7 @@ def _merge(*parts: dict[str, list[str]]) -> dict[str, list[str]]:
 
 
 def dynamic_smem_probes() -> dict[str, str]:
-    """Kernel expression -> a `__device__` constant holding the dynamic shared memory it launches with
-    (for the v8 decode kernel, whose block size is chosen per call: its largest block)."""
+    """Kernel expression -> a `__device__` constant holding the dynamic shared memory it launches with."""
     probes: dict[str, str] = {}
     for dtype in DTYPES:
         for h in HEAD_SIZES:
@@ -96,10 +88,6 @@ def dynamic_smem_probes() -> dict[str, str]:
             probes[f"voltllm::paged_decode_reduce_kernel<{dtype}, {h}>"] = "voltllm::decode_reduce_smem_bytes"
             probes[f"voltllm::paged_prefill_v8_kernel<{dtype}, {h}>"] = f"voltllm::prefill_v8_smem_bytes<{h}>"
             probes[f"voltllm::paged_prefill_v9_kernel<{dtype}, {h}>"] = f"voltllm::prefill_v9_smem_bytes<{h}>"
-            for nt in DECODE_V8_GROUP_TILES:
-                probes[f"voltllm::paged_decode_v8_kernel<{dtype}, {h}, {nt}>"] = (
-                    f"voltllm::decode_v8_smem_bytes<{h}, {nt}>"
-                )
     return probes
 
 

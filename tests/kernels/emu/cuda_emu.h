@@ -363,34 +363,8 @@ inline unsigned __ballot_sync(unsigned mask, int pred) {
 }
 inline int __all_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) == 0xffffffffu; }
 inline int __any_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) != 0u; }
-inline void __threadfence() {}
 [[noreturn]] inline void __trap() { emu::fail("__trap()"); }
 
-inline int atomicAdd(int* p, int v) {
-  const int old = *p;
-  *p = old + v;
-  return old;
-}
-inline unsigned atomicAdd(unsigned* p, unsigned v) {
-  const unsigned old = *p;
-  *p = old + v;
-  return old;
-}
-inline int atomicExch(int* p, int v) {
-  const int old = *p;
-  *p = v;
-  return old;
-}
-
-inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
-  const uint64_t both = static_cast<uint64_t>(x) | (static_cast<uint64_t>(y) << 32);
-  unsigned r = 0;
-  for (int i = 0; i < 4; ++i) {
-    const unsigned sel = (s >> (4 * i)) & 7u;
-    r |= static_cast<unsigned>((both >> (8 * sel)) & 0xffu) << (8 * i);
-  }
-  return r;
-}
 inline float __int_as_float(int v) {
   float f;
   std::memcpy(&f, &v, 4);

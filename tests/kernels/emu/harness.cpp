@@ -1,25 +1,15 @@
-// C entry points that run the v8 attention kernels', the split merge's and the v9 prefill kernel's exact
-// source (and the prefill row-tile map) on the CPU emulator (cuda_emu.h; WMMA through include/mma.h), for
+// C entry points that run the attention kernels' exact source (decode and its split merge, both prefill
+// kernels and their row-tile map) on the CPU emulator (cuda_emu.h; WMMA through include/mma.h), for
 // tests/kernels/test_kernels_emulated.py (loaded with ctypes; pointers are CPU torch tensors).
 #include "cuda_emu.h"
 // The kernel headers come after the emulator, which stands in for the CUDA toolchain.
 #include "dispatch.h"
 #include "paged_decode_attention.cuh"
-#include "paged_decode_attention_v8.cuh"
 #include "paged_prefill_attention_tile_map.cuh"
 #include "paged_prefill_attention_v8.cuh"
 #include "paged_prefill_attention_v9.cuh"
 
 namespace {
-
-template <typename T, int HEAD, int NT>
-void run_decode(const voltllm::DecodeV8Params& p, int num_seqs, int warps, unsigned seed) {
-  using Tr = voltllm::DecodeV8Traits<HEAD, NT>;
-  if (warps > Tr::kMaxWarps) emu::fail("more warps than the variant's launch bounds allow");
-  const dim3 grid(p.num_kv_heads, num_seqs, p.max_splits);
-  emu::launch(grid, dim3(32 * warps), Tr::smem_bytes(warps),
-              [&] { voltllm::paged_decode_v8_kernel<T, HEAD, NT>(p); }, seed);
-}
 
 // fn(traits, kernel) of prefill variant `variant` (8: v8, 9: v9) for element type T and head size HEAD.
 template <typename T, int HEAD, typename Fn>
@@ -31,8 +21,7 @@ void with_prefill_kernel(int variant, Fn&& fn) {
   }
 }
 
-
-// The parameters both decode kernels take, from a C entry point's arguments.
+// The decode kernel's (and the split merge's) parameters, from a C entry point's arguments.
 voltllm::DecodeParams decode_params(void* out, const void* query, const void* key_cache, const void* value_cache,
                                     const int* block_tables, const int* seq_lens, float* partial_out,
                                     float* partial_max, float* partial_sum, long long query_stride,
@@ -72,48 +61,13 @@ void run_split_merge(const voltllm::DecodeParams& p, int num_seqs, unsigned seed
 
 extern "C" {
 
-// plan[0..2] = warps, splits, partition.
-void emu_plan_decode_v8(long long span, long long base_blocks, long long num_sms, int resident4, int resident8,
-                        int resident16, int max_warps, long long* plan) {
-  const int resident[3] = {resident4, resident8, resident16};
-  const voltllm::DecodeV8Plan r = voltllm::plan_decode_v8(span, base_blocks, num_sms, resident, max_warps);
-  plan[0] = r.warps;
-  plan[1] = r.splits;
-  plan[2] = r.partition;
-}
-
-void emu_decode_v8(int bf16, int head, void* out, const void* query, const void* key_cache, const void* value_cache,
-                   const int* block_tables, const int* seq_lens, float* partial_out, float* partial_max,
-                   float* partial_sum, int* tickets, long long query_stride, long long out_stride, int num_seqs,
-                   int num_heads, int num_kv_heads, int max_blocks_per_seq, int max_splits, int partition_size,
-                   int sliding_window, float scale_log2, int fused_merge, int warps, unsigned seed) {
-  voltllm::DecodeV8Params p{};
-  static_cast<voltllm::DecodeParams&>(p) =
-      decode_params(out, query, key_cache, value_cache, block_tables, seq_lens, partial_out, partial_max, partial_sum,
-                    query_stride, out_stride, num_heads, num_kv_heads, max_blocks_per_seq, max_splits, partition_size,
-                    sliding_window, scale_log2);
-  p.tickets = tickets;
-  p.fused_merge = fused_merge;
-  emu::dispatch_dtype(bf16, [&](auto t) {
-    emu::dispatch_head(head, [&](auto h) {
-      using T = decltype(t);
-      constexpr int H = decltype(h)::value;
-      if (num_heads / num_kv_heads <= 8) {
-        run_decode<T, H, 1>(p, num_seqs, warps, seed);
-      } else {
-        run_decode<T, H, 2>(p, num_seqs, warps, seed);
-      }
-    });
-  });
-}
-
-// The v6 (WMMA) decode kernel, then the split merge where the context is split, as the glue launches them.
-// wmma_order: 0 = scrambled, 1 = paired (see include/mma.h).
-void emu_decode_v6(int bf16, int head, void* out, const void* query, const void* key_cache, const void* value_cache,
-                   const int* block_tables, const int* seq_lens, float* partial_out, float* partial_max,
-                   float* partial_sum, long long query_stride, long long out_stride, int num_seqs, int num_heads,
-                   int num_kv_heads, int max_blocks_per_seq, int max_splits, int partition_size, int sliding_window,
-                   float scale_log2, int wmma_order, unsigned seed) {
+// The decode kernel, then (with `merge`) the split merge where the context is split, as the glue launches
+// them. wmma_order: 0 = scrambled, 1 = paired (see include/mma.h).
+void emu_decode(int bf16, int head, void* out, const void* query, const void* key_cache, const void* value_cache,
+                const int* block_tables, const int* seq_lens, float* partial_out, float* partial_max,
+                float* partial_sum, long long query_stride, long long out_stride, int num_seqs, int num_heads,
+                int num_kv_heads, int max_blocks_per_seq, int max_splits, int partition_size, int sliding_window,
+                float scale_log2, int merge, int wmma_order, unsigned seed) {
   emu::set_wmma_order(static_cast<emu::WmmaOrder>(wmma_order));
   const voltllm::DecodeParams p =
       decode_params(out, query, key_cache, value_cache, block_tables, seq_lens, partial_out, partial_max, partial_sum,
@@ -126,12 +80,12 @@ void emu_decode_v6(int bf16, int head, void* out, const void* query, const void*
       using Tr = voltllm::DecodeTraits<H>;
       emu::launch(dim3(num_kv_heads, num_seqs, max_splits), dim3(Tr::kThreads), Tr::kSmemBytes,
                   [&] { voltllm::paged_decode_attention_kernel<T, H>(p); }, seed);
-      if (max_splits > 1) run_split_merge<T, H>(p, num_seqs, seed);
+      if (merge && max_splits > 1) run_split_merge<T, H>(p, num_seqs, seed);
     });
   });
 }
 
-// The split merge (paged_decode_reduce_kernel) over partials laid out as the decode kernels leave them,
+// The split merge (paged_decode_reduce_kernel) over partials laid out as the decode kernel leaves them,
 // launched as the glue launches it.
 void emu_decode_split_merge(int bf16, int head, void* out, const int* seq_lens, float* partial_out,
                             float* partial_max, float* partial_sum, long long out_stride, int num_seqs,

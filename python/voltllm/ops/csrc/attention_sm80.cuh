@@ -115,31 +115,6 @@ __device__ __forceinline__ unsigned pack(float lo, float hi) {
   return *reinterpret_cast<const unsigned*>(&v);
 }
 
-// Halves of two registers: sel 0 takes both lower halves (x.lo, y.lo), sel 1 both upper halves.
-__device__ __forceinline__ unsigned pick_halves(unsigned x, unsigned y, int sel) {
-  return __byte_perm(x, y, sel ? 0x7632u : 0x5410u);
-}
-
-__device__ __forceinline__ unsigned word(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
-// L2 loads for data other blocks of this grid wrote (L1 is not coherent across SMs).
-__device__ __forceinline__ float load_cg(const float* p) {
-#ifdef VOLTLLM_EMULATE
-  return *p;
-#else
-  return __ldcg(p);
-#endif
-}
-__device__ __forceinline__ float4 load_cg(const float4* p) {
-#ifdef VOLTLLM_EMULATE
-  return *p;
-#else
-  return __ldcg(p);
-#endif
-}
-
 #endif  // VOLTLLM_SM80_PATH
 
 }  // namespace sm80

@@ -1,11 +1,10 @@
-// Torch glue for paged decode attention (v6 and v8): checks, device guard, stream, dtype dispatch.
+// Torch glue for paged decode attention: checks, device guard, stream, split planning, dtype dispatch.
 #include "torch_glue.h"
 
 #include <cmath>
 #include <utility>
 
 #include "paged_decode_attention.cuh"
-#include "paged_decode_attention_v8.cuh"
 
 namespace voltllm {
 
@@ -35,7 +34,7 @@ Split choose_split(int64_t span, int64_t base_blocks, int64_t resident_blocks) {
   return {(span + partition - 1) / partition, partition};
 }
 
-// The checks both decode variants share.
+// The decode op's argument checks.
 AttentionShape check_decode(const at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
                             const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t max_seq_len,
                             const char* op) {
@@ -53,7 +52,7 @@ int64_t decode_span(int64_t max_seq_len, int64_t sliding_window) {
   return sliding_window > 0 ? std::min<int64_t>(max_seq_len, sliding_window + kBlockSize) : max_seq_len;
 }
 
-// The parameters both variants share, from the op's arguments (splits and partials come later).
+// The kernel parameters from the op's arguments (splits and partials come later).
 DecodeParams decode_params(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
                            const at::Tensor& block_tables, const at::Tensor& seq_lens, const AttentionShape& shape,
                            double scale, int64_t sliding_window) {
@@ -91,7 +90,7 @@ std::pair<at::Tensor, at::Tensor> set_splits(DecodeParams& p, const at::Tensor& 
   return {partial_out, partial_stats};
 }
 
-// Merges the splits set_splits made room for (v6, and v8 without its folded merge).
+// Merges the splits set_splits made room for.
 template <typename T, int H>
 void launch_split_merge(const DecodeParams& p, const AttentionShape& shape, int64_t num_seqs, cudaStream_t stream) {
   launch(paged_decode_reduce_kernel<T, H>, dim3(shape.num_heads, num_seqs, H / kReduceDims),
@@ -129,72 +128,6 @@ void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::
       const dim3 grid(shape.num_kv_heads, num_seqs, split.splits);
       launch(kernel, grid, Tr::kThreads, Tr::kSmemBytes, stream, p);
       if (split.splits > 1) launch_split_merge<T, H>(p, shape, num_seqs, stream);
-    });
-  });
-}
-
-namespace {
-
-// One v8 launch: the block size and split count come from plan_decode_v8, fed with this GPU's
-// occupancy for each block size. Splits either merge in the kernel (a ticket per (sequence, kv
-// head)) or, with fused_merge off, in v6's reduce kernel (same partial layout).
-template <typename T, int H, int NT>
-void launch_decode_v8(DecodeV8Params p, const at::Tensor& query, const AttentionShape& shape, int64_t num_seqs,
-                      int64_t span, cudaStream_t stream) {
-  using Tr = DecodeV8Traits<H, NT>;
-  auto* kernel = paged_decode_v8_kernel<T, H, NT>;
-  set_smem(kernel, Tr::smem_bytes(Tr::kMaxWarps));
-  int resident[3] = {0, 0, 0};
-  for (int i = 0; i < 3; ++i) {
-    const int warps = 4 << i;
-    if (warps > Tr::kMaxWarps) continue;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident[i], kernel, 32 * warps,
-                                                                 Tr::smem_bytes(warps)));
-  }
-  const int num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const DecodeV8Plan plan = plan_decode_v8(span, num_seqs * shape.num_kv_heads, num_sms, resident, Tr::kMaxWarps);
-  const auto partials = set_splits(p, query, shape, num_seqs, plan.splits, plan.partition);
-  const dim3 grid(shape.num_kv_heads, num_seqs, plan.splits);
-  launch(kernel, grid, 32 * plan.warps, Tr::smem_bytes(plan.warps), stream, p);
-  // The merge kernel takes the shared part of the parameters (the partials' layout is v6's).
-  if (plan.splits > 1 && !p.fused_merge) launch_split_merge<T, H>(DecodeParams(p), shape, num_seqs, stream);
-}
-
-}  // namespace
-
-void paged_decode_attention_v8(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
-                               const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t max_seq_len,
-                               double scale, int64_t sliding_window, at::Tensor& tickets, bool fused_merge) {
-  const char* op = "paged_decode_attention_v8";
-  const auto shape = check_decode(out, query, kv_cache, block_tables, seq_lens, max_seq_len, op);
-  const int64_t num_seqs = query.size(0);
-  check_cuda(tickets, "tickets");
-  TORCH_CHECK(tickets.scalar_type() == at::kInt && tickets.is_contiguous() &&
-                  tickets.numel() >= num_seqs * shape.num_kv_heads,
-              op, ": tickets must be a contiguous int32 tensor of at least num_seqs * num_kv_heads zeros");
-  if (num_seqs == 0) return;
-  const at::cuda::OptionalCUDAGuard guard(query.device());
-  TORCH_CHECK(at::cuda::getCurrentDeviceProperties()->major >= 8, op,
-              ": needs SM80 or newer (the v6 kernel serves older GPUs)");
-  const auto stream = at::cuda::getCurrentCUDAStream();
-  const int64_t span = decode_span(max_seq_len, sliding_window);
-  const int64_t group = shape.num_heads / shape.num_kv_heads;
-
-  DecodeV8Params p{};
-  static_cast<DecodeParams&>(p) =
-      decode_params(out, query, kv_cache, block_tables, seq_lens, shape, scale, sliding_window);
-  p.tickets = tickets.data_ptr<int>();
-  p.fused_merge = fused_merge ? 1 : 0;
-
-  dispatch_dtype(query.scalar_type(), op, [&](auto t) {
-    using T = decltype(t);
-    dispatch_head_size(shape.head_size, op, [&](auto h) {
-      constexpr int H = decltype(h)::value;
-      if (group <= 8) {
-        launch_decode_v8<T, H, 1>(p, query, shape, num_seqs, span, stream);
-      } else {
-        launch_decode_v8<T, H, 2>(p, query, shape, num_seqs, span, stream);
-      }
     });
   });
 }

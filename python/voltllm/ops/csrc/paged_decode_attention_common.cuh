@@ -1,6 +1,5 @@
-// The parameters both decode attention kernels (v6, paged_decode_attention.cuh; v8,
-// paged_decode_attention_v8.cuh) and the split merge take: one definition, so the glue fills them once
-// and the merge reads v8's partials through the same fields.
+// The parameters the decode attention kernel (paged_decode_attention.cuh) and its split merge take: one
+// definition, so the glue fills them once and the merge reads the partials through the same fields.
 #pragma once
 
 #include "common.cuh"

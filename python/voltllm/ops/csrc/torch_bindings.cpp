@@ -10,9 +10,6 @@ void kv_cache_write(const at::Tensor& key, const at::Tensor& value, at::Tensor& 
 void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
                             const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t max_seq_len,
                             double scale, int64_t sliding_window);
-void paged_decode_attention_v8(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
-                               const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t max_seq_len,
-                               double scale, int64_t sliding_window, at::Tensor& tickets, bool fused_merge);
 void paged_prefill_attention_v8(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
                                 const at::Tensor& block_tables, const at::Tensor& seq_lens,
                                 const at::Tensor& query_start_loc, int64_t num_row_tiles, double scale,
@@ -44,10 +41,6 @@ TORCH_LIBRARY(voltllm_C, m) {
       "paged_decode_attention(Tensor(a!) out, Tensor query, Tensor kv_cache, Tensor block_tables, "
       "Tensor seq_lens, int max_seq_len, float scale, int sliding_window) -> ()");
   m.def(
-      "paged_decode_attention_v8(Tensor(a!) out, Tensor query, Tensor kv_cache, Tensor block_tables, "
-      "Tensor seq_lens, int max_seq_len, float scale, int sliding_window, Tensor(b!) tickets, "
-      "bool fused_merge) -> ()");
-  m.def(
       "paged_prefill_attention_v8(Tensor(a!) out, Tensor query, Tensor kv_cache, Tensor block_tables, "
       "Tensor seq_lens, Tensor query_start_loc, int num_row_tiles, float scale, int sliding_window) -> ()");
   m.def("prefill_block_m_v8(int head_size) -> int", &voltllm::prefill_block_m_v8);
@@ -73,7 +66,6 @@ TORCH_LIBRARY(voltllm_C, m) {
 TORCH_LIBRARY_IMPL(voltllm_C, CUDA, m) {
   m.impl("kv_cache_write", &voltllm::kv_cache_write);
   m.impl("paged_decode_attention", &voltllm::paged_decode_attention);
-  m.impl("paged_decode_attention_v8", &voltllm::paged_decode_attention_v8);
   m.impl("paged_prefill_attention_v8", &voltllm::paged_prefill_attention_v8);
   m.impl("paged_prefill_attention_v9", &voltllm::paged_prefill_attention_v9);
   m.impl("rms_norm", &voltllm::rms_norm);
