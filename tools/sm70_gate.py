@@ -6,7 +6,7 @@ Runs on a CPU-only machine with the CUDA 12.9 compiler pieces from PyPI:
     pip install "nvidia-cuda-nvrtc-cu12==12.9.*" "nvidia-cuda-nvcc-cu12==12.9.*" \
         "nvidia-cuda-runtime-cu12==12.9.*"
 
-For each kernel source in `python/voltllm/ops/csrc/` it instantiates the variants listed in
+For each kernel source in `csrc/` (attention/, ops/) it instantiates the variants listed in
 `voltllm/ops/variants.py` through NVRTC name expressions, compiles to PTX for compute_70, rejects
 instructions Volta lacks (cp.async, ldmatrix, wgmma, TMA/bulk copies, bf16 MMA), assembles the PTX with
 `ptxas -arch=sm_70 -v` and prints registers, static and dynamic shared memory (the latter read from a
@@ -22,10 +22,10 @@ not fatal.
     python tools/sm70_gate.py --arch 90    # one architecture
     python tools/sm70_gate.py --glue       # also syntax-check the torch glue (g++, minutes)
 
-`--glue` checks what only the GPU machine's nvcc would otherwise see: the torch glue (`ops_*.cu`,
-`torch_bindings.cpp`) against the installed torch's headers, with g++ -fsyntax-only in host mode. Kernel
-launches (`k<<<cfg>>>(args)`) are rewritten into calls that check the arguments against the kernel's
-parameters, and a prelude declares the device built-ins the kernel headers use. It needs g++, a CUDA
+`--glue` checks what only the GPU machine's nvcc would otherwise see: the torch glue (`csrc/torch_glue/`:
+`ops_*.cu`, `torch_bindings.cpp`) against the installed torch's headers, with g++ -fsyntax-only in host
+mode. Kernel launches (`k<<<cfg>>>(args)`) are rewritten into calls that check the arguments against the
+kernel's parameters, and a prelude declares the device built-ins the kernel headers use. It needs g++, a CUDA
 build of torch and the CUDA headers of the nvidia-* wheels; it proves syntax and types, not codegen.
 """
 
@@ -42,7 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-CSRC = REPO / "python" / "voltllm" / "ops" / "csrc"
+CSRC = REPO / "csrc"
+GLUE = CSRC / "torch_glue"
 VARIANTS = REPO / "python" / "voltllm" / "ops" / "variants.py"
 VOLTA_SMEM_LIMIT = 96 * 1024
 SM80_SMEM_LIMIT = 99 * 1024  # sm_86 / sm_89 opt-in maximum; sm_80 and sm_90 allow more
@@ -329,7 +330,7 @@ def check_glue(workdir: Path) -> list[str]:
     includes = glue_include_dirs()
     (workdir / "glue_prelude.h").write_text(GLUE_PRELUDE)
     failures = []
-    for source in sorted([*CSRC.glob("ops_*.cu"), CSRC / "torch_bindings.cpp"]):
+    for source in sorted([*GLUE.glob("ops_*.cu"), GLUE / "torch_bindings.cpp"]):
         text = _LAUNCH.sub(lambda m: f"voltllm_launch({m['kernel']}, {m['cfg']})(", source.read_text())
         host = workdir / f"{source.name}.cpp"
         host.write_text(f'#include "{workdir / "glue_prelude.h"}"\n{text}')

@@ -1,6 +1,6 @@
 """Builds a kernel harness from tests/kernels/emu against the CPU emulator and loads it with ctypes.
 
-Kernel headers (`python/voltllm/ops/csrc/*.cuh`) compile with g++ against `emu/cuda_emu.h`, which
+Kernel headers (`csrc/attention/`, `csrc/ops/`) compile with g++ against `emu/cuda_emu.h`, which
 stands in for the CUDA toolchain; a harness file exposes C entry points that launch them.
 """
 
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 HERE = Path(__file__).resolve().parent
-CSRC = HERE.parents[1] / "python" / "voltllm" / "ops" / "csrc"
+CSRC = HERE.parents[1] / "csrc"  # the include root: headers include each other by path from here
 EMU = HERE / "emu"
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to build the kernel emulator")

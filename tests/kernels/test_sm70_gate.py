@@ -61,10 +61,10 @@ def test_every_variant_compiles_for_sm70_without_spills(gate) -> None:
 def test_v8_kernels_are_checked_where_they_have_bodies(gate) -> None:
     """v8 compiles to a trap on sm_70 (checked so a V100 build cannot break) and for real on sm_80/90."""
     variants = gate.load_variants()
-    v8 = {e for e in variants[80]["paged_prefill_attention_v8.cuh"]}
+    v8 = {e for e in variants[80]["attention/paged_prefill_mma_sm80.cuh"]}
     assert {e for e in v8 if "__nv_bfloat16" in e} and {e for e in v8 if "__half" in e}
-    assert v8 <= set(variants[90]["paged_prefill_attention_v8.cuh"])
-    assert set(variants[70]["paged_prefill_attention_v8.cuh"]) <= v8
+    assert v8 <= set(variants[90]["attention/paged_prefill_mma_sm80.cuh"])
+    assert set(variants[70]["attention/paged_prefill_mma_sm80.cuh"]) <= v8
     everything = {e for sources in variants.values() for exprs in sources.values() for e in exprs}
     assert everything == {e for exprs in variants[90].values() for e in exprs}
 
@@ -73,7 +73,7 @@ def test_v8_kernels_are_checked_where_they_have_bodies(gate) -> None:
 def test_gate_reports_compile_errors(gate) -> None:
     tools = gate.Toolchain.find()
     with pytest.raises(gate.GateError, match="no_such_kernel"):
-        tools.compile_ptx("rms_norm.cuh", ["voltllm::no_such_kernel<__half>"], 70)
+        tools.compile_ptx("ops/rms_norm.cuh", ["voltllm::no_such_kernel<__half>"], 70)
 
 
 def test_forbidden_instructions_are_recognised(gate) -> None:
@@ -119,7 +119,7 @@ def test_gate_variants_match_what_the_glue_dispatches(gate) -> None:
     from voltllm.layers.attention.sm70 import SUPPORTED_HEAD_SIZES
 
     module = gate._variants_module()
-    glue = (REPO / "python" / "voltllm" / "ops" / "csrc" / "torch_glue.h").read_text()
+    glue = (REPO / "csrc" / "torch_glue" / "torch_glue.h").read_text()
     dispatch = glue[glue.index("void dispatch_head_size") :]
     dispatch = dispatch[: dispatch.index("\n}\n")]
     dispatched_heads = tuple(int(h) for h in re.findall(r"case (\d+):", dispatch))

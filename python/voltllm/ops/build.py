@@ -1,9 +1,11 @@
 """Build and load the CUDA extension (`torch.ops.voltllm_C`) for the GPU in this machine.
 
-The kernel sources ship inside the package (`voltllm/ops/csrc/`), so an installed wheel can build them.
-The first use compiles them with `torch.utils.cpp_extension.load` for the current device's compute
-capability and caches the result under `~/.cache/voltllm/kernels/` (or `$XDG_CACHE_HOME`); later
-processes load the cached library. To build ahead of time (for example on a V100 with a CUDA 12.x
+The kernel sources live in the repository's top-level `csrc/` and ship inside the package as
+`voltllm/_csrc/` (in the source tree a symlink to `../../csrc`; the wheel holds the files themselves,
+pyproject.toml's `[tool.maturin] include`), so an installed wheel can build them. The first use compiles
+them with `torch.utils.cpp_extension.load` for the current device's compute capability and caches the
+result under `~/.cache/voltllm/kernels/` (or `$XDG_CACHE_HOME`); later processes load the cached
+library. To build ahead of time (for example on a V100 with a CUDA 12.x
 toolkit and a CUDA 12 build of torch):
 
     python -m voltllm.ops              # for the GPU present
@@ -19,13 +21,26 @@ from pathlib import Path
 
 import torch
 
-CSRC_DIR = Path(__file__).resolve().parent / "csrc"
+
+def _csrc_dir() -> Path:
+    """The kernel sources: the package's `_csrc/` (a wheel's copy, or the source tree's symlink), else the
+    source tree's `csrc/` itself (a copy of the tree that dropped the symlink)."""
+    package = Path(__file__).resolve().parent.parent
+    for candidate in (package / "_csrc", package.parent.parent / "csrc"):
+        if (candidate / "common.cuh").is_file():
+            return candidate.resolve()
+    return package / "_csrc"  # missing: the build fails and says where it looked
+
+
+# The include root: every source includes the others by their path from here ("attention/...").
+CSRC_DIR = _csrc_dir()
+# The translation units: the torch glue (`torch_glue/`), which includes the torch-free kernels.
 SOURCES = (
-    "ops_elementwise.cu",
-    "ops_decode_attention.cu",
-    "ops_prefill_attention.cu",
-    "ops_linear.cu",
-    "torch_bindings.cpp",
+    "torch_glue/ops_elementwise.cu",
+    "torch_glue/ops_decode_attention.cu",
+    "torch_glue/ops_prefill_attention.cu",
+    "torch_glue/ops_linear.cu",
+    "torch_glue/torch_bindings.cpp",
 )
 _lock = threading.Lock()
 _loaded_arch: str | None = None
@@ -64,6 +79,9 @@ def load(arch: str | None = None, verbose: bool = False) -> str:
             arch = device_arch()
         if torch.version.cuda is None:
             raise KernelBuildError("this torch build has no CUDA support")
+        missing = [s for s in SOURCES if not (CSRC_DIR / s).is_file()]
+        if missing:
+            raise KernelBuildError(f"the kernel sources are missing from {CSRC_DIR}: {', '.join(missing)}")
         from torch.utils import cpp_extension
 
         build_dir = cache_dir(arch)

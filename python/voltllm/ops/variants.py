@@ -23,39 +23,41 @@ DTYPES = (FP16, BF16)
 
 def _elementwise() -> dict[str, list[str]]:
     variants: dict[str, list[str]] = {
-        "kv_cache.cuh": [f"voltllm::kv_cache_write_kernel<{t}>" for t in DTYPES],
-        "rms_norm.cuh": [
+        "ops/kv_cache_write.cuh": [f"voltllm::kv_cache_write_kernel<{t}>" for t in DTYPES],
+        "ops/rms_norm.cuh": [
             f"voltllm::{kernel}<{t}, {vec}>"
             for kernel in ("rms_norm_kernel", "fused_add_rms_norm_kernel")
             for t in DTYPES
             for vec in (1, 8)
         ],
-        "rotary.cuh": [
+        "ops/rotary.cuh": [
             f"voltllm::rotary_embedding_kernel<{t}, {neox}>" for t in DTYPES for neox in ("true", "false")
         ],
-        "activation.cuh": [f"voltllm::silu_and_mul_kernel<{t}, {vec}>" for t in DTYPES for vec in (1, 8)],
-        "gemv.cuh": [
+        "ops/activation.cuh": [f"voltllm::silu_and_mul_kernel<{t}, {vec}>" for t in DTYPES for vec in (1, 8)],
+        "ops/gemv.cuh": [
             f"voltllm::{kernel}<{t}, {rows}, {swiglu}>"
             for kernel in ("gemv_kernel", "gemv_norm_kernel")
             for t in DTYPES
             for rows in (1, 2)
             for swiglu in ("false", "true")
         ],
-        "qk_norm_rope.cuh": [f"voltllm::qk_norm_rope_kernel<{t}, {h}>" for t in DTYPES for h in HEAD_SIZES],
+        "ops/qk_norm_rope.cuh": [
+            f"voltllm::qk_norm_rope_kernel<{t}, {h}>" for t in DTYPES for h in HEAD_SIZES
+        ],
     }
     return variants
 
 
 def _attention(dtype: str) -> dict[str, list[str]]:
     return {
-        "paged_decode_attention.cuh": [
+        "attention/paged_decode_wmma.cuh": [
             f"voltllm::{kernel}<{dtype}, {h}>"
             for kernel in ("paged_decode_attention_kernel", "paged_decode_reduce_kernel")
             for h in HEAD_SIZES
         ],
         # The row-tile map every prefill launch (v8 or v9) builds first; the same for every dtype.
-        "paged_prefill_attention_tile_map.cuh": ["voltllm::prefill_tile_map_kernel"],
-        "paged_prefill_attention_v9.cuh": [
+        "attention/paged_prefill_tile_map.cuh": ["voltllm::prefill_tile_map_kernel"],
+        "attention/paged_prefill_wmma.cuh": [
             f"voltllm::paged_prefill_v9_kernel<{dtype}, {h}>" for h in HEAD_SIZES
         ],
     }
@@ -63,7 +65,7 @@ def _attention(dtype: str) -> dict[str, list[str]]:
 
 def _attention_v8(dtype: str) -> dict[str, list[str]]:
     return {
-        "paged_prefill_attention_v8.cuh": [
+        "attention/paged_prefill_mma_sm80.cuh": [
             f"voltllm::paged_prefill_v8_kernel<{dtype}, {h}>" for h in HEAD_SIZES
         ],
     }

@@ -4,8 +4,8 @@
 #include "cuda_emu.h"
 // The kernel headers come after the emulator, which stands in for the CUDA toolchain.
 #include "dispatch.h"
-#include "gemv.cuh"
-#include "qk_norm_rope.cuh"
+#include "ops/gemv.cuh"
+#include "ops/qk_norm_rope.cuh"
 
 namespace {
 

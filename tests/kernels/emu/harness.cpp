@@ -4,10 +4,10 @@
 #include "cuda_emu.h"
 // The kernel headers come after the emulator, which stands in for the CUDA toolchain.
 #include "dispatch.h"
-#include "paged_decode_attention.cuh"
-#include "paged_prefill_attention_tile_map.cuh"
-#include "paged_prefill_attention_v8.cuh"
-#include "paged_prefill_attention_v9.cuh"
+#include "attention/paged_decode_wmma.cuh"
+#include "attention/paged_prefill_tile_map.cuh"
+#include "attention/paged_prefill_mma_sm80.cuh"
+#include "attention/paged_prefill_wmma.cuh"
 
 namespace {
 

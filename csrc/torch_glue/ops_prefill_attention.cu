@@ -1,11 +1,11 @@
 // Torch glue for paged prefill attention (v8 and v9): checks, device guard, stream, row-tile map, dtype
 // and head-size dispatch, launch. One host path serves both kernels; what differs is in the Prefill*
 // descriptors below.
-#include "torch_glue.h"
+#include "torch_glue/torch_glue.h"
 
-#include "paged_prefill_attention_tile_map.cuh"
-#include "paged_prefill_attention_v8.cuh"
-#include "paged_prefill_attention_v9.cuh"
+#include "attention/paged_prefill_tile_map.cuh"
+#include "attention/paged_prefill_mma_sm80.cuh"
+#include "attention/paged_prefill_wmma.cuh"
 
 namespace voltllm {
 

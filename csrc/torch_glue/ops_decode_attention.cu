@@ -1,10 +1,10 @@
 // Torch glue for paged decode attention: checks, device guard, stream, split planning, dtype dispatch.
-#include "torch_glue.h"
+#include "torch_glue/torch_glue.h"
 
 #include <cmath>
 #include <utility>
 
-#include "paged_decode_attention.cuh"
+#include "attention/paged_decode_wmma.cuh"
 
 namespace voltllm {
 

@@ -4,8 +4,8 @@
 #include <type_traits>
 #include <utility>
 
-#include "torch_glue.h"
-#include "gemv.cuh"
+#include "torch_glue/torch_glue.h"
+#include "ops/gemv.cuh"
 
 namespace voltllm {
 

@@ -2,12 +2,12 @@
 // prologue: checks, device guard, stream, dtype dispatch.
 #include <algorithm>
 
-#include "torch_glue.h"
-#include "activation.cuh"
-#include "kv_cache.cuh"
-#include "qk_norm_rope.cuh"
-#include "rms_norm.cuh"
-#include "rotary.cuh"
+#include "torch_glue/torch_glue.h"
+#include "ops/activation.cuh"
+#include "ops/kv_cache_write.cuh"
+#include "ops/qk_norm_rope.cuh"
+#include "ops/rms_norm.cuh"
+#include "ops/rotary.cuh"
 
 namespace voltllm {
 

@@ -15,8 +15,8 @@
 //  * The softmax scale is applied in the exponent (one FFMA per score), not to Q in 16 bits.
 #pragma once
 
-#include "attention_sm80.cuh"
-#include "paged_prefill_attention_common.cuh"
+#include "attention/mma_sm80.cuh"
+#include "attention/paged_prefill_common.cuh"
 
 namespace voltllm {
 

@@ -11,8 +11,8 @@
 // dimension; the reduce kernel then merges the splits (log-sum-exp weighting).
 #pragma once
 
-#include "attention_common.cuh"
-#include "paged_decode_attention_common.cuh"
+#include "attention/wmma_common.cuh"
+#include "attention/paged_decode_common.cuh"
 
 namespace voltllm {
 

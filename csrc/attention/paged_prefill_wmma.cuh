@@ -22,7 +22,7 @@
 
 #include <mma.h>
 
-#include "paged_prefill_attention_common.cuh"
+#include "attention/paged_prefill_common.cuh"
 
 namespace voltllm {
 

@@ -12,7 +12,7 @@
 // slower. As the gate/up projection's epilogue it costs one activation per output.)
 #pragma once
 
-#include "activation.cuh"
+#include "ops/activation.cuh"
 #include "common.cuh"
 
 namespace voltllm {
