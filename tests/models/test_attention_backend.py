@@ -1,4 +1,5 @@
-"""TorchAttentionBackend against dense attention computed independently (SDPA with an explicit mask)."""
+"""TorchAttentionBackend against dense attention computed independently (SDPA with an explicit mask);
+the attention layer's prologue (q/k norm, rotary) run by its backend."""
 
 from __future__ import annotations
 
@@ -10,11 +11,16 @@ import torch.nn.functional as F
 from paged_batch import PagedBatch
 
 from voltllm.layers.attention import (
+    Attention,
+    AttentionPrologue,
     AttentionSpec,
     TorchAttentionBackend,
     available_attention_backends,
     get_attention_backend,
 )
+from voltllm.layers.attention.backend import split_qkv
+from voltllm.layers.norm import RMSNorm
+from voltllm.layers.rotary import RotaryEmbedding
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE, NUM_BLOCKS = 4, 2, 16, 4, 48
 
@@ -112,3 +118,47 @@ def test_auto_passes_over_kernels_without_the_head_size(caplog: pytest.LogCaptur
         backend = get_attention_backend("auto", "cuda", head_size=80)
     assert isinstance(backend, TorchAttentionBackend)
     assert "no head size 80" in caplog.text
+
+
+def test_attention_layer_runs_the_prologue_through_its_backend() -> None:
+    """`Attention` hands the fused qkv projection to `forward_qkv`: q/k norm, rotary, cache write and
+    attention equal the layers applied one by one before `forward`."""
+    gen = torch.Generator().manual_seed(3)
+    spec = AttentionSpec(NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, HEAD_SIZE**-0.5)
+    rotary = RotaryEmbedding(HEAD_SIZE, {"rope_type": "default", "rope_theta": 1e4}, 64)
+    q_norm, k_norm = RMSNorm(HEAD_SIZE), RMSNorm(HEAD_SIZE)
+    with torch.no_grad():
+        q_norm.weight.copy_(1 + 0.2 * torch.randn(HEAD_SIZE, generator=gen))
+        k_norm.weight.copy_(1 + 0.2 * torch.randn(HEAD_SIZE, generator=gen))
+    layer = Attention(spec, TorchAttentionBackend(), rotary, q_norm, k_norm)
+    assert not list(layer.parameters())  # the norms stay the model's: names as in the checkpoint
+
+    metadata = PagedBatch(2, NUM_BLOCKS, BLOCK_SIZE).step([5, 3])
+    positions = torch.tensor([0, 1, 2, 3, 4, 0, 1, 2])
+    qkv = torch.randn(8, (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_SIZE, generator=gen)
+    cache, expected_cache = (
+        torch.zeros(2, NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE) for _ in range(2)
+    )
+    out = layer(positions, qkv.clone(), cache, metadata)
+
+    q, k, v = split_qkv(spec, qkv)
+    q, k = rotary(positions, q_norm(q), k_norm(k))
+    expected = TorchAttentionBackend().forward(spec, q, k, v, expected_cache, metadata)
+    assert torch.equal(out, expected.reshape(8, -1))
+    assert torch.equal(cache, expected_cache)
+    with pytest.raises(ValueError, match="come together"):
+        AttentionPrologue(rotary, q_norm, None)
+
+
+def test_sm70_fuses_the_prologue_where_its_kernel_applies() -> None:
+    from voltllm.layers.attention.sm70 import SM70AttentionBackend
+
+    applies = SM70AttentionBackend._fused_prologue_applies
+    spec = AttentionSpec(NUM_HEADS, NUM_KV_HEADS, 64, 0.125)
+    with_rope = AttentionPrologue(RotaryEmbedding(64, {"rope_type": "default", "rope_theta": 1e4}, 64))
+    half = torch.zeros(1, 8, dtype=torch.float16)
+    assert applies(spec, with_rope, half, half)
+    assert not applies(spec, with_rope, half.float(), half.float())  # fp32: norm + rope + write
+    assert not applies(spec, with_rope, half, half.bfloat16())  # the cache in another dtype
+    assert not applies(spec, AttentionPrologue(), half, half)  # nothing to rotate
+    assert not applies(AttentionSpec(NUM_HEADS, NUM_KV_HEADS, 80, 0.1), with_rope, half, half)

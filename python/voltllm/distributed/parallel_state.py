@@ -1,9 +1,11 @@
 """The tensor-parallel group this process belongs to: its rank and size, and the torch.distributed group.
 
-Layers read it once, when they are built, to decide their shard; nothing reads it per step. By default
-the group is this process alone (size 1, rank 0, no torch.distributed needed), where every parallel
-layer is a plain layer and every collective is the identity. `init_tensor_parallel` joins a group after
-`torch.distributed.init_process_group` (NCCL on GPUs, gloo on CPUs); build the model after it.
+Layers read the rank and size once, when they are built, to decide their shard; the collectives
+(`voltllm.distributed.communication`) use the group when they run. By default the group is this process
+alone (size 1, rank 0, no torch.distributed needed), where every parallel layer is a plain layer and
+every collective is the identity. `init_tensor_parallel` joins a group after
+`torch.distributed.init_process_group` (NCCL on GPUs, gloo on CPUs): build the model after it and keep
+it until the model is no longer run (one group per process).
 """
 
 from __future__ import annotations
