@@ -129,7 +129,7 @@ def test_decode_adds_and_registers_blocks_exactly_at_block_boundaries(caching):
         total = r.num_computed_tokens + num_new
         assert len(kv.get_block_ids("a")) == -(-total // 4)
         assert len(added) == -(-total // 4) - num_blocks_before
-        assert kv.quiet_until["a"] == 4 * len(kv.get_block_ids("a"))  # no call until the next block
+        assert kv.num_slots["a"] == 4 * len(kv.get_block_ids("a"))  # no call until the next block
         registered = [b.block_hash is not None for b in kv.req_to_blocks["a"]]
         # every full block but one that this very step fills with a decode
         assert sum(registered) == ((total - 1) // 4 if caching else 0)

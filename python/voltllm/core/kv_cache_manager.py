@@ -29,10 +29,11 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks, enable_caching=enable_prefix_caching)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self._num_hashed_blocks: dict[str, int] = {}  # how many of a request's blocks are registered
-        # Per request, the token count up to which `allocate_slots` (without prefix hits) has nothing
-        # to do: the end of its last block. Read-only outside this class; it spares the scheduler's
-        # decode loop any call in here between block boundaries.
-        self.quiet_until: dict[str, int] = {}
+        # Per request, the token slots its blocks hold (blocks * block_size): `allocate_slots` has
+        # nothing to do while the request's tokens fit. Read-only outside this class; the scheduler
+        # reads it to call in here only when a request outgrows its blocks (a decode once every
+        # `block_size` steps).
+        self.num_slots: dict[str, int] = {}
         self.prefix_cache_queries = 0  # cumulative tokens looked up
         self.prefix_cache_hits = 0  # cumulative tokens found
 
@@ -88,7 +89,7 @@ class KVCacheManager:
             return self._allocate_after_hits(request, num_new_tokens, new_computed_blocks)
         request_id = request.request_id
         num_total = request.num_computed_tokens + num_new_tokens
-        if num_total <= self.quiet_until.get(request_id, -1):
+        if num_total <= self.num_slots.get(request_id, 0):
             return ()  # most decodes: inside the last block, which they do not fill
         # Inlined rather than shared with `_allocate_after_hits`: at a large decode batch a few dozen
         # requests reach a block boundary every step, and each function call here costs.
@@ -117,7 +118,7 @@ class KVCacheManager:
             num_hashed = self._num_hashed_blocks.get(request_id, 0)
             if num_total // block_size > num_hashed:
                 self._register(request, blocks, num_hashed, num_total // block_size)
-        self.quiet_until[request_id] = len(blocks) * block_size  # see _after_allocation
+        self.num_slots[request_id] = len(blocks) * block_size  # see _after_allocation
         return added
 
     def _allocate_after_hits(
@@ -141,12 +142,12 @@ class KVCacheManager:
         return added
 
     def _after_allocation(self, request: Request, blocks: list[KVCacheBlock], num_total: int) -> None:
-        """Register the blocks `num_total` tokens fill, and move the request's quiet range on."""
+        """Register the blocks `num_total` tokens fill, and update the request's `num_slots`."""
         if self.enable_prefix_caching:
             self._cache_full_blocks(request, blocks, num_total)
         # A decode that fills the last block is left alone too: its next allocation, or `free`,
         # registers that block.
-        self.quiet_until[request.request_id] = len(blocks) * self.block_size
+        self.num_slots[request.request_id] = len(blocks) * self.block_size
 
     def free(self, request: Request) -> None:
         """Release a finished, aborted or preempted request's blocks (cached ones stay reusable).
@@ -155,7 +156,7 @@ class KVCacheManager:
         if self.enable_prefix_caching and blocks:
             self._cache_full_blocks(request, blocks, request.num_computed_tokens)
         self._num_hashed_blocks.pop(request.request_id, None)
-        self.quiet_until.pop(request.request_id, None)
+        self.num_slots.pop(request.request_id, None)
         self.pool.free(reversed(blocks))
 
     def reset_prefix_cache(self) -> bool:

@@ -71,7 +71,6 @@ class Request:
         "all_token_ids",
         "num_computed_tokens",
         "max_num_tokens",
-        "check_len",
         "num_cached_tokens",
         "num_preemptions",
         "stop_reason",
@@ -106,9 +105,6 @@ class Request:
         # num_tokens at which it stops for length: max_tokens reached (the scheduler lowers it to
         # max_model_len when that comes first).
         self.max_num_tokens = self.num_prompt_tokens + sampling_params.max_tokens
-        # Owned by the scheduler: the num_tokens at which `update_from_output` must look closer at this
-        # request (a length limit, or a KV cache block boundary); 0 makes it look at the next sample.
-        self.check_len = 0
         self.num_cached_tokens = 0  # prompt tokens served by the prefix cache at first scheduling
         self.num_preemptions = 0
         self.stop_reason: int | None = None

@@ -55,8 +55,10 @@ class SchedulerOutput(msgspec.Struct, frozen=True):
 
 @dataclass
 class ModelRunnerOutput:
-    """Sampled tokens of the requests whose scheduled tokens reached their end this step (a
-    non-final prefill chunk samples nothing and is absent)."""
+    """What one step sampled, in the plan's batch order (that of `num_scheduled_tokens`): per
+    scheduled request its sampled token, or None when its scheduled tokens did not reach its last
+    known token (a non-final prefill chunk samples nothing). `logprobs` is in the same order, or None
+    when no request of the step asked for logprobs. An empty plan's output is empty."""
 
-    sampled_token_ids: dict[str, int] = field(default_factory=dict)
-    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    sampled_token_ids: list[int | None] = field(default_factory=list)
+    logprobs: list[TokenLogprobs | None] | None = None

@@ -16,7 +16,6 @@ Prefills and decodes therefore share one batch, and a long prompt never stalls r
 from __future__ import annotations
 
 import bisect
-import itertools
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -32,10 +31,9 @@ from voltllm.core.sched_output import (
     NewRequestData,
     SchedulerOutput,
 )
-from voltllm.protocol import EngineCoreOutput, SchedulerStats
+from voltllm.protocol import EngineCoreOutput, FinishReason, SchedulerStats, TokenLogprobs
 
 _RUNNING = RequestStatus.RUNNING
-_NO_IDS: frozenset[str] = frozenset()
 
 
 class WaitingQueue:
@@ -95,25 +93,11 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.requests: dict[str, Request] = {}
         self.waiting = WaitingQueue(config.policy)
-        self.running: list[Request] = []
+        self.running: list[Request] = []  # in admission order
         self._finished_req_ids: set[str] = set()  # for the next plan: the runner drops their state
         self.num_preemptions = 0
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
-        self._preempted_this_step = False
-        # Every running request's id mapped to 1, in running order: the plan of a step of decodes only,
-        # copied rather than rebuilt each step.
-        self._decode_tokens: dict[str, int] = {}
-        # Left by update_from_output for the next schedule() when its step computed every running
-        # request: the running requests that need a look of their own (a prefill in progress, a decode
-        # whose next token needs the KV cache manager), in running order. None: look at all of them.
-        self._to_check: list[Request] | None = None
-        self._to_check_extra = 0  # the tokens they need beyond one each
-        # The last plan if it scheduled every running request, and those requests in its order.
-        self._last_plan: SchedulerOutput | None = None
-        self._last_plan_reqs: list[Request] = []
-        self._num_released = 0  # requests finished or aborted so far
-        self._num_released_at_plan = 0  # ... when the last plan was made
 
     # ----- request set -------------------------------------------------------------------------
 
@@ -146,24 +130,60 @@ class Scheduler:
         """The next step's plan: running requests first (in order, preempting when the KV cache is
         full), then waiting ones, within the token budget."""
         max_tokens = self.config.max_num_batched_tokens
-        new_reqs: list[NewRequestData] = []
         cached_reqs: list[CachedRequestData] = []
-        self._preempted_this_step = False
-        to_check, self._to_check = self._to_check, None
-        planned = None if to_check is None else self._schedule_after_full_step(to_check, cached_reqs)
-        if planned is None:
-            num_scheduled: dict[str, int] = {}
-            budget = self._schedule_running(max_tokens, num_scheduled, cached_reqs, 0)
-        else:
-            num_scheduled, budget = planned
-        complete = len(num_scheduled) == len(self.running)  # no running request left out
-        # After a preemption the cache is full: admitting new work would only thrash it.
-        while (
-            not self._preempted_this_step
-            and self.waiting
-            and budget > 0
-            and len(self.running) < self.config.max_num_seqs
-        ):
+        new_reqs: list[NewRequestData] = []
+        num_scheduled: dict[str, int] = {}
+        num_preemptions = self.num_preemptions
+        budget = self._schedule_running(max_tokens, num_scheduled, cached_reqs)
+        if self.num_preemptions == num_preemptions:  # after one the cache is full: new work would thrash it
+            budget = self._schedule_waiting(budget, num_scheduled, new_reqs)
+        finished_ids = frozenset(self._finished_req_ids)
+        self._finished_req_ids = set()
+        return SchedulerOutput(
+            scheduled_new_reqs=tuple(new_reqs),
+            scheduled_cached_reqs=tuple(cached_reqs),
+            num_scheduled_tokens=MappingProxyType(num_scheduled),
+            total_num_scheduled_tokens=max_tokens - budget,  # every scheduled token came out of it
+            finished_req_ids=finished_ids,
+        )
+
+    def _schedule_running(
+        self, budget: int, num_scheduled: dict[str, int], cached_reqs: list[CachedRequestData]
+    ) -> int:
+        """The running requests' part of the plan: each, in order, for all its uncomputed tokens (one
+        for a decode) capped by what is left of the budget, until the budget runs out. Returns the
+        budget left.
+
+        A request gets KV blocks (and an entry in `cached_reqs`) only when its tokens outgrow the
+        slots its blocks hold: a decode once every `block_size` steps. When the pool is empty, later
+        running requests are preempted for it (never one scheduled before it this step), or it is
+        preempted itself."""
+        num_slots = self.kv.num_slots
+        for request in self.running.copy():  # preemption removes requests from `running`
+            if request.status is not _RUNNING:
+                continue  # preempted for a request before it
+            request_id, num_computed = request.request_id, request.num_computed_tokens
+            num_new = len(request.all_token_ids) - num_computed
+            if num_new > budget:
+                num_new = budget
+            if num_computed + num_new > num_slots[request_id]:
+                # Everything before it in `running` is scheduled: the victims come after it.
+                new_blocks = self._allocate_or_preempt(request, num_new, first_victim=len(num_scheduled))
+                if new_blocks is None:
+                    continue  # it was preempted itself
+                cached_reqs.append(self._cached_request_data(request, new_blocks, num_computed))
+            num_scheduled[request_id] = num_new
+            budget -= num_new
+            if budget == 0:
+                break
+        return budget
+
+    def _schedule_waiting(
+        self, budget: int, num_scheduled: dict[str, int], new_reqs: list[NewRequestData]
+    ) -> int:
+        """Admit waiting requests in queue order while the budget, the sequence limit and the KV cache
+        last; each starts after its longest prefix-cache hit. Returns the budget left."""
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting.peek()
             hit_blocks, num_hit = self.kv.get_computed_blocks(request)
             num_new = request.num_tokens - num_hit
@@ -178,85 +198,6 @@ class Scheduler:
             new_reqs.append(self._new_request_data(request))
             num_scheduled[request.request_id] = num_new
             budget -= num_new
-
-        finished_ids = frozenset(self._finished_req_ids) if self._finished_req_ids else _NO_IDS
-        self._finished_req_ids = set()
-        plan = SchedulerOutput(
-            tuple(new_reqs),
-            tuple(cached_reqs),
-            MappingProxyType(num_scheduled),
-            max_tokens - budget,  # every scheduled token came out of the budget
-            finished_ids,
-        )
-        # A complete plan lists `running` in order: update_from_output takes the requests from here.
-        self._last_plan = plan if complete else None
-        self._last_plan_reqs = self.running.copy() if complete else []
-        self._num_released_at_plan = self._num_released
-        return plan
-
-    def _schedule_after_full_step(
-        self, to_check: list[Request], cached_reqs: list[CachedRequestData]
-    ) -> tuple[dict[str, int], int] | None:
-        """The running requests' part of the plan when the last step computed every running request.
-
-        Then every running request but those in `to_check` is a decode of one token that stays inside
-        its KV blocks: the plan is `_decode_tokens` with `to_check`'s entries filled in, and only those
-        requests are looked at. Returns (num_scheduled, budget left), or None when the budget may not
-        cover every running request (the general loop caps them in order). Produces exactly the plan
-        of `_schedule_running`, which takes over from a request whose blocks do not fit."""
-        num_scheduled = self._decode_tokens.copy()
-        budget = self.config.max_num_batched_tokens
-        # An upper bound (requests aborted since are still in it): within the budget, nobody is capped.
-        if len(num_scheduled) + self._to_check_extra > budget:
-            return None
-        extra = 0
-        quiet_until = self.kv.quiet_until
-        for request in to_check:
-            if request.status is not _RUNNING:
-                continue  # aborted since
-            request_id, num_computed = request.request_id, request.num_computed_tokens
-            num_new = len(request.all_token_ids) - num_computed
-            if num_new != 1:
-                num_scheduled[request_id] = num_new
-                extra += num_new - 1
-            if num_computed + num_new <= quiet_until.get(request_id, -1):
-                continue
-            new_blocks = self._allocate(request, num_new)
-            if new_blocks is None:
-                # Preemption: the general loop goes on from this request with the plan so far.
-                index = self.running.index(request)
-                before = dict(itertools.islice(num_scheduled.items(), index))
-                budget = self._schedule_running(budget - sum(before.values()), before, cached_reqs, index)
-                return before, budget
-            if len(new_blocks) == 1:  # a decode at a block boundary
-                cached_reqs.append(CachedRequestData(request_id, (new_blocks[0].block_id,), num_computed))
-            elif new_blocks:
-                cached_reqs.append(self._cached_request_data(request_id, new_blocks, num_computed))
-        return num_scheduled, budget - len(num_scheduled) - extra
-
-    def _schedule_running(
-        self, budget: int, num_scheduled: dict[str, int], cached_reqs: list[CachedRequestData], start: int
-    ) -> int:
-        """Schedule running requests from index `start` in order until the budget runs out; returns
-        what is left of it. Calls into the KV cache manager only for a request whose tokens leave its
-        quiet range (`kv.quiet_until`), and lists a request in `cached_reqs` only when it got blocks."""
-        running, quiet_until = self.running, self.kv.quiet_until
-        i = start
-        while i < len(running) and budget > 0:
-            request = running[i]
-            request_id, num_computed = request.request_id, request.num_computed_tokens
-            num_new = min(len(request.all_token_ids) - num_computed, budget)
-            if num_computed + num_new > quiet_until.get(request_id, -1):
-                new_blocks = self._allocate(request, num_new)
-                if new_blocks is None:
-                    new_blocks = self._preempt_until_fits(request, num_new, first_victim_index=i)
-                    if new_blocks is None:
-                        continue  # the request itself was preempted: running[i] is now the next one
-                if new_blocks:
-                    cached_reqs.append(self._cached_request_data(request_id, new_blocks, num_computed))
-            num_scheduled[request_id] = num_new
-            budget -= num_new
-            i += 1
         return budget
 
     def update_from_output(
@@ -264,130 +205,54 @@ class Scheduler:
     ) -> list[EngineCoreOutput]:
         """Advance each scheduled request by its computed tokens, append sampled tokens, apply stop
         conditions and free finished requests. Returns one output per request that sampled."""
-        sampled, logprobs = runner_output.sampled_token_ids, runner_output.logprobs
-        scheduled = plan.num_scheduled_tokens
-        full_step = plan is self._last_plan
-        ids = list(scheduled)
-        # Usually every scheduled request sampled, in plan order; else look each one up.
-        tokens = sampled.values() if list(sampled) == ids else [sampled.get(rid) for rid in ids]
-        if full_step and self._num_released == self._num_released_at_plan:
-            pairs = zip(self._last_plan_reqs, tokens, strict=True)
-        else:  # some scheduled request may be gone (aborted between schedule() and now)
-            requests = self.requests
-            pairs = [
-                (r, t)
-                for r, t in zip([requests.get(rid) for rid in ids], tokens, strict=True)
-                if r is not None and r.status is _RUNNING
-            ]
+        scheduled, sampled = plan.num_scheduled_tokens, runner_output.sampled_token_ids
+        logprobs = runner_output.logprobs or [None] * len(sampled)
+        requests = self.requests
         outputs: list[EngineCoreOutput] = []
-        to_check: list[Request] = []  # for the next schedule(), in running order
-        to_check_extra = 0  # tokens they need beyond one each
-        finished: list[tuple[Request, RequestStatus]] = []
-        append, output = outputs.append, EngineCoreOutput
-        # The hot loop, once per request per step: a decode appends its token and builds its output;
-        # one test (a stop id sampled, or `check_len` reached) sends the rest to `_update_closely`.
-        for request, token_id in pairs:
-            if token_id is None:  # a prefill chunk that did not reach the end of the prompt
-                num_tokens = scheduled[request.request_id]
+        finished: list[Request] = []
+        for request_id, num_tokens, token_id, logprob in zip(
+            scheduled, scheduled.values(), sampled, logprobs, strict=True
+        ):
+            request = requests.get(request_id)
+            if request is None or request.status is not _RUNNING:
+                continue  # finished or aborted since the plan was made (the id may be new again)
+            if request.num_computed_tokens < request.num_prompt_tokens:  # the step computed prompt tokens
                 self._count_prompt_tokens(request, num_tokens)
+                if token_id is not None and request.first_token_ts is None:
+                    request.first_token_ts = time.time()
+            if token_id is None:  # a prefill chunk short of the end of the prompt samples nothing
                 request.num_computed_tokens += num_tokens
-                to_check.append(request)
-                to_check_extra += len(request.all_token_ids) - request.num_computed_tokens - 1
                 continue
-            all_tokens = request.all_token_ids
-            all_tokens.append(token_id)
-            num_tokens_now = len(all_tokens)
-            if token_id in request.stop_token_ids or num_tokens_now >= request.check_len:
-                if (
-                    token_id in request.stop_token_ids
-                    or num_tokens_now >= request.max_num_tokens
-                    or not request.check_len
-                ):
-                    num_tokens = scheduled[request.request_id]
-                    append(self._update_closely(request, num_tokens, token_id, finished, to_check))
-                    continue
-                to_check.append(request)  # only a KV block boundary: the next schedule() allocates
-            # A decode that sampled before (check_len != 0): it computed every token but the new one.
-            request.num_computed_tokens = num_tokens_now - 1
-            append(
-                output(
-                    request.request_id,
-                    [token_id],
-                    None,
-                    None,
-                    None,
-                    None,
-                    request.num_cached_tokens,
-                    request.queued_ts,
-                    request.scheduled_ts,
-                    request.first_token_ts,
-                )
-            )
-        if logprobs:
-            for out in outputs:
-                logprob = logprobs.get(out.request_id)
-                if logprob is not None:
-                    out.new_logprobs = [logprob]
+            tokens = request.all_token_ids
+            tokens.append(token_id)
+            request.num_computed_tokens = len(tokens) - 1  # every token but the one sampled now
+            finish_reason = None
+            if token_id in request.stop_token_ids or len(tokens) >= request.max_num_tokens:
+                status = self._check_stop(request, token_id)
+                if status is not None:
+                    finish_reason = status.finish_reason
+                    finished.append(request)
+                    self._release(request, status)
+            new_logprobs = None if logprob is None else [logprob]
+            outputs.append(self.make_output(request, [token_id], finish_reason, new_logprobs))
         self.num_generation_tokens += len(outputs)
         if finished:
-            self._finish_running(finished)
-        self._to_check = to_check if full_step else None
-        self._to_check_extra = to_check_extra
+            self._remove_from_running(finished)
         return outputs
 
-    def _update_closely(
+    def make_output(
         self,
         request: Request,
-        num_tokens: int,
-        token_id: int,
-        finished: list[tuple[Request, RequestStatus]],
-        to_check: list[Request],
+        new_token_ids: list[int],
+        finish_reason: FinishReason | None = None,
+        new_logprobs: list[TokenLogprobs] | None = None,
     ) -> EngineCoreOutput:
-        """The rest of `update_from_output` for a request that sampled `token_id` (already appended)
-        and may stop, sampled for the first time since admission, or has reached a KV block boundary."""
-        self._count_prompt_tokens(request, num_tokens)
-        request.num_computed_tokens += num_tokens
-        if request.first_token_ts is None:
-            request.first_token_ts = time.time()
-        num_tokens_now = len(request.all_token_ids)
-        finish_status = None
-        if token_id in request.stop_token_ids or num_tokens_now >= request.max_num_tokens:
-            finish_status = self._check_stop(request, token_id)
-        if finish_status is not None:
-            finished.append((request, finish_status))
-            reason = finish_status.finish_reason.value
-        else:
-            reason = None
-            request.check_len = check_len = self._check_len(request)
-            if num_tokens_now >= check_len:
-                to_check.append(request)  # its next token needs the KV cache manager
-        return EngineCoreOutput(
-            request.request_id,
-            [token_id],
-            None,
-            reason,
-            request.stop_reason,
-            None,
-            request.num_cached_tokens,
-            request.queued_ts,
-            request.scheduled_ts,
-            request.first_token_ts,
-        )
-
-    def _count_prompt_tokens(self, request: Request, num_tokens: int) -> None:
-        start, num_prompt = request.num_computed_tokens, request.num_prompt_tokens
-        if start < num_prompt:
-            self.num_prompt_tokens += min(num_prompt, start + num_tokens) - start
-
-    def make_output(
-        self, request: Request, new_token_ids: list[int], new_logprobs: list | None = None
-    ) -> EngineCoreOutput:
-        reason = request.status.finish_reason
+        """The one place a request's `EngineCoreOutput` is built (for a sampled token, an abort)."""
         return EngineCoreOutput(
             request_id=request.request_id,
             new_token_ids=new_token_ids,
             new_logprobs=new_logprobs,
-            finish_reason=reason.value if reason is not None else None,
+            finish_reason=None if finish_reason is None else finish_reason.value,
             stop_reason=request.stop_reason,
             num_cached_tokens=request.num_cached_tokens,
             queued_ts=request.queued_ts,
@@ -409,17 +274,28 @@ class Scheduler:
 
     # ----- helpers -----------------------------------------------------------------------------
 
-    def _preempt_until_fits(self, request: Request, num_new: int, first_victim_index: int):
-        """Preempt others (never one already scheduled this step) until `num_new` more tokens of a
-        running request fit. Returns the new blocks, or None when the request itself had to be
-        preempted."""
-        while True:
-            victim = self._pick_victim(first_victim_index)
+    def _allocate_or_preempt(
+        self, request: Request, num_new: int, first_victim: int
+    ) -> Sequence[KVCacheBlock] | None:
+        """Blocks for `num_new` more tokens of a running request, preempting `running[first_victim:]`
+        (the requests not scheduled yet this step) until they fit. Returns the new blocks, or None when
+        the request itself had to be preempted."""
+        while (new_blocks := self.kv.allocate_slots(request, num_new)) is None:
+            victim = self._pick_victim(first_victim)
             self._preempt(victim)
             if victim is request:
                 return None
-            if (new_blocks := self._allocate(request, num_new)) is not None:
-                return new_blocks
+        return new_blocks
+
+    def _count_prompt_tokens(self, request: Request, num_tokens: int) -> None:
+        start, num_prompt = request.num_computed_tokens, request.num_prompt_tokens
+        self.num_prompt_tokens += min(num_prompt, start + num_tokens) - start
+
+    @staticmethod
+    def _cached_request_data(
+        request: Request, new_blocks: Sequence[KVCacheBlock], num_computed: int
+    ) -> CachedRequestData:
+        return CachedRequestData(request.request_id, tuple([b.block_id for b in new_blocks]), num_computed)
 
     def _pick_victim(self, first_index: int) -> Request:
         candidates = self.running[first_index:]
@@ -429,13 +305,11 @@ class Scheduler:
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
-        del self._decode_tokens[request.request_id]
         self.kv.free(request)
         request.transition(RequestStatus.PREEMPTED)
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
-        self._preempted_this_step = True
         self._finished_req_ids.add(request.request_id)
         self.waiting.add_preempted(request)
 
@@ -444,10 +318,8 @@ class Scheduler:
             request.num_cached_tokens = num_computed
             request.scheduled_ts = time.time()
         request.num_computed_tokens = num_computed
-        request.check_len = 0  # its first sample gets a close look (first token time, prompt tokens)
         request.transition(RequestStatus.RUNNING)
         self.running.append(request)
-        self._decode_tokens[request.request_id] = 1
 
     def _new_request_data(self, request: Request) -> NewRequestData:
         return NewRequestData(
@@ -458,28 +330,6 @@ class Scheduler:
             block_ids=tuple(self.kv.get_block_ids(request.request_id)),
             num_computed_tokens=request.num_computed_tokens,
         )
-
-    def _allocate(self, request: Request, num_new: int) -> Sequence[KVCacheBlock] | None:
-        """`kv.allocate_slots` for a running request, keeping its `check_len` in step with the blocks
-        (except while it is 0: the request has not sampled since admission)."""
-        new_blocks = self.kv.allocate_slots(request, num_new)
-        if new_blocks is not None and request.check_len:
-            # as _check_len (inlined: a few dozen calls per step at a large decode batch)
-            kv_len = self.kv.quiet_until[request.request_id] + 1
-            request.check_len = min(request.max_num_tokens, kv_len)
-        return new_blocks
-
-    @staticmethod
-    def _cached_request_data(
-        request_id: str, new_blocks: Sequence[KVCacheBlock], num_computed: int
-    ) -> CachedRequestData:
-        return CachedRequestData(request_id, tuple([b.block_id for b in new_blocks]), num_computed)
-
-    def _check_len(self, request: Request) -> int:
-        """The token count at which update_from_output must look again: a length limit, or the count
-        after which the next token leaves the request's quiet range in the KV cache manager."""
-        kv_len = self.kv.quiet_until.get(request.request_id, -1) + 1
-        return min(request.max_num_tokens, kv_len)
 
     def _check_stop(self, request: Request, token_id: int) -> RequestStatus | None:
         params = request.sampling_params
@@ -493,27 +343,22 @@ class Scheduler:
         return None
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
-        if request.status is RequestStatus.RUNNING:
+        if request.status is _RUNNING:
             self.running.remove(request)
         elif request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
             self.waiting.remove(request)
         self._release(request, status)
 
-    def _finish_running(self, finished: list[tuple[Request, RequestStatus]]) -> None:
-        """Finish running requests: a few are removed one by one (a C-level search each), many with
-        one pass over `running` (one removal each is quadratic when a whole batch ends at once)."""
-        for request, status in finished:
-            self._release(request, status)
+    def _remove_from_running(self, finished: list[Request]) -> None:
+        """Take finished requests out of `running`: a few one by one (a C-level search each), many
+        with one pass (one removal each is quadratic when a whole batch ends at once)."""
         if len(finished) <= 4:
-            for request, _ in finished:
+            for request in finished:
                 self.running.remove(request)
         else:
             self.running = [r for r in self.running if r.status is _RUNNING]
 
     def _release(self, request: Request, status: RequestStatus) -> None:
-        if request.status is _RUNNING:
-            del self._decode_tokens[request.request_id]
-        self._num_released += 1
         request.transition(status)
         self.kv.free(request)
         del self.requests[request.request_id]

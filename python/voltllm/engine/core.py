@@ -201,7 +201,9 @@ class EngineCore:
 
     def abort_requests(self, request_ids: list[str]) -> None:
         for request in self.scheduler.abort_requests(request_ids):
-            self._pending.append(self.scheduler.make_output(request, []))
+            self._pending.append(
+                self.scheduler.make_output(request, [], finish_reason=request.status.finish_reason)
+            )
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests() or bool(self._pending)

@@ -123,6 +123,7 @@ class StepTimings:
 @dataclass(slots=True)
 class _StepInputs:
     sampling_req_ids: list[str]
+    sampling_index: list[int] | None  # batch positions of the sequences that sample; None: all do
     rows: np.ndarray  # request-array row of each sequence, in batch order
     ends: np.ndarray  # each sequence's computed tokens after this step
     sampling_rows: np.ndarray  # rows of the sequences that sample, in sampling order
@@ -396,7 +397,7 @@ class ModelRunner:
                 rows = hidden if inputs.logits_indices is None else hidden[inputs.logits_indices]
                 logits = self.model.compute_logits(rows)
         t2 = time.perf_counter()
-        out = ModelRunnerOutput()
+        out = ModelRunnerOutput([None] * len(inputs.rows))
         sampled = None
         if num_sampling:
             sampled = self._sample(logits, inputs, out)
@@ -414,19 +415,31 @@ class ModelRunner:
         return out
 
     def _sample(self, logits: torch.Tensor, inputs: _StepInputs, out: ModelRunnerOutput) -> np.ndarray:
-        """Sample the step's tokens into `out`; returns them (in `inputs.sampling_req_ids` order)."""
+        """Sample the step's tokens into `out` (in batch order); returns them in sampling order."""
         req_ids = inputs.sampling_req_ids
+        logprobs = None
         if inputs.plain_greedy:
             # One kernel and one device->host copy: the common greedy batch needs nothing else.
             sampled = logits.argmax(dim=-1).cpu().numpy()
-            out.sampled_token_ids.update(zip(req_ids, sampled.tolist(), strict=True))
-            return sampled
-        result = self.sampler(logits, self._sampling_metadata(req_ids))
-        for i, request_id in enumerate(req_ids):
-            out.sampled_token_ids[request_id] = result.sampled_token_ids[i]
-            if result.logprobs[i] is not None:
-                out.logprobs[request_id] = result.logprobs[i]
-        return np.array(result.sampled_token_ids, dtype=np.int64)
+            tokens = sampled.tolist()
+        else:
+            result = self.sampler(logits, self._sampling_metadata(req_ids))
+            tokens = result.sampled_token_ids
+            sampled = np.array(tokens, dtype=np.int64)
+            if any(lp is not None for lp in result.logprobs):
+                logprobs = result.logprobs
+        index = inputs.sampling_index
+        if index is None:  # every sequence samples
+            out.sampled_token_ids = tokens
+            out.logprobs = logprobs
+        else:
+            for i, token_id in zip(index, tokens, strict=True):
+                out.sampled_token_ids[i] = token_id
+            if logprobs is not None:
+                out.logprobs = [None] * len(out.sampled_token_ids)
+                for i, logprob in zip(index, logprobs, strict=True):
+                    out.logprobs[i] = logprob
+        return sampled
 
     def _update_states(self, plan: SchedulerOutput) -> None:
         if plan.finished_req_ids or plan.scheduled_new_reqs:
@@ -493,13 +506,14 @@ class ModelRunner:
             ends = starts + lens
         samples = ends == arrays.num_tokens[rows]
         if np.count_nonzero(samples) == num_seqs:  # (several times cheaper than samples.all())
-            step = _StepInputs(req_ids, rows, ends, rows, ends, plain_greedy)
+            step = _StepInputs(req_ids, None, rows, ends, rows, ends, plain_greedy)
         else:
             chosen = np.flatnonzero(samples)
             sampling_rows = rows[chosen]
             greedy = plain_greedy or np.count_nonzero(arrays.plain_greedy[sampling_rows]) == len(chosen)
-            sampling_req_ids = [req_ids[i] for i in chosen.tolist()]
-            step = _StepInputs(sampling_req_ids, rows, ends, sampling_rows, ends[chosen], greedy)
+            index = chosen.tolist()
+            sampling_req_ids = [req_ids[i] for i in index]
+            step = _StepInputs(sampling_req_ids, index, rows, ends, sampling_rows, ends[chosen], greedy)
         num_sampling = len(step.sampling_req_ids)
         if pure_decode and self.graphs is not None and num_sampling == num_seqs:
             step.graph_size = self.graphs.bucket_for(num_seqs)
