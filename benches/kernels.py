@@ -8,7 +8,7 @@ Prints one table:
     (fp16, causal, 32 heads, head 128); target >= 1.0x;
   * fused ops against the unfused torch sequence they replace; target >= 2x each.
 
-Decode has one kernel (v6, WMMA). Every prefill kernel this GPU runs gets its own rows in the one table
+Decode has one kernel (`wmma`). Every prefill kernel this GPU runs gets its own rows in the one table
 (the default is marked), with the baseline measured once in the same run; `vs 1st` is each variant's
 relative difference from the output of the case's first variant (the default) on the same inputs (a
 sanity check, not a timing).
@@ -36,11 +36,11 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
 
 from voltllm import ops  # noqa: E402
-from voltllm.ops.attention import prefill_variant, prefill_variants, runs_v8  # noqa: E402
+from voltllm.ops.attention import prefill_variant, prefill_variants, runs_sm80_kernels  # noqa: E402
 from voltllm.ops.build import load  # noqa: E402
 
 DEVICE = "cuda"
-DECODE_KERNEL = "v6"  # the one decode kernel, as the table names it
+DECODE_KERNEL = "wmma"  # the one decode kernel (paged_decode_wmma), as the table names it
 
 
 def time_ms(fn: Callable[[int], object], iters: int = 20, repeats: int = 7, warmup: int = 3) -> float:
@@ -273,16 +273,16 @@ def main() -> None:
         rows += prefill_case(8, 2048) + prefill_case(1, 16384)
     if args.only in (None, "fused"):
         rows += fused_cases()
-    kernels = "v6 = the WMMA decode kernel; v9 = the Volta-legal WMMA prefill path"
-    if runs_v8(torch.device(DEVICE)):
-        kernels += "; v8 = the SM80+ prefill path (mma.sync m16n8k16)"
+    kernels = "wmma = the Volta-legal WMMA kernels (what a V100 runs)"
+    if runs_sm80_kernels(torch.device(DEVICE)):
+        kernels += "; mma_sm80 = the SM80+ prefill path (mma.sync m16n8k16)"
     else:
         kernels += " (the SM80+ prefill kernel does not run on this GPU)"
     print(
         f"\nGPU: {name}; torch {torch.__version__}; "
         f"device copy bandwidth {copy_bw / 1e9:.0f} GB/s (read+write); {kernels}"
     )
-    header = f"{'case':<20}{'variant':<15}{'ms':>9}  {'measure':<34}{'ratio':>8}{'target':>8}"
+    header = f"{'case':<20}{'variant':<20}{'ms':>9}  {'measure':<34}{'ratio':>8}{'target':>8}"
     print(f"{header}  ok  {'vs 1st':>8}")
     for r in rows:
         if "GB/s" in r:
@@ -294,7 +294,7 @@ def main() -> None:
         ok = "yes" if r["ratio"] >= r["target"] else "NO "
         diff = f"{r['vs 1st']:8.1e}" if "vs 1st" in r else ""
         print(
-            f"{r['case']:<20}{r['variant']:<15}{r['ms']:>9.3f}  {measure:<34}{r['ratio']:>8.3f}"
+            f"{r['case']:<20}{r['variant']:<20}{r['ms']:>9.3f}  {measure:<34}{r['ratio']:>8.3f}"
             f"{r['target']:>8.2f}  {ok} {diff}"
         )
     if args.json:

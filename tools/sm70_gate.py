@@ -11,7 +11,7 @@ For each kernel source in `csrc/` (attention/, ops/) it instantiates the variant
 instructions Volta lacks (cp.async, ldmatrix, wgmma, TMA/bulk copies, bf16 MMA), assembles the PTX with
 `ptxas -arch=sm_70 -v` and prints registers, static and dynamic shared memory (the latter read from a
 `__device__` constant each attention header emits), stack and spills per kernel. The SM80+ variants
-(bf16 v6 decode and v9 prefill, every v8 attention kernel) are checked the same way against
+(the bf16 WMMA decode and prefill, every `_mma_sm80` attention kernel) are checked the same way against
 compute_80/sm_80, and every variant is also compiled for compute_90/sm_90 (what an H100/H200 build
 runs), so that a GPU build cannot fail on code the CPU never compiled. Exit status is non-zero on any
 compile error, forbidden instruction, sm_70 register spill, or shared memory over 96 KB on sm_70 / 99 KB

@@ -1,9 +1,9 @@
-// Warp-level building blocks of the SM80+ attention kernels (the "v8" variants): mma.sync m16n8k16 with
-// its documented fragment layouts, ldmatrix, cp.async and a one-instruction exp2.
+// Warp-level building blocks of the SM80+ attention kernels (the `_mma_sm80` ones): mma.sync m16n8k16
+// with its documented fragment layouts, ldmatrix, cp.async and packing two floats into 16-bit halves.
 //
-// None of this exists on Volta. The v8 kernels compile their bodies only where VOLTLLM_SM80_PATH is
-// defined (device code for SM80 and newer); for sm_70 they compile to a trap and the Python layer runs
-// the v6 kernels there instead. VOLTLLM_EMULATE builds these helpers on the host against the CPU
+// None of this exists on Volta. The _mma_sm80 kernels compile their bodies only where VOLTLLM_SM80_PATH
+// is defined (device code for SM80 and newer); for sm_70 they compile to a trap and the Python layer runs
+// the WMMA kernels there instead. VOLTLLM_EMULATE builds these helpers on the host against the CPU
 // emulator in tests/kernels/emu, which runs the same kernel source under pytest.
 #pragma once
 

@@ -1,4 +1,4 @@
-// The parameters the decode attention kernel (paged_decode_attention.cuh) and its split merge take: one
+// The parameters the decode attention kernel (paged_decode_wmma.cuh) and its split merge take: one
 // definition, so the glue fills them once and the merge reads the partials through the same fields.
 #pragma once
 

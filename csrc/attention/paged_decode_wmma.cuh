@@ -18,7 +18,7 @@ namespace voltllm {
 
 // Tile geometry and shared-memory layout of one decode block, in one place.
 template <int HEAD>
-struct DecodeTraits {
+struct DecodeWmmaTraits {
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kRows = 16;  // query heads per group, padded to the MMA's M
@@ -48,12 +48,12 @@ struct DecodeTraits {
 // Only the gate (NVRTC) needs it; the torch build leaves it out.
 #ifdef __CUDACC_RTC__
 template <int HEAD>
-__device__ const int decode_smem_bytes = DecodeTraits<HEAD>::kSmemBytes;
+__device__ const int decode_wmma_smem_bytes = DecodeWmmaTraits<HEAD>::kSmemBytes;
 #endif
 
 template <typename T, int HEAD>
-__device__ __forceinline__ void paged_decode_attention_block(const DecodeParams& p) {
-  using Tr = DecodeTraits<HEAD>;
+__device__ __forceinline__ void paged_decode_wmma_block(const DecodeParams& p) {
+  using Tr = DecodeWmmaTraits<HEAD>;
   using namespace nvcuda;
   using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major>;
   using FragBc = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major>;
@@ -288,11 +288,11 @@ __device__ __forceinline__ void paged_decode_attention_block(const DecodeParams&
   }
 }
 
-// grid: (num_kv_heads, num_seqs, max_splits), block: DecodeTraits::kThreads,
-// dynamic shared memory: DecodeTraits::kSmemBytes.
+// grid: (num_kv_heads, num_seqs, max_splits), block: DecodeWmmaTraits::kThreads,
+// dynamic shared memory: DecodeWmmaTraits::kSmemBytes.
 template <typename T, int HEAD>
-__global__ void __launch_bounds__(DecodeTraits<HEAD>::kThreads)
-    paged_decode_attention_kernel(DecodeParams p) {
+__global__ void __launch_bounds__(DecodeWmmaTraits<HEAD>::kThreads)
+    paged_decode_wmma_kernel(DecodeParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   // bf16 tensor-core math exists from SM80 on; the host wrapper never launches this variant there.
   if constexpr (is_same<T, __nv_bfloat16>::value) {
@@ -300,7 +300,7 @@ __global__ void __launch_bounds__(DecodeTraits<HEAD>::kThreads)
   } else
 #endif
   {
-    paged_decode_attention_block<T, HEAD>(p);
+    paged_decode_wmma_block<T, HEAD>(p);
   }
 }
 

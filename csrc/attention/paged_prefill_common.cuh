@@ -1,11 +1,11 @@
-// What the prefill / chunked-prefill attention kernels (v8: paged_prefill_attention_v8.cuh, SM80+; v9:
-// paged_prefill_attention_v9.cuh, every GPU) share: their params struct and how a thread block finds the
-// sequence and query rows it computes in the row-tile map (paged_prefill_attention_tile_map.cuh, kept
-// apart so that each kernel source compiles only its own kernels).
+// What the prefill / chunked-prefill attention kernels (paged_prefill_mma_sm80.cuh, SM80+;
+// paged_prefill_wmma.cuh, every GPU) share: their params struct and how a thread block finds the sequence
+// and query rows it computes in the row-tile map (paged_prefill_tile_map.cuh, kept apart so that each
+// kernel source compiles only its own kernels).
 //
 // Both kernels see the same problem: every query token attends causally to its sequence's whole context,
 // the cached prefix (prefix-cache hits, earlier chunks) and this step's tokens. The step's keys/values are
-// written into the cache first (kv_cache.cuh), so all of the context is read through the block table.
+// written into the cache first (ops/kv_cache_write.cuh), so all of the context is read through the block table.
 // A thread block computes BLOCK_M query rows (a row tile) of one query head; BLOCK_M is the kernel's own.
 #pragma once
 

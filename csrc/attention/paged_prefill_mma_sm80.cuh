@@ -1,6 +1,6 @@
-// Prefill / chunked-prefill flash attention over the paged KV cache, v8: SM80 and newer (Volta runs v9,
-// paged_prefill_attention_v9.cuh; see attention_sm80.cuh). Inputs and the row-tile lookup:
-// paged_prefill_attention_common.cuh.
+// Prefill / chunked-prefill flash attention over the paged KV cache on mma.sync: SM80 and newer (Volta
+// runs the WMMA kernel, paged_prefill_wmma.cuh; see mma_sm80.cuh). Inputs and the row-tile lookup:
+// paged_prefill_common.cuh.
 //
 // FlashAttention-2 style on mma.sync m16n8k16, whose fragment layouts are documented (WMMA's are not):
 //  * Each warp owns 16 query rows; its Q fragments are loaded once (ldmatrix) and stay in registers.
@@ -21,7 +21,7 @@
 namespace voltllm {
 
 template <int HEAD>
-struct PrefillV8Traits {
+struct PrefillMmaSm80Traits {
   static constexpr int kBlockM = HEAD <= 128 ? 128 : 64;  // query rows per block; head 256 keeps
   static constexpr int kBlockN = HEAD <= 128 ? 64 : 32;   // its 128 accumulator registers per lane
   static constexpr int kWarps = kBlockM / 16;
@@ -42,13 +42,13 @@ struct PrefillV8Traits {
 // The dynamic shared memory each variant launches with, emitted into the PTX for the gate (NVRTC only).
 #ifdef __CUDACC_RTC__
 template <int HEAD>
-__device__ const int prefill_v8_smem_bytes = PrefillV8Traits<HEAD>::kSmemBytes;
+__device__ const int prefill_mma_sm80_smem_bytes = PrefillMmaSm80Traits<HEAD>::kSmemBytes;
 #endif
 
 #ifdef VOLTLLM_SM80_PATH
 template <typename T, int HEAD>
-__device__ __forceinline__ void paged_prefill_v8_block(const PrefillParams& p) {
-  using Tr = PrefillV8Traits<HEAD>;
+__device__ __forceinline__ void paged_prefill_mma_sm80_block(const PrefillParams& p) {
+  using Tr = PrefillMmaSm80Traits<HEAD>;
   using sm80::kFullMask;
   constexpr int kBN = Tr::kBlockN;
   constexpr int kNT = kBN / 8;      // 8-key column tiles of S
@@ -270,15 +270,17 @@ __device__ __forceinline__ void paged_prefill_v8_block(const PrefillParams& p) {
 }
 #endif  // VOLTLLM_SM80_PATH
 
-// grid: (total row tiles = cu_tiles[num_seqs], num_heads), block: PrefillV8Traits::kThreads,
-// dynamic shared memory: PrefillV8Traits::kSmemBytes. cu_tiles counts tiles of PrefillV8Traits::kBlockM.
+// grid: (total row tiles = cu_tiles[num_seqs], num_heads), block: PrefillMmaSm80Traits::kThreads,
+// dynamic shared memory: PrefillMmaSm80Traits::kSmemBytes. cu_tiles counts tiles of
+// PrefillMmaSm80Traits::kBlockM.
 template <typename T, int HEAD>
-__global__ void __launch_bounds__(PrefillV8Traits<HEAD>::kThreads) paged_prefill_v8_kernel(PrefillParams p) {
+__global__ void __launch_bounds__(PrefillMmaSm80Traits<HEAD>::kThreads)
+    paged_prefill_mma_sm80_kernel(PrefillParams p) {
   begin_dependent_grid();
 #ifdef VOLTLLM_SM80_PATH
-  paged_prefill_v8_block<T, HEAD>(p);
+  paged_prefill_mma_sm80_block<T, HEAD>(p);
 #else
-  __trap();  // SM80+ only: the Python layer runs v9 on older GPUs
+  __trap();  // SM80+ only: the Python layer runs the WMMA kernel on older GPUs
 #endif
 }
 

@@ -1,5 +1,5 @@
-// The row-tile map every prefill attention launch (v8 or v9) builds first: where each sequence's row tiles
-// start in the grid (PrefillParams::cu_tiles, paged_prefill_attention_common.cuh).
+// The row-tile map every prefill attention launch (mma_sm80 or wmma) builds first: where each sequence's
+// row tiles start in the grid (PrefillParams::cu_tiles, paged_prefill_common.cuh).
 #pragma once
 
 #include "common.cuh"

@@ -1,7 +1,8 @@
-// Prefill / chunked-prefill flash attention over the paged KV cache, v9: Volta-legal (WMMA m16n16k16 for
-// every product, no cp.async / ldmatrix / mma.sync, <= 96 KB of shared memory); the inputs and row-tile
-// lookup it shares with v8 (SM80+) are in paged_prefill_attention_common.cuh. Against the first WMMA prefill
-// kernel (v6, BLOCK_M 64, scores through shared memory; retired, see docs/kernels.md):
+// Prefill / chunked-prefill flash attention over the paged KV cache on WMMA: Volta-legal (WMMA m16n16k16
+// for every product, no cp.async / ldmatrix / mma.sync, <= 96 KB of shared memory); the inputs and
+// row-tile lookup it shares with the SM80+ kernel (paged_prefill_mma_sm80.cuh) are in
+// paged_prefill_common.cuh. Against the first WMMA prefill kernel (BLOCK_M 64, scores through shared
+// memory; retired, see docs/kernels.md):
 //  * BLOCK_M 128 with 8 warps at head <= 128 (64 / 4 warps at head 256): each K/V tile staged in shared
 //    memory serves 128 query rows, and each warp's Q fragments stay in registers for the block.
 //  * The online softmax runs on the S accumulators in registers. WMMA's accumulator element order is
@@ -27,7 +28,7 @@
 namespace voltllm {
 
 template <int HEAD>
-struct PrefillV9Traits {
+struct PrefillWmmaTraits {
   // Head 256's output accumulators alone take 128 registers per lane: its Q stays in shared memory, and
   // the smaller key tile keeps Q plus two K/V stages under Volta's 96 KB.
   static constexpr bool kQInRegisters = HEAD <= 128;
@@ -64,10 +65,10 @@ struct PrefillV9Traits {
 // The dynamic shared memory each variant launches with, emitted into the PTX for the gate (NVRTC only).
 #ifdef __CUDACC_RTC__
 template <int HEAD>
-__device__ const int prefill_v9_smem_bytes = PrefillV9Traits<HEAD>::kSmemBytes;
+__device__ const int prefill_wmma_smem_bytes = PrefillWmmaTraits<HEAD>::kSmemBytes;
 #endif
 
-namespace v9 {
+namespace prefill_wmma {
 
 // The accumulator element order of this GPU, as eight bytes (row << 4 | col), element i in byte i % 4 of
 // word i / 4. Loading a 16x16 tile whose every element holds its own code reveals it; the order is the
@@ -138,11 +139,11 @@ __device__ __forceinline__ float row_reduce(float* scratch, int ld, const float 
   return v;
 }
 
-}  // namespace v9
+}  // namespace prefill_wmma
 
 template <typename T, int HEAD>
-__device__ __forceinline__ void paged_prefill_v9_block(const PrefillParams& p) {
-  using Tr = PrefillV9Traits<HEAD>;
+__device__ __forceinline__ void paged_prefill_wmma_block(const PrefillParams& p) {
+  using Tr = PrefillWmmaTraits<HEAD>;
   using namespace nvcuda;
   using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major>;
   using FragBc = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major>;
@@ -253,13 +254,13 @@ __device__ __forceinline__ void paged_prefill_v9_block(const PrefillParams& p) {
   bool pairs_adjacent = true;
   {
     uint2 order;
-    v9::accumulator_order<FragC>(red_s, Tr::kLdRed, order);
+    prefill_wmma::accumulator_order<FragC>(red_s, Tr::kLdRed, order);
     *order_s = order;  // read back by this lane only
     // Elements 2k and 2k+1 side by side in one row (as on every GPU so far): 32-bit stores of P and O.
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const int c = v9::order_code(order, 2 * k);
-      pairs_adjacent = pairs_adjacent && (c & 1) == 0 && v9::order_code(order, 2 * k + 1) == c + 1;
+      const int c = prefill_wmma::order_code(order, 2 * k);
+      pairs_adjacent = pairs_adjacent && (c & 1) == 0 && prefill_wmma::order_code(order, 2 * k + 1) == c + 1;
     }
     pairs_adjacent = __all_sync(kFull, pairs_adjacent);
   }
@@ -339,7 +340,7 @@ __device__ __forceinline__ void paged_prefill_v9_block(const PrefillParams& p) {
         const uint2 order = *order_s;
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-          const int c = v9::order_code(order, i);
+          const int c = prefill_wmma::order_code(order, i);
           const int pos = ctx_before + row0 + min(warp * 16 + (c >> 4), rows - 1);
 #pragma unroll
           for (int n = 0; n < kNT; ++n) {
@@ -358,7 +359,7 @@ __device__ __forceinline__ void paged_prefill_v9_block(const PrefillParams& p) {
 #pragma unroll
         for (int n = 1; n < kNT; ++n) part[i] = fmaxf(part[i], s[n].x[i]);
       }
-      const float tile_max = v9::row_reduce<FragC>(red_s, Tr::kLdRed, part, true);
+      const float tile_max = prefill_wmma::row_reduce<FragC>(red_s, Tr::kLdRed, part, true);
       const float new_max = fmaxf(row_max, tile_max);
       const float ref = new_max == neg_inf() ? 0.f : new_max * sc;  // a row with nothing visible stays 0
       const float alpha = fast_exp2(row_max * sc - ref);
@@ -372,7 +373,7 @@ __device__ __forceinline__ void paged_prefill_v9_block(const PrefillParams& p) {
       if (rescale) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-          const float f = stat_s[v9::order_code(order, i) >> 4].y;
+          const float f = stat_s[prefill_wmma::order_code(order, i) >> 4].y;
           row_sum[i] *= f;
 #pragma unroll
           for (int j = 0; j < kDT; ++j) o[j].x[i] *= f;
@@ -380,7 +381,7 @@ __device__ __forceinline__ void paged_prefill_v9_block(const PrefillParams& p) {
       }
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        const float r = stat_s[v9::order_code(order, i) >> 4].x;
+        const float r = stat_s[prefill_wmma::order_code(order, i) >> 4].x;
         float sum = 0.f;
 #pragma unroll
         for (int n = 0; n < kNT; ++n) {
@@ -390,7 +391,7 @@ __device__ __forceinline__ void paged_prefill_v9_block(const PrefillParams& p) {
         }
         row_sum[i] += sum;
       }
-      v9::store_fragments(p_s, kLdP, s, order, pairs_adjacent);
+      prefill_wmma::store_fragments(p_s, kLdP, s, order, pairs_adjacent);
       __syncwarp();
 
       // O += P V. Unrolled, the next column block's V fragments load during this one's MMAs; sm_70 keeps
@@ -423,18 +424,18 @@ __device__ __forceinline__ void paged_prefill_v9_block(const PrefillParams& p) {
   if (!warp_active) return;  // no barrier follows
   // Normalise: row sums from the per-element partials, then 1 / sum per element.
   const uint2 order = *order_s;
-  const float total = v9::row_reduce<FragC>(red_s, Tr::kLdRed, row_sum, false);
+  const float total = prefill_wmma::row_reduce<FragC>(red_s, Tr::kLdRed, row_sum, false);
   if ((lane & 1) == 0) stat_s[lane >> 1].x = 1.f / total;
   __syncwarp();
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    const float inv = stat_s[v9::order_code(order, i) >> 4].x;
+    const float inv = stat_s[prefill_wmma::order_code(order, i) >> 4].x;
 #pragma unroll
     for (int j = 0; j < kDT; ++j) o[j].x[i] *= inv;
   }
   // The output tile goes through this warp's slice of the (idle) stages, then out in 16-byte rows.
   T* o_s = stage0 + warp * 16 * kLd;  // [16][kLd]
-  v9::store_fragments(o_s, kLd, o, order, pairs_adjacent);
+  prefill_wmma::store_fragments(o_s, kLd, o, order, pairs_adjacent);
   __syncwarp();
   T* out = static_cast<T*>(p.out) + static_cast<long long>(q_start + row0 + warp * 16) * p.out_stride +
            static_cast<long long>(head) * HEAD;
@@ -447,10 +448,10 @@ __device__ __forceinline__ void paged_prefill_v9_block(const PrefillParams& p) {
   }
 }
 
-// grid: (total row tiles = cu_tiles[num_seqs], num_heads), block: PrefillV9Traits::kThreads,
-// dynamic shared memory: PrefillV9Traits::kSmemBytes. cu_tiles counts tiles of PrefillV9Traits::kBlockM.
+// grid: (total row tiles = cu_tiles[num_seqs], num_heads), block: PrefillWmmaTraits::kThreads,
+// dynamic shared memory: PrefillWmmaTraits::kSmemBytes. cu_tiles counts tiles of PrefillWmmaTraits::kBlockM.
 template <typename T, int HEAD>
-__global__ void __launch_bounds__(PrefillV9Traits<HEAD>::kThreads) paged_prefill_v9_kernel(PrefillParams p) {
+__global__ void __launch_bounds__(PrefillWmmaTraits<HEAD>::kThreads) paged_prefill_wmma_kernel(PrefillParams p) {
   begin_dependent_grid();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   // bf16 tensor-core math exists from SM80 on; the host wrapper never launches this variant there.
@@ -459,7 +460,7 @@ __global__ void __launch_bounds__(PrefillV9Traits<HEAD>::kThreads) paged_prefill
   } else
 #endif
   {
-    paged_prefill_v9_block<T, HEAD>(p);
+    paged_prefill_wmma_block<T, HEAD>(p);
   }
 }
 

@@ -116,8 +116,8 @@ void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::
     using T = decltype(t);
     dispatch_head_size(shape.head_size, "paged_decode_attention", [&](auto h) {
       constexpr int H = decltype(h)::value;
-      using Tr = DecodeTraits<H>;
-      auto* kernel = paged_decode_attention_kernel<T, H>;
+      using Tr = DecodeWmmaTraits<H>;
+      auto* kernel = paged_decode_wmma_kernel<T, H>;
       set_smem(kernel, Tr::kSmemBytes);
       int blocks_per_sm = 0;
       C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, Tr::kThreads,

@@ -1,6 +1,6 @@
-// Torch glue for paged prefill attention (v8 and v9): checks, device guard, stream, row-tile map, dtype
-// and head-size dispatch, launch. One host path serves both kernels; what differs is in the Prefill*
-// descriptors below.
+// Torch glue for paged prefill attention (the mma_sm80 and wmma kernels): checks, device guard, stream,
+// row-tile map, dtype and head-size dispatch, launch. One host path serves both kernels; what differs is in
+// the Prefill* descriptors below.
 #include "torch_glue/torch_glue.h"
 
 #include "attention/paged_prefill_tile_map.cuh"
@@ -13,29 +13,29 @@ using namespace glue;
 
 namespace {
 
-// The v8 kernel: mma.sync, SM80 and newer only.
-struct PrefillV8 {
-  static constexpr const char* kOp = "paged_prefill_attention_v8";
+// paged_prefill_mma_sm80.cuh: mma.sync, SM80 and newer only.
+struct PrefillMmaSm80 {
+  static constexpr const char* kOp = "paged_prefill_attention_mma_sm80";
   template <int HEAD>
-  using Traits = PrefillV8Traits<HEAD>;
+  using Traits = PrefillMmaSm80Traits<HEAD>;
   template <typename T, int HEAD>
   static auto kernel() {
-    return &paged_prefill_v8_kernel<T, HEAD>;
+    return &paged_prefill_mma_sm80_kernel<T, HEAD>;
   }
   static void check_device() {
     TORCH_CHECK(at::cuda::getCurrentDeviceProperties()->major >= 8, kOp,
-                ": needs SM80 or newer (v9 serves older GPUs)");
+                ": needs SM80 or newer (paged_prefill_attention_wmma serves older GPUs)");
   }
 };
 
-// The v9 kernel: WMMA only, every GPU (bf16 from SM80 on, which check_attention enforces).
-struct PrefillV9 {
-  static constexpr const char* kOp = "paged_prefill_attention_v9";
+// paged_prefill_wmma.cuh: WMMA only, every GPU (bf16 from SM80 on, which check_attention enforces).
+struct PrefillWmma {
+  static constexpr const char* kOp = "paged_prefill_attention_wmma";
   template <int HEAD>
-  using Traits = PrefillV9Traits<HEAD>;
+  using Traits = PrefillWmmaTraits<HEAD>;
   template <typename T, int HEAD>
   static auto kernel() {
-    return &paged_prefill_v9_kernel<T, HEAD>;
+    return &paged_prefill_wmma_kernel<T, HEAD>;
   }
   static void check_device() {}
 };
@@ -102,23 +102,23 @@ void run_prefill(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_
 
 }  // namespace
 
-int64_t prefill_block_m_v8(int64_t head_size) { return block_m<PrefillV8>(head_size); }
+int64_t prefill_block_m_mma_sm80(int64_t head_size) { return block_m<PrefillMmaSm80>(head_size); }
 
-int64_t prefill_block_m_v9(int64_t head_size) { return block_m<PrefillV9>(head_size); }
+int64_t prefill_block_m_wmma(int64_t head_size) { return block_m<PrefillWmma>(head_size); }
 
-void paged_prefill_attention_v8(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
+void paged_prefill_attention_mma_sm80(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
                                 const at::Tensor& block_tables, const at::Tensor& seq_lens,
                                 const at::Tensor& query_start_loc, int64_t num_row_tiles, double scale,
                                 int64_t sliding_window) {
-  run_prefill<PrefillV8>(out, query, kv_cache, block_tables, seq_lens, query_start_loc, num_row_tiles, scale,
+  run_prefill<PrefillMmaSm80>(out, query, kv_cache, block_tables, seq_lens, query_start_loc, num_row_tiles, scale,
                          sliding_window);
 }
 
-void paged_prefill_attention_v9(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
+void paged_prefill_attention_wmma(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
                                 const at::Tensor& block_tables, const at::Tensor& seq_lens,
                                 const at::Tensor& query_start_loc, int64_t num_row_tiles, double scale,
                                 int64_t sliding_window) {
-  run_prefill<PrefillV9>(out, query, kv_cache, block_tables, seq_lens, query_start_loc, num_row_tiles, scale,
+  run_prefill<PrefillWmma>(out, query, kv_cache, block_tables, seq_lens, query_start_loc, num_row_tiles, scale,
                          sliding_window);
 }
 

@@ -10,16 +10,16 @@ void kv_cache_write(const at::Tensor& key, const at::Tensor& value, at::Tensor& 
 void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
                             const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t max_seq_len,
                             double scale, int64_t sliding_window);
-void paged_prefill_attention_v8(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
+void paged_prefill_attention_mma_sm80(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
                                 const at::Tensor& block_tables, const at::Tensor& seq_lens,
                                 const at::Tensor& query_start_loc, int64_t num_row_tiles, double scale,
                                 int64_t sliding_window);
-int64_t prefill_block_m_v8(int64_t head_size);
-void paged_prefill_attention_v9(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
+int64_t prefill_block_m_mma_sm80(int64_t head_size);
+void paged_prefill_attention_wmma(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
                                 const at::Tensor& block_tables, const at::Tensor& seq_lens,
                                 const at::Tensor& query_start_loc, int64_t num_row_tiles, double scale,
                                 int64_t sliding_window);
-int64_t prefill_block_m_v9(int64_t head_size);
+int64_t prefill_block_m_wmma(int64_t head_size);
 void rms_norm(at::Tensor& out, const at::Tensor& input, const at::Tensor& weight, double eps);
 void fused_add_rms_norm(at::Tensor& input, at::Tensor& residual, const at::Tensor& weight, double eps);
 void rotary_embedding(const at::Tensor& positions, at::Tensor& query, const std::optional<at::Tensor>& key,
@@ -41,13 +41,13 @@ TORCH_LIBRARY(voltllm_C, m) {
       "paged_decode_attention(Tensor(a!) out, Tensor query, Tensor kv_cache, Tensor block_tables, "
       "Tensor seq_lens, int max_seq_len, float scale, int sliding_window) -> ()");
   m.def(
-      "paged_prefill_attention_v8(Tensor(a!) out, Tensor query, Tensor kv_cache, Tensor block_tables, "
+      "paged_prefill_attention_mma_sm80(Tensor(a!) out, Tensor query, Tensor kv_cache, Tensor block_tables, "
       "Tensor seq_lens, Tensor query_start_loc, int num_row_tiles, float scale, int sliding_window) -> ()");
-  m.def("prefill_block_m_v8(int head_size) -> int", &voltllm::prefill_block_m_v8);
+  m.def("prefill_block_m_mma_sm80(int head_size) -> int", &voltllm::prefill_block_m_mma_sm80);
   m.def(
-      "paged_prefill_attention_v9(Tensor(a!) out, Tensor query, Tensor kv_cache, Tensor block_tables, "
+      "paged_prefill_attention_wmma(Tensor(a!) out, Tensor query, Tensor kv_cache, Tensor block_tables, "
       "Tensor seq_lens, Tensor query_start_loc, int num_row_tiles, float scale, int sliding_window) -> ()");
-  m.def("prefill_block_m_v9(int head_size) -> int", &voltllm::prefill_block_m_v9);
+  m.def("prefill_block_m_wmma(int head_size) -> int", &voltllm::prefill_block_m_wmma);
   m.def("rms_norm(Tensor(a!) out, Tensor input, Tensor weight, float eps) -> ()");
   m.def("fused_add_rms_norm(Tensor(a!) input, Tensor(b!) residual, Tensor weight, float eps) -> ()");
   m.def(
@@ -66,8 +66,8 @@ TORCH_LIBRARY(voltllm_C, m) {
 TORCH_LIBRARY_IMPL(voltllm_C, CUDA, m) {
   m.impl("kv_cache_write", &voltllm::kv_cache_write);
   m.impl("paged_decode_attention", &voltllm::paged_decode_attention);
-  m.impl("paged_prefill_attention_v8", &voltllm::paged_prefill_attention_v8);
-  m.impl("paged_prefill_attention_v9", &voltllm::paged_prefill_attention_v9);
+  m.impl("paged_prefill_attention_mma_sm80", &voltllm::paged_prefill_attention_mma_sm80);
+  m.impl("paged_prefill_attention_wmma", &voltllm::paged_prefill_attention_wmma);
   m.impl("rms_norm", &voltllm::rms_norm);
   m.impl("fused_add_rms_norm", &voltllm::fused_add_rms_norm);
   m.impl("rotary_embedding", &voltllm::rotary_embedding);

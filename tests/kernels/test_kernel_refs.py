@@ -19,7 +19,7 @@ from voltllm.ops.attention import (
     prefill_row_tiles,
     prefill_variant,
     prefill_variants,
-    runs_v8,
+    runs_sm80_kernels,
 )
 
 
@@ -142,25 +142,26 @@ def test_prefill_row_tiles() -> None:
     for block_m in PREFILL_BLOCK_M.values():
         assert block_m == {64: 128, 128: 128, 256: 64}
     assert prefill_row_tiles([1, 64, 65, 0, 128], 64) == 1 + 1 + 2 + 0 + 2
-    assert prefill_row_tiles([1, 128, 129, 0], PREFILL_BLOCK_M["v8"][128]) == 1 + 1 + 2 + 0
-    assert prefill_row_tiles([1, 128, 129, 0], PREFILL_BLOCK_M["v9"][256]) == 1 + 2 + 3 + 0
+    assert prefill_row_tiles([1, 128, 129, 0], PREFILL_BLOCK_M["mma_sm80"][128]) == 1 + 1 + 2 + 0
+    assert prefill_row_tiles([1, 128, 129, 0], PREFILL_BLOCK_M["wmma"][256]) == 1 + 2 + 3 + 0
 
 
 def test_prefill_kernel_selection(monkeypatch: pytest.MonkeyPatch) -> None:
     """The device's compute capability picks the prefill kernel; `variant=` names one; no environment."""
     cuda = torch.device("cuda", 0)
     monkeypatch.setattr("voltllm.ops.attention._capability", lambda index: (9, 0))
-    assert prefill_variant(cuda) == "v8" and prefill_variants(cuda) == ("v8", "v9")
+    assert prefill_variant(cuda) == "mma_sm80" and prefill_variants(cuda) == ("mma_sm80", "wmma")
     monkeypatch.setattr("voltllm.ops.attention._capability", lambda index: (7, 0))  # Volta
-    assert prefill_variant(cuda) == "v9" and prefill_variants(cuda) == ("v9",)
-    assert prefill_variant(cuda, "v8") == "v8"  # named: the glue refuses it below SM80, loudly
-    monkeypatch.setenv("VOLTLLM_PREFILL_KERNEL", "v8")  # read by nothing any more
-    assert prefill_variant(cuda) == "v9"
+    assert prefill_variant(cuda) == "wmma" and prefill_variants(cuda) == ("wmma",)
+    assert prefill_variant(cuda, "mma_sm80") == "mma_sm80"  # named: the glue refuses it below SM80, loudly
+    monkeypatch.setenv("VOLTLLM_PREFILL_KERNEL", "mma_sm80")  # read by nothing any more
+    assert prefill_variant(cuda) == "wmma"
     cpu = torch.device("cpu")
-    assert not runs_v8(cpu) and prefill_variant(cpu) == "v9"
-    # v6 prefill is retired: asking for it names the variants there are.
-    with pytest.raises(ValueError, match=r"'v6'; known: \('v8', 'v9'\)"):
-        prefill_variant(cpu, "v6")
+    assert not runs_sm80_kernels(cpu) and prefill_variant(cpu) == "wmma"
+    # Revision names are gone (v8 / v9), as is the retired v6 prefill: asking names the variants there are.
+    for old in ("v6", "v8", "v9"):
+        with pytest.raises(ValueError, match=rf"'{old}'; known: \('mma_sm80', 'wmma'\)"):
+            prefill_variant(cpu, old)
 
 
 @pytest.mark.parametrize("prefill", [*PREFILL_VARIANTS, None])

@@ -327,7 +327,7 @@ def test_sm70_backend_matches_torch_backend(
     decode: bool, volta: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The backend runs the kernels the device's compute capability picks; `volta` makes the Python layer
-    see SM70, so that prefill runs the Volta kernel (WMMA, v9) as on a V100."""
+    see SM70, so that prefill runs the Volta kernel (`wmma`) as on a V100."""
     from voltllm.layers.attention.sm70 import SM70AttentionBackend
     from voltllm.layers.attention.torch_ref import TorchAttentionBackend
 
@@ -431,7 +431,7 @@ def test_bad_input_raises_clear_errors() -> None:
             assert block_m_op(head_size) == block_m
         with pytest.raises(RuntimeError, match="head_size"):
             block_m_op(96)
-    with pytest.raises(ValueError, match=r"unknown kernel variant 'v6'; known: \('v8', 'v9'\)"):
+    with pytest.raises(ValueError, match=r"unknown kernel variant 'v6'; known: \('mma_sm80', 'wmma'\)"):
         ops.paged_prefill_attention(
             batch.query, batch.kv_cache, batch.block_tables, batch.seq_lens_t, batch.query_start_loc,
             [1], [20], 0.1, variant="v6",

@@ -1,5 +1,5 @@
-"""The v8 attention kernels' and the v9 prefill kernel's exact CUDA source, run on the CPU through the
-emulator in tests/kernels/emu.
+"""The attention kernels' exact CUDA source (decode and its split merge, both prefill kernels), run on the
+CPU through the emulator in tests/kernels/emu.
 
 `emu/harness.cpp` compiles the kernel headers with g++ against `emu/cuda_emu.h`, which runs every
 thread of a block as a fiber and implements mma.sync m16n8k16, ldmatrix, cp.async, shuffles and
@@ -8,8 +8,8 @@ element orders that are deliberately no GPU's. Blocks and threads run in seeded 
 copies land only when waited for, and shared memory starts as garbage, so ordering mistakes show up as
 wrong results. Outputs start as NaN; each case compares against `paged_attention_ref`.
 
-This is what proves the v8 / v9 index arithmetic (and that v9 assumes no WMMA layout) without a GPU;
-the GPU tests (test_kernels_cuda.py) prove the same kernels on hardware.
+This is what proves the kernels' index arithmetic (and that the WMMA kernels assume no fragment layout)
+without a GPU; the GPU tests (test_kernels_cuda.py) prove the same kernels on hardware.
 """
 
 from __future__ import annotations
@@ -215,9 +215,9 @@ WMMA_ORDERS = {"scrambled": 0, "paired": 1}  # emu/include/mma.h
 def run_prefill(
     emu: ctypes.CDLL, b: Paged, variant: str, window: int = 0, order: str = "scrambled", seed: int = 1
 ) -> None:
-    """One prefill launch of `variant` ("v8" or "v9") after the row-tile map, as the torch glue runs them;
-    `order` is the emulated WMMA fragment order (v8 uses no WMMA)."""
-    number = int(variant.removeprefix("v"))
+    """One prefill launch of `variant` ("mma_sm80" or "wmma") after the row-tile map, as the torch glue
+    runs them; `order` is the emulated WMMA fragment order (mma_sm80 uses no WMMA)."""
+    number = {"mma_sm80": 1, "wmma": 0}[variant]
     block_m = emu.emu_prefill_block_m(ctypes.c_int(number), ctypes.c_int(b.head))
     assert block_m == ops.attention.PREFILL_BLOCK_M[variant][b.head]
     starts = [0]
@@ -251,22 +251,22 @@ def run_prefill(
         ([40, 9], [40, 200], 128, 4, torch.bfloat16),
     ],
 )
-def test_prefill_v8(
+def test_prefill_mma_sm80(
     emu: ctypes.CDLL, query_lens: list[int], seq_lens: list[int], head: int, group: int, dtype: torch.dtype
 ) -> None:
     b = Paged(query_lens, seq_lens, 1, group, head, dtype, seed=sum(seq_lens), poison=True)
-    run_prefill(emu, b, "v8")
+    run_prefill(emu, b, "mma_sm80")
     assert b.rel_err() < REL_TOL[dtype]
 
 
 @pytest.mark.parametrize("window", [1, 37, 128])
-def test_prefill_v8_sliding_window(emu: ctypes.CDLL, window: int) -> None:
+def test_prefill_mma_sm80_sliding_window(emu: ctypes.CDLL, window: int) -> None:
     b = Paged([150, 1, 33], [300, 50, 33], 1, 2, 128, torch.float16, seed=window)
-    run_prefill(emu, b, "v8", window=window, seed=window)
+    run_prefill(emu, b, "mma_sm80", window=window, seed=window)
     assert b.rel_err(window) < REL_TOL[torch.float16]
 
 
-# ---------------------------------------------------------------- WMMA emulation and the v9 prefill kernel
+# ---------------------------------------------------------------- WMMA emulation and the WMMA prefill kernel
 
 
 def _sm80_accumulator_codes() -> list[int]:
@@ -297,7 +297,7 @@ def test_emulated_wmma_multiplies_in_an_order_no_gpu_uses(
         ptr(c), ptr(d), ptr(codes), ctypes.c_int(WMMA_ORDERS[order]),
     )  # fmt: skip
     torch.testing.assert_close(d, a.float() @ b.float() + c, rtol=1e-5, atol=1e-5)
-    # The order the v9 kernel discovers: every element exactly once, never the SM80 order.
+    # The order the WMMA prefill kernel discovers: every element exactly once, never the SM80 order.
     assert sorted(codes.tolist()) == list(range(256))
     assert codes.tolist() != _sm80_accumulator_codes()
     pairs = codes.view(-1, 2)
@@ -320,7 +320,7 @@ def test_emulated_wmma_multiplies_in_an_order_no_gpu_uses(
         ([20, 1], [90, 33], 256, 4, torch.float16),
     ],
 )
-def test_prefill_v9(
+def test_prefill_wmma(
     emu: ctypes.CDLL,
     query_lens: list[int],
     seq_lens: list[int],
@@ -330,27 +330,27 @@ def test_prefill_v9(
     order: str,
 ) -> None:
     b = Paged(query_lens, seq_lens, 1, group, head, dtype, seed=sum(seq_lens), poison=True)
-    run_prefill(emu, b, "v9", order=order, seed=len(query_lens) + head)
+    run_prefill(emu, b, "wmma", order=order, seed=len(query_lens) + head)
     assert b.rel_err() < REL_TOL[dtype]
 
 
 @pytest.mark.parametrize("order", WMMA_ORDERS)
 @pytest.mark.parametrize("window", [1, 37, 128])
-def test_prefill_v9_sliding_window(emu: ctypes.CDLL, window: int, order: str) -> None:
+def test_prefill_wmma_sliding_window(emu: ctypes.CDLL, window: int, order: str) -> None:
     b = Paged([150, 1, 33], [300, 50, 33], 1, 2, 128, torch.float16, seed=window, poison=True)
-    run_prefill(emu, b, "v9", window=window, order=order, seed=window)
+    run_prefill(emu, b, "wmma", window=window, order=order, seed=window)
     assert b.rel_err(window) < REL_TOL[torch.float16]
 
 
-def test_prefill_v9_two_kv_heads_many_short_sequences(emu: ctypes.CDLL) -> None:
+def test_prefill_wmma_two_kv_heads_many_short_sequences(emu: ctypes.CDLL) -> None:
     """Sequences shorter than a key tile, a window that starts mid-tile, GQA 4 over two KV heads."""
     query_lens, seq_lens = [5, 16, 3, 64, 1], [5, 80, 19, 64, 200]
     b = Paged(query_lens, seq_lens, 2, 4, 64, torch.float16, seed=11, poison=True)
-    run_prefill(emu, b, "v9", window=40, order="paired", seed=3)
+    run_prefill(emu, b, "wmma", window=40, order="paired", seed=3)
     assert b.rel_err(40) < REL_TOL[torch.float16]
 
 
-@pytest.mark.parametrize("variant", ["v8", "v9"])
+@pytest.mark.parametrize("variant", ops.attention.PREFILL_VARIANTS)
 def test_prefill_tile_map_over_more_sequences_than_a_warp(emu: ctypes.CDLL, variant: str) -> None:
     """40 sequences: the one-warp tile map carries its prefix sum from one 32-sequence pass to the next."""
     query_lens = [1 + (7 * i) % 20 for i in range(40)]

@@ -58,13 +58,15 @@ def test_every_variant_compiles_for_sm70_without_spills(gate) -> None:
             assert (r.spill_stores, r.spill_loads) == (0, 0), f"{r.expr} spills on sm_70"
 
 
-def test_v8_kernels_are_checked_where_they_have_bodies(gate) -> None:
-    """v8 compiles to a trap on sm_70 (checked so a V100 build cannot break) and for real on sm_80/90."""
+def test_sm80_kernels_are_checked_where_they_have_bodies(gate) -> None:
+    """The _mma_sm80 kernel compiles to a trap on sm_70 (checked so a V100 build cannot break) and for
+    real on sm_80/90."""
     variants = gate.load_variants()
-    v8 = {e for e in variants[80]["attention/paged_prefill_mma_sm80.cuh"]}
-    assert {e for e in v8 if "__nv_bfloat16" in e} and {e for e in v8 if "__half" in e}
-    assert v8 <= set(variants[90]["attention/paged_prefill_mma_sm80.cuh"])
-    assert set(variants[70]["attention/paged_prefill_mma_sm80.cuh"]) <= v8
+    source = "attention/paged_prefill_mma_sm80.cuh"
+    sm80 = set(variants[80][source])
+    assert {e for e in sm80 if "__nv_bfloat16" in e} and {e for e in sm80 if "__half" in e}
+    assert sm80 <= set(variants[90][source])
+    assert set(variants[70][source]) <= sm80
     everything = {e for sources in variants.values() for exprs in sources.values() for e in exprs}
     assert everything == {e for exprs in variants[90].values() for e in exprs}
 

@@ -4,9 +4,10 @@ Each op runs the CUDA kernel for CUDA tensors and its plain-torch reference (`*_
 elsewhere. KV cache layout (see `voltllm.layers.attention.backend`):
 `kv_cache: [2, num_blocks, block_size=16, num_kv_heads, head_size]`.
 
-Kernels (docs/kernels.md): decode has one kernel (WMMA, split-K, every GPU). Prefill has two: v8
-(mma.sync, SM80 and newer) and v9 (WMMA, Volta-legal, every GPU); a call runs the one for its device's
-compute capability (`prefill_variant`), or the one named by `variant=` (tests and benchmarks).
+Kernels (docs/kernels.md, csrc/attention/): decode has one, `paged_decode_wmma` (split-K, WMMA, every
+GPU). Prefill has two: `mma_sm80` (mma.sync m16n8k16, SM80 and newer) and `wmma` (Volta-legal, every GPU);
+a call runs the one for its device's compute capability (`prefill_variant`), or the one named by
+`variant=` (tests and benchmarks). No environment variable chooses a kernel.
 """
 
 from __future__ import annotations
@@ -19,16 +20,17 @@ import torch
 from voltllm.ops._dispatch import kernel_ops, use_kernels
 
 BLOCK_SIZE = 16  # tokens per KV block the kernels are written for
-# Query rows per prefill thread block, by variant and head size (PrefillV8Traits / PrefillV9Traits
-# kBlockM; the ops prefill_block_m_v8 / _v9 report the same). The row-tile count of a launch uses it.
+# The prefill kernels by variant name: paged_prefill_<name>.cuh, op paged_prefill_attention_<name>.
+# mma_sm80: mma.sync / ldmatrix / cp.async (SM80+); wmma: WMMA only (BLOCK_M 128, softmax on registers),
+# Volta-legal, runs on every GPU. The SM80+ kernel is the default where it runs (1.3x wmma on the H200,
+# benches/RESULTS.md).
+PREFILL_VARIANTS = ("mma_sm80", "wmma")
+# Query rows per prefill thread block, by variant and head size (PrefillMmaSm80Traits / PrefillWmmaTraits
+# kBlockM; the ops prefill_block_m_<name> report the same). The row-tile count of a launch uses it.
 PREFILL_BLOCK_M = {
-    "v8": {64: 128, 128: 128, 256: 64},
-    "v9": {64: 128, 128: 128, 256: 64},
+    "mma_sm80": {64: 128, 128: 128, 256: 64},
+    "wmma": {64: 128, 128: 128, 256: 64},
 }
-
-# v8: mma.sync prefill (SM80+); v9: the Volta-legal WMMA prefill kernel (BLOCK_M 128, softmax on
-# registers), which runs on every GPU.
-PREFILL_VARIANTS = ("v8", "v9")
 
 
 @functools.cache
@@ -36,19 +38,19 @@ def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
-def runs_v8(device: torch.device) -> bool:
-    """Whether the v8 prefill kernel runs on `device` (a CUDA device of SM80 or newer)."""
+def runs_sm80_kernels(device: torch.device) -> bool:
+    """Whether the SM80+ (`mma_sm80`) kernels run on `device`: a CUDA device of SM80 or newer."""
     return device.type == "cuda" and _capability(device.index if device.index is not None else 0)[0] >= 8
 
 
 def prefill_variants(device: torch.device) -> tuple[str, ...]:
     """The prefill variants that run on `device`, the default (`prefill_variant`) first."""
-    return PREFILL_VARIANTS if runs_v8(device) else ("v9",)
+    return PREFILL_VARIANTS if runs_sm80_kernels(device) else ("wmma",)
 
 
 def prefill_variant(device: torch.device, variant: str | None = None) -> str:
-    """The prefill kernel a call on `device` runs: `variant` when given, else v8 on SM80 and newer (1.3x v9
-    on the H200, benches/RESULTS.md) and v9 below."""
+    """The prefill kernel a call on `device` runs: `variant` when given, else `mma_sm80` on SM80 and newer
+    and `wmma` below (Volta)."""
     if variant is None:
         return prefill_variants(device)[0]
     if variant not in PREFILL_VARIANTS:
@@ -222,7 +224,7 @@ def paged_prefill_attention(
         )
     if out is None:
         out = torch.empty_like(query)
-    op = kernel_ops().paged_prefill_attention_v8 if name == "v8" else kernel_ops().paged_prefill_attention_v9
+    op = getattr(kernel_ops(), f"paged_prefill_attention_{name}")
     # An unsupported head size gets the glue's error, not a KeyError here (any tile count will do).
     block_m = PREFILL_BLOCK_M[name].get(query.shape[-1], 1)
     row_tiles = prefill_row_tiles(query_lens_cpu, block_m)

@@ -1,5 +1,5 @@
 """The fused attention prologue: per-head q/k RMSNorm, NeoX rotary embedding and the KV-cache write in
-one kernel (`csrc/qk_norm_rope.cuh`), with the unfused torch sequence it replaces as its reference."""
+one kernel (`csrc/ops/qk_norm_rope.cuh`), with the unfused torch sequence it replaces as its reference."""
 
 from __future__ import annotations
 

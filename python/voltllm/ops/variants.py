@@ -1,15 +1,17 @@
 """Every kernel variant that voltllm ships, as C++ name expressions, one list per kernel source.
 
 This module is the single list both proofs read: `tools/sm70_gate.py` instantiates each expression
-with NVRTC and assembles it, and the torch glue (`csrc/ops_*.cu`) dispatches over the same dtypes, head
-sizes and group tiles. It imports nothing, so the gate can load it without torch.
+with NVRTC and assembles it, and the torch glue (`csrc/torch_glue/ops_*.cu`) dispatches over the same
+dtypes and head sizes. Sources are keyed by their path from `csrc/`. It imports nothing, so the gate can
+load it without torch.
 
 Architectures:
-  * sm_70 (Volta): the element-wise kernels, the prefill row-tile map and the fp16 WMMA attention kernels
-    (v6 decode, v9 prefill); the v8 attention kernels too, whose bodies compile to a trap there (the
-    Python layer runs v6 decode / v9 prefill on Volta), so that a V100 build of the extension cannot break.
-  * sm_80: the bf16 WMMA attention kernels (bf16 tensor-core math needs SM80) and every v8 attention
-    kernel (mma.sync m16n8k16, ldmatrix, cp.async).
+  * sm_70 (Volta): the `ops/` kernels, the prefill row-tile map and the fp16 WMMA attention kernels
+    (paged_decode_wmma, paged_prefill_wmma); the `_mma_sm80` attention kernels too, whose bodies compile to
+    a trap there (the Python layer runs the WMMA prefill on Volta), so that a V100 build of the extension
+    cannot break.
+  * sm_80: the bf16 WMMA attention kernels (bf16 tensor-core math needs SM80) and every `_mma_sm80`
+    attention kernel (mma.sync m16n8k16, ldmatrix, cp.async).
   * sm_90: everything, as the H200 build compiles it.
 """
 
@@ -48,25 +50,25 @@ def _elementwise() -> dict[str, list[str]]:
     return variants
 
 
-def _attention(dtype: str) -> dict[str, list[str]]:
+def _attention_wmma(dtype: str) -> dict[str, list[str]]:
     return {
         "attention/paged_decode_wmma.cuh": [
             f"voltllm::{kernel}<{dtype}, {h}>"
-            for kernel in ("paged_decode_attention_kernel", "paged_decode_reduce_kernel")
+            for kernel in ("paged_decode_wmma_kernel", "paged_decode_reduce_kernel")
             for h in HEAD_SIZES
         ],
-        # The row-tile map every prefill launch (v8 or v9) builds first; the same for every dtype.
+        # The row-tile map every prefill launch (either kernel) builds first; the same for every dtype.
         "attention/paged_prefill_tile_map.cuh": ["voltllm::prefill_tile_map_kernel"],
         "attention/paged_prefill_wmma.cuh": [
-            f"voltllm::paged_prefill_v9_kernel<{dtype}, {h}>" for h in HEAD_SIZES
+            f"voltllm::paged_prefill_wmma_kernel<{dtype}, {h}>" for h in HEAD_SIZES
         ],
     }
 
 
-def _attention_v8(dtype: str) -> dict[str, list[str]]:
+def _attention_mma_sm80(dtype: str) -> dict[str, list[str]]:
     return {
         "attention/paged_prefill_mma_sm80.cuh": [
-            f"voltllm::paged_prefill_v8_kernel<{dtype}, {h}>" for h in HEAD_SIZES
+            f"voltllm::paged_prefill_mma_sm80_kernel<{dtype}, {h}>" for h in HEAD_SIZES
         ],
     }
 
@@ -84,28 +86,28 @@ def dynamic_smem_probes() -> dict[str, str]:
     probes: dict[str, str] = {}
     for dtype in DTYPES:
         for h in HEAD_SIZES:
-            probes[f"voltllm::paged_decode_attention_kernel<{dtype}, {h}>"] = (
-                f"voltllm::decode_smem_bytes<{h}>"
-            )
-            probes[f"voltllm::paged_decode_reduce_kernel<{dtype}, {h}>"] = "voltllm::decode_reduce_smem_bytes"
-            probes[f"voltllm::paged_prefill_v8_kernel<{dtype}, {h}>"] = f"voltllm::prefill_v8_smem_bytes<{h}>"
-            probes[f"voltllm::paged_prefill_v9_kernel<{dtype}, {h}>"] = f"voltllm::prefill_v9_smem_bytes<{h}>"
+            args = f"<{dtype}, {h}>"
+            probes[f"voltllm::paged_decode_wmma_kernel{args}"] = f"voltllm::decode_wmma_smem_bytes<{h}>"
+            probes[f"voltllm::paged_decode_reduce_kernel{args}"] = "voltllm::decode_reduce_smem_bytes"
+            mma_sm80 = f"voltllm::prefill_mma_sm80_smem_bytes<{h}>"
+            probes[f"voltllm::paged_prefill_mma_sm80_kernel{args}"] = mma_sm80
+            probes[f"voltllm::paged_prefill_wmma_kernel{args}"] = f"voltllm::prefill_wmma_smem_bytes<{h}>"
     return probes
 
 
 def sm70_variants() -> dict[str, list[str]]:
     """Kernel source -> name expressions that must compile for compute_70 and assemble for sm_70."""
-    return _merge(_elementwise(), _attention(FP16), _attention_v8(FP16))
+    return _merge(_elementwise(), _attention_wmma(FP16), _attention_mma_sm80(FP16))
 
 
 def sm80_bf16_variants() -> dict[str, list[str]]:
-    """The bf16 WMMA attention variants (v6 decode, v9 prefill), shipped for SM80 and newer only."""
-    return _attention(BF16)
+    """The bf16 WMMA attention variants (decode, prefill), shipped for SM80 and newer only."""
+    return _attention_wmma(BF16)
 
 
 def sm80_variants() -> dict[str, list[str]]:
-    """The v8 attention variants (both dtypes), whose real bodies exist from SM80 on."""
-    return _merge(_attention_v8(FP16), _attention_v8(BF16))
+    """The `_mma_sm80` attention variants (both dtypes), whose real bodies exist from SM80 on."""
+    return _merge(_attention_mma_sm80(FP16), _attention_mma_sm80(BF16))
 
 
 def sm90_variants() -> dict[str, list[str]]:

@@ -11,13 +11,14 @@
 
 namespace {
 
-// fn(traits, kernel) of prefill variant `variant` (8: v8, 9: v9) for element type T and head size HEAD.
+// fn(traits, kernel) of a prefill kernel (mma_sm80: 1 = paged_prefill_mma_sm80_kernel, 0 =
+// paged_prefill_wmma_kernel) for element type T and head size HEAD.
 template <typename T, int HEAD, typename Fn>
-void with_prefill_kernel(int variant, Fn&& fn) {
-  switch (variant) {
-    case 8: return fn(voltllm::PrefillV8Traits<HEAD>{}, &voltllm::paged_prefill_v8_kernel<T, HEAD>);
-    case 9: return fn(voltllm::PrefillV9Traits<HEAD>{}, &voltllm::paged_prefill_v9_kernel<T, HEAD>);
-    default: emu::fail("prefill variant (8 or 9)");
+void with_prefill_kernel(int mma_sm80, Fn&& fn) {
+  switch (mma_sm80) {
+    case 1: return fn(voltllm::PrefillMmaSm80Traits<HEAD>{}, &voltllm::paged_prefill_mma_sm80_kernel<T, HEAD>);
+    case 0: return fn(voltllm::PrefillWmmaTraits<HEAD>{}, &voltllm::paged_prefill_wmma_kernel<T, HEAD>);
+    default: emu::fail("prefill kernel (mma_sm80 0 or 1)");
   }
 }
 
@@ -77,9 +78,9 @@ void emu_decode(int bf16, int head, void* out, const void* query, const void* ke
     emu::dispatch_head(head, [&](auto h) {
       using T = decltype(t);
       constexpr int H = decltype(h)::value;
-      using Tr = voltllm::DecodeTraits<H>;
+      using Tr = voltllm::DecodeWmmaTraits<H>;
       emu::launch(dim3(num_kv_heads, num_seqs, max_splits), dim3(Tr::kThreads), Tr::kSmemBytes,
-                  [&] { voltllm::paged_decode_attention_kernel<T, H>(p); }, seed);
+                  [&] { voltllm::paged_decode_wmma_kernel<T, H>(p); }, seed);
       if (merge && max_splits > 1) run_split_merge<T, H>(p, num_seqs, seed);
     });
   });
@@ -99,7 +100,7 @@ void emu_decode_split_merge(int bf16, int head, void* out, const int* seq_lens, 
 }
 
 // One warp of the emulated WMMA: d = a b + c (16x16; a row-major, b column- or row-major, fp16 or bf16
-// inputs, fp32 c and d), and the accumulator order as the v9 kernel discovers it: codes[32 * 8] holds
+// inputs, fp32 c and d), and the accumulator order as the WMMA prefill kernel discovers it: codes[32 * 8] holds
 // row * 16 + col of element i of lane l at l * 8 + i.
 void emu_wmma_gemm(int bf16, int b_col_major, const void* a, const void* b, const float* c, float* d, int* codes,
                    int wmma_order) {
@@ -122,26 +123,27 @@ void emu_wmma_gemm(int bf16, int b_col_major, const void* a, const void* b, cons
     }
     wmma::store_matrix_sync(d, fc, 16, wmma::mem_row_major);
     uint2 order;
-    voltllm::v9::accumulator_order<decltype(fc)>(reinterpret_cast<float*>(emu::dynamic_smem()), 16, order);
-    for (int i = 0; i < 8; ++i) codes[emu::self().lane * 8 + i] = voltllm::v9::order_code(order, i);
+    voltllm::prefill_wmma::accumulator_order<decltype(fc)>(reinterpret_cast<float*>(emu::dynamic_smem()), 16, order);
+    for (int i = 0; i < 8; ++i) codes[emu::self().lane * 8 + i] = voltllm::prefill_wmma::order_code(order, i);
   };
   emu::launch(dim3(1), dim3(32), 16 * 16 * 4, [&] { emu::dispatch_dtype(bf16, body); }, 1);
 }
 
-// BLOCK_M of prefill variant `variant` (8 or 9) at head size `head`.
-int emu_prefill_block_m(int variant, int head) {
+// BLOCK_M of a prefill kernel (mma_sm80 1 or 0, as above) at head size `head`.
+int emu_prefill_block_m(int mma_sm80, int head) {
   int block_m = 0;
   emu::dispatch_head(head, [&](auto h) {
-    with_prefill_kernel<__half, decltype(h)::value>(variant, [&](auto traits, auto) {
+    with_prefill_kernel<__half, decltype(h)::value>(mma_sm80, [&](auto traits, auto) {
       block_m = decltype(traits)::kBlockM;
     });
   });
   return block_m;
 }
 
-// One launch of prefill variant `variant` (8 or 9) after the row-tile map it needs, both as the torch
-// glue launches them. wmma_order: 0 = scrambled, 1 = paired (see include/mma.h; v8 uses no WMMA).
-void emu_prefill(int variant, int bf16, int head, void* out, const void* query, const void* key_cache,
+// One launch of a prefill kernel (mma_sm80 1 or 0, as above) after the row-tile map it needs, both as the
+// torch glue launches them. wmma_order: 0 = scrambled, 1 = paired (see include/mma.h; mma_sm80 uses no
+// WMMA).
+void emu_prefill(int mma_sm80, int bf16, int head, void* out, const void* query, const void* key_cache,
                  const void* value_cache, const int* block_tables, const int* seq_lens, const int* query_start_loc,
                  int* cu_tiles, long long query_stride, long long out_stride, int num_seqs, int num_heads,
                  int num_kv_heads, int max_blocks_per_seq, int sliding_window, float scale_log2, int num_row_tiles,
@@ -166,7 +168,7 @@ void emu_prefill(int variant, int bf16, int head, void* out, const void* query, 
   p.scale_log2 = scale_log2;
   emu::dispatch_dtype(bf16, [&](auto t) {
     emu::dispatch_head(head, [&](auto h) {
-      with_prefill_kernel<decltype(t), decltype(h)::value>(variant, [&](auto traits, auto kernel) {
+      with_prefill_kernel<decltype(t), decltype(h)::value>(mma_sm80, [&](auto traits, auto kernel) {
         using Tr = decltype(traits);
         emu::launch(dim3(1), dim3(32), 0,
                     [&] { voltllm::prefill_tile_map_kernel(query_start_loc, cu_tiles, num_seqs, Tr::kBlockM); },
