@@ -105,9 +105,9 @@ class FakeDecodeGraphs(DecodeGraphs):
 
 def install_fake_graphs(runner: ModelRunner) -> None:
     sizes = graph_batch_sizes(runner.max_num_seqs)
-    runner.graphs = FakeDecodeGraphs(runner.model, sizes, runner.vocab_size, runner.device)
-    runner.graphs.logits.zero_()
-    runner.graphs.capture(runner._padding_decode_inputs, runner.kv_caches)
+    graphs = FakeDecodeGraphs(runner.model, sizes, runner.vocab_size, runner.device)
+    graphs.logits.zero_()
+    runner.capture_cuda_graphs(graphs)
 
 
 @dataclass

@@ -125,8 +125,7 @@ def graph_engine(max_seqs: int, separate_table: bool = False, **cache) -> LLMEng
     if separate_table:
         separate_device_table(runner.block_table)
     sizes = graph_batch_sizes(max_seqs)
-    runner.graphs = ReplayingGraphs(runner.model, sizes, runner.vocab_size, CPU)
-    runner.graphs.capture(runner._padding_decode_inputs, runner.kv_caches)
+    runner.capture_cuda_graphs(ReplayingGraphs(runner.model, sizes, runner.vocab_size, CPU))
     return LLMEngine(config, core)
 
 

@@ -35,6 +35,12 @@ def graph_batch_sizes(max_num_seqs: int, limit: int = 512) -> list[int]:
     return sizes
 
 
+def graph_memory_reserve(max_num_seqs: int, vocab_size: int) -> int:
+    """Device bytes the KV cache sizing leaves for the graphs: the shared fp32 logits buffer plus the
+    graph pool (about one fp16 logits batch)."""
+    return 6 * max_num_seqs * vocab_size + (256 << 20)
+
+
 # (batch size) -> input_ids and positions on the persistent buffers, padded to that size, and a function
 # that builds the step's attention metadata from those buffers. It is called inside the capture, so the
 # device work it does (gathering the batch's block-table rows) replays with the graph.
