@@ -5,7 +5,9 @@ Threads, so the loop never blocks on a socket:
   right there, through the output queue);
 - main thread: drains `input_queue` (ADD / ABORT / UTILITY), runs `EngineCore.step()` while there is
   work, and queues one OUTPUTS per step;
-- output thread: `output_queue` -> encode -> PUSH socket.
+- output thread: `output_queue` -> encode -> PUSH socket;
+- heartbeat thread (after READY): an empty OUTPUTS every second, so the front end can tell a long
+  step from a hung or stopped process (docs/protocol.md, "Heartbeat").
 SIGTERM / SIGINT stop the loop; the engine then sends DEAD and exits. A fatal error in the loop also
 sends DEAD (with the reason) before the process exits non-zero.
 """
@@ -19,6 +21,7 @@ import queue
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 import msgspec
@@ -27,12 +30,13 @@ import zmq
 from voltllm import protocol
 from voltllm.engine.args import add_engine_args, engine_config_from_args
 from voltllm.engine.core import EngineCore, settle_garbage_collector
-from voltllm.protocol import EngineError, MessageType, UtilityCall, UtilityResult
+from voltllm.protocol import EngineCoreOutputs, EngineError, MessageType, UtilityCall, UtilityResult
 
 logger = logging.getLogger("voltllm.engine")
 
 _POLL_MS = 100  # how often the I/O threads look at the stop flag
 _IDLE_WAIT_S = 0.1  # how long the idle loop sleeps on the input queue before re-checking the stop flag
+_HEARTBEAT_S = 1.0  # well under the front end's hang timeout (--engine-hang-timeout, 30 s by default)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -124,6 +128,13 @@ class EngineCoreProc:
 
     def send(self, kind: MessageType, payload: object) -> None:
         self.output_queue.put(protocol.encode(kind, payload))
+
+    def start_heartbeat(self) -> None:
+        threading.Thread(target=self._heartbeat_loop, name="engine-heartbeat", daemon=True).start()
+
+    def _heartbeat_loop(self) -> None:
+        while not self.stop_event.wait(_HEARTBEAT_S):
+            self.send(MessageType.OUTPUTS, EngineCoreOutputs(self.engine_index, [], timestamp=time.time()))
 
     # ----- the busy loop ---------------------------------------------------------------------------
 
@@ -229,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         proc.loaded = True
         settle_garbage_collector(freeze=True)  # this process only runs the engine from here on
         proc.send(MessageType.READY, core.ready_message(args.served_model_name or args.model))
+        proc.start_heartbeat()
         logger.info(
             "engine %d ready: %d KV blocks of %d, max_model_len %d, pid %d",
             args.engine_index,

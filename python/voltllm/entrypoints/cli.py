@@ -7,6 +7,7 @@ traceback.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -112,17 +113,79 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return bench_main(args.bench_args)
 
 
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    """The HTTP front end's flags (vLLM's names), beside the engine's."""
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default: %(default)s)")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("VOLTLLM_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on every route but /health and /ping"
+        " (default: $VOLTLLM_API_KEY)",
+    )
+    p.add_argument(
+        "--served-model-name", default=None, help="the model name clients use (default: the model argument)"
+    )
+    p.add_argument(
+        "--max-waiting-requests",
+        type=int,
+        default=1024,
+        help="requests that may wait beyond --max-num-seqs; more get 503 (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-request-body-bytes",
+        type=int,
+        default=32 << 20,
+        help="larger request bodies get 413 (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-engine-restarts",
+        type=int,
+        default=5,
+        help="restarts of a dead or hung engine before the server exits non-zero (default: %(default)s)",
+    )
+    p.add_argument(
+        "--engine-hang-timeout",
+        type=float,
+        default=30.0,
+        help="seconds an engine holding requests may send nothing (not even its heartbeat) before it is"
+        " declared hung and restarted; 0 turns the check off (default: %(default)s)",
+    )
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="on SIGTERM/SIGINT, seconds in-flight requests may take to finish while new ones get 503"
+        " (default: %(default)s)",
+    )
+    p.add_argument(
+        "--allowed-origins",
+        type=json.loads,
+        default=["*"],
+        help='CORS origins as a JSON list (default: ["*"])',
+    )
+    p.add_argument(
+        "--allowed-methods",
+        type=json.loads,
+        default=["*"],
+        help='CORS methods as a JSON list (default: ["*"])',
+    )
+    p.add_argument(
+        "--allowed-headers",
+        type=json.loads,
+        default=["*"],
+        help='CORS request headers as a JSON list (default: ["*"])',
+    )
+    p.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="voltllm", description="OpenAI-compatible LLM serving for Volta and newer GPUs")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     serve = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
     add_engine_args(serve)
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--api-key", default=os.environ.get("VOLTLLM_API_KEY"))
-    serve.add_argument("--served-model-name", default=None)
-    serve.add_argument("--max-waiting-requests", type=int, default=1024)
+    add_serve_args(serve)
     serve.set_defaults(func=cmd_serve)
 
     engine = sub.add_parser("engine", help="run one EngineCore process for a separately started front end")

@@ -1,8 +1,10 @@
-"""`voltllm serve`: start the EngineCore process, then run the Rust HTTP front end in this process.
+"""`voltllm serve`: run the Rust HTTP front end in this process; it starts the EngineCore process.
 
-The front end binds the two ZeroMQ sockets and waits for the engine's READY; it watches the engine's
-process id from the start, so an engine that dies (while loading or later) fails in-flight requests,
-turns `/health` to 503 and makes the server exit non-zero.
+The front end binds its port and the two ZeroMQ sockets first, then starts the engine with the
+command built here and waits for READY. It supervises the engine: one that dies or hangs is killed
+and restarted with backoff (in-flight requests end with an error, `/health` answers 503 meanwhile),
+up to `--max-engine-restarts`; past that the server exits non-zero. SIGTERM or Ctrl-C drains: new
+requests get 503, in-flight ones finish within `--shutdown-timeout`, then the engine is stopped.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ import argparse
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -29,20 +30,14 @@ def serve(args: argparse.Namespace) -> int:
     if args.cpu_threads is None:
         # The front end's threads share this machine with the engine: leave them a core.
         args = argparse.Namespace(**{**vars(args), "cpu_threads": max(1, (os.cpu_count() or 2) - 1)})
+    # The front end appends `--engine-index I` and starts (and restarts) the process itself.
     engine_cmd = [
         sys.executable, "-m", "voltllm.engine.core_proc", *to_argv(args, str(model_dir)),
-        "--input-address", input_address, "--output-address", output_address, "--engine-index", "0",
+        "--input-address", input_address, "--output-address", output_address,
     ]  # fmt: skip
-    engine = subprocess.Popen(engine_cmd)
     # SIGTERM would otherwise end this process on the spot and orphan the engine: make it unwind
-    # like Ctrl-C, through the server's shutdown and the `finally` below.
+    # like Ctrl-C, through the server's drain and shutdown.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-
-    def engine_poll() -> str | None:
-        status = engine.poll()
-        return (
-            None if status is None else f"the engine process exited with status {status}; see its log above"
-        )
 
     # vLLM names the model after the argument given; the embedded default model after its folder.
     served_name = args.served_model_name or args.model_arg or model_dir.name
@@ -57,25 +52,21 @@ def serve(args: argparse.Namespace) -> int:
             served_model_name=[served_name],
             max_model_len=args.max_model_len,
             max_waiting_requests=args.max_waiting_requests,
-            engine_pids=[engine.pid],
+            engine_command=engine_cmd,
+            max_engine_restarts=args.max_engine_restarts,
+            engine_hang_timeout=args.engine_hang_timeout,
+            shutdown_timeout=args.shutdown_timeout,
+            max_request_body_bytes=args.max_request_body_bytes,
+            allowed_origins=args.allowed_origins,
+            allowed_methods=args.allowed_methods,
+            allowed_headers=args.allowed_headers,
+            allow_credentials=args.allow_credentials,
         )
         return 0
-    except RuntimeError as e:
+    except (RuntimeError, ValueError) as e:
         print(f"voltllm serve: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 0
     finally:
-        _stop(engine)
         shutil.rmtree(run_dir, ignore_errors=True)
-
-
-def _stop(engine: subprocess.Popen) -> None:
-    if engine.poll() is not None:
-        return
-    engine.terminate()
-    try:
-        engine.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        engine.kill()
-        engine.wait()

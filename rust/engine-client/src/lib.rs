@@ -4,23 +4,28 @@
 //! READY, then runs three tasks:
 //! - a writer that owns the ROUTER and sends ADD/ABORT to the engine a request was routed to;
 //! - a reader that owns the PULL and demultiplexes OUTPUTS into per-request bounded channels;
-//! - a health watcher that polls every engine's pid and turns the client unhealthy on a death.
+//! - a health watcher that polls every engine's pid, and (with a hang timeout) declares an engine
+//!   hung when it sent nothing (no OUTPUTS, no heartbeat) for that long while it holds requests;
+//! - with [`EngineLaunch`], one supervisor per engine that owns the engine process and restarts it
+//!   with backoff after a death or a hang, up to a bound.
 //!
 //! Invariants: a request id is live in the routing table from `add_request` until its finished
 //! output is delivered, its [`RequestStream`] is dropped, or its engine dies — whichever comes
 //! first removes the entry and decrements the engine's load exactly once. Dropping an unfinished
 //! stream sends ABORT, so a disconnected HTTP client never leaves work running in the engine.
+//! While an engine restarts it takes no requests; the client is unhealthy until it is READY again.
+//! A death that cannot be healed (no launcher, restarts exhausted) ends the client: `wait_dead`.
 
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::StreamExt;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch, Notify};
 use voltllm_protocol::{
     engine_identity, EngineCoreOutput, EngineCoreRequest, EngineReady, Message, ProtocolError,
     SchedulerStats, UtilityCall, Value,
@@ -51,6 +56,8 @@ pub enum EngineClientError {
     Overflow(usize),
     #[error("engine client is shut down")]
     Closed,
+    #[error("cannot start an engine: {0}")]
+    Launch(String),
     #[error("utility call {method} failed: {message}")]
     Utility { method: String, message: String },
     #[error(transparent)]
@@ -75,6 +82,48 @@ pub struct EngineClientConfig {
     /// Pids of engine processes started by the caller, watched while waiting for READY so that an
     /// engine that crashes during start-up fails `connect` at once instead of at the timeout.
     pub startup_pids: Vec<u32>,
+    /// An engine that holds requests but sent nothing for this long is declared hung (and, with
+    /// `launch`, killed and restarted). Engines send a heartbeat while they work, so a long step
+    /// is not a hang. `None`: no hang check.
+    pub hang_timeout: Option<Duration>,
+    /// When set, `connect` starts the engines itself and restarts them when they die.
+    pub launch: Option<EngineLaunch>,
+}
+
+/// How the client starts engine processes and restarts a dead or hung one.
+#[derive(Debug, Clone)]
+pub struct EngineLaunch {
+    /// Program and arguments of an engine; `--engine-index I` is appended for engine I.
+    pub argv: Vec<String>,
+    /// Restarts allowed over the client's life (all engines together); the death after the last
+    /// one ends the client.
+    pub max_restarts: u32,
+    /// Wait before the first restart; it doubles with each failure in a row, up to `max_backoff`.
+    pub initial_backoff: Duration,
+    pub max_backoff: Duration,
+}
+
+impl EngineLaunch {
+    /// Defaults: 5 restarts, 1 s backoff doubling to 30 s.
+    pub fn new(argv: Vec<String>) -> Self {
+        Self {
+            argv,
+            max_restarts: 5,
+            initial_backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Where the engines stand, for `/health`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EngineHealth {
+    /// Every engine is READY.
+    Healthy,
+    /// An engine died or hung and is being restarted; the reason of the last failure.
+    Restarting(String),
+    /// An engine died for good; the client is finished.
+    Dead(String),
 }
 
 impl EngineClientConfig {
@@ -88,6 +137,8 @@ impl EngineClientConfig {
             stream_capacity: 4096,
             pid_poll_interval: Some(Duration::from_millis(500)),
             startup_pids: Vec::new(),
+            hang_timeout: None,
+            launch: None,
         }
     }
 }
@@ -111,18 +162,41 @@ enum Command {
 }
 
 struct EngineSlot {
-    ready: EngineReady,
+    ready: Mutex<EngineReady>,
     load: AtomicUsize,
+    /// Takes no requests: dead, or restarting.
     dead: AtomicBool,
+    /// Why it last died (shown by `/health` while it restarts).
+    last_failure: Mutex<String>,
+    /// Last message from the engine, or when it was handed work while idle (the hang check).
+    last_seen: Mutex<Instant>,
     stats: Mutex<Option<SchedulerStats>>,
+    /// A restarted engine is back once both its READY arrived and its DEALER connected.
+    reborn: Mutex<Reborn>,
+    reborn_changed: Notify,
+    /// Wakes the engine's supervisor after a death.
+    died: mpsc::UnboundedSender<()>,
+}
+
+#[derive(Default, Clone, Copy)]
+struct Reborn {
+    ready: bool,
+    connected: bool,
 }
 
 struct Inner {
     engines: Vec<EngineSlot>,
     streams: Mutex<HashMap<String, StreamEntry>>,
     commands: mpsc::UnboundedSender<Command>,
+    /// Set once a death cannot be healed; the client is finished.
     dead: watch::Sender<Option<String>>,
-    healthy: AtomicBool,
+    /// A launcher exists and restarts are left.
+    can_restart: AtomicBool,
+    /// `shutdown_engines` began: deaths are expected and neither restart nor finish the client.
+    stopping: AtomicBool,
+    restarts: AtomicU64,
+    supervisors: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    stop_engines: watch::Sender<Option<Duration>>,
     stream_capacity: usize,
     next_call_id: AtomicU64,
     utility_calls: Mutex<HashMap<u64, oneshot::Sender<Result<Value, String>>>>,
@@ -197,22 +271,21 @@ impl Inner {
         }
     }
 
-    /// Marks an engine dead: every request it held ends with an error; the client turns unhealthy.
+    /// Marks an engine dead: every request it held ends with an error at once. With a launcher
+    /// its supervisor restarts it; otherwise the client is finished.
     fn engine_died(&self, engine: usize, reason: String) {
         let Some(slot) = self.engines.get(engine) else {
             tracing::warn!(engine, %reason, "death notice from an unknown engine");
             return;
         };
-        // DEAD message and pid watch can both report the same death.
+        // DEAD message, pid watch, hang check and the supervisor can all report the same death.
         if slot.dead.swap(true, Ordering::SeqCst) {
             return;
         }
-        self.healthy.store(false, Ordering::SeqCst);
-        tracing::error!(engine, %reason, "engine died");
-        self.dead.send_if_modified(|dead| {
-            dead.get_or_insert_with(|| format!("engine {engine}: {reason}"));
-            true
-        });
+        *lock(&slot.last_failure) = reason.clone();
+        let stopping = self.stopping.load(Ordering::SeqCst);
+        let restart = self.can_restart.load(Ordering::SeqCst) && !stopping;
+        tracing::error!(engine, %reason, restart, "engine died");
         let ids: Vec<String> = lock(&self.streams)
             .iter()
             .filter(|(_, e)| e.engine == engine)
@@ -229,6 +302,36 @@ impl Inner {
         }
         for (_, call) in lock(&self.utility_calls).drain() {
             let _ = call.send(Err(format!("engine {engine} died: {reason}")));
+        }
+        if restart {
+            let _ = slot.died.send(());
+        } else if !stopping {
+            self.give_up(format!("engine {engine}: {reason}"));
+        }
+    }
+
+    /// The client is finished: `wait_dead` resolves with `reason`.
+    fn give_up(&self, reason: String) {
+        self.can_restart.store(false, Ordering::SeqCst);
+        self.dead.send_if_modified(|dead| {
+            if dead.is_some() {
+                return false;
+            }
+            *dead = Some(reason);
+            true
+        });
+    }
+
+    fn touch(&self, engine: usize) {
+        if let Some(slot) = self.engines.get(engine) {
+            *lock(&slot.last_seen) = Instant::now();
+        }
+    }
+
+    fn update_reborn(&self, engine: usize, f: impl FnOnce(&mut Reborn)) {
+        if let Some(slot) = self.engines.get(engine) {
+            f(&mut lock(&slot.reborn));
+            slot.reborn_changed.notify_waiters();
         }
     }
 }
@@ -277,7 +380,8 @@ fn pid_alive(pid: u32) -> bool {
 }
 
 impl EngineClient {
-    /// Binds both sockets and waits until all `config.num_engines` engines are READY and connected.
+    /// Binds both sockets, starts the engines when `config.launch` says how, and waits until all
+    /// `config.num_engines` engines are READY and connected.
     pub async fn connect(config: EngineClientConfig) -> Result<Self, EngineClientError> {
         let mut router = zeromq::RouterSocket::new();
         let mut router_events = router.monitor();
@@ -286,6 +390,15 @@ impl EngineClient {
         bind(&mut pull, &config.output_address).await?;
 
         let n = config.num_engines as usize;
+        let mut children = Vec::new();
+        let mut startup_pids = config.startup_pids.clone();
+        if let Some(launch) = &config.launch {
+            for i in 0..n {
+                let child = spawn_engine(launch, i)?;
+                startup_pids.push(child.id().unwrap_or(0));
+                children.push(child);
+            }
+        }
         let mut ready: Vec<Option<EngineReady>> = vec![None; n];
         let mut connected = vec![false; n];
         let deadline = tokio::time::Instant::now() + config.ready_timeout;
@@ -302,9 +415,9 @@ impl EngineClient {
                     None
                 }
                 _ = startup_watch.tick() => {
-                    if let Some(&pid) = config.startup_pids.iter().find(|&&pid| !pid_alive(pid)) {
+                    if let Some(&pid) = startup_pids.iter().find(|&&pid| !pid_alive(pid)) {
                         return Err(EngineClientError::EngineDead {
-                            engine_index: config.startup_pids.iter().position(|&p| p == pid).unwrap_or(0) as u32,
+                            engine_index: startup_pids.iter().position(|&p| p == pid).unwrap_or(0) as u32,
                             reason: format!("process {pid} exited before sending READY"),
                         });
                     }
@@ -342,21 +455,37 @@ impl EngineClient {
 
         let (commands, command_rx) = mpsc::unbounded_channel();
         let (dead, _) = watch::channel(None);
-        let inner = Arc::new(Inner {
-            engines: ready
-                .into_iter()
-                .flatten()
-                .map(|ready| EngineSlot {
-                    ready,
+        let (stop_engines, _) = watch::channel(None);
+        let mut deaths = Vec::new();
+        let engines = ready
+            .into_iter()
+            .flatten()
+            .map(|ready| {
+                let (died, died_rx) = mpsc::unbounded_channel();
+                deaths.push(died_rx);
+                EngineSlot {
+                    ready: Mutex::new(ready),
                     load: AtomicUsize::new(0),
                     dead: AtomicBool::new(false),
+                    last_failure: Mutex::new(String::new()),
+                    last_seen: Mutex::new(Instant::now()),
                     stats: Mutex::new(None),
-                })
-                .collect(),
+                    reborn: Mutex::new(Reborn::default()),
+                    reborn_changed: Notify::new(),
+                    died,
+                }
+            })
+            .collect();
+        let inner = Arc::new(Inner {
+            engines,
             streams: Mutex::new(HashMap::new()),
             commands,
             dead,
-            healthy: AtomicBool::new(true),
+            can_restart: AtomicBool::new(config.launch.is_some()),
+            stopping: AtomicBool::new(false),
+            restarts: AtomicU64::new(0),
+            supervisors: Mutex::new(Vec::new()),
+            stop_engines,
             stream_capacity: config.stream_capacity.max(1),
             next_call_id: AtomicU64::new(1),
             utility_calls: Mutex::new(HashMap::new()),
@@ -364,16 +493,41 @@ impl EngineClient {
         // The tasks hold weak references so that dropping the last client handle stops them.
         tokio::spawn(writer_task(Arc::downgrade(&inner), router, command_rx));
         tokio::spawn(reader_task(Arc::downgrade(&inner), pull));
-        tokio::spawn(drain_events(router_events));
-        if let Some(every) = config.pid_poll_interval {
-            tokio::spawn(pid_watch_task(Arc::downgrade(&inner), every));
+        tokio::spawn(drain_events(Arc::downgrade(&inner), router_events));
+        if config.pid_poll_interval.is_some() || config.hang_timeout.is_some() {
+            let every = config
+                .pid_poll_interval
+                .unwrap_or(Duration::from_millis(500));
+            tokio::spawn(health_task(
+                Arc::downgrade(&inner),
+                every,
+                config.pid_poll_interval.is_some(),
+                config.hang_timeout,
+            ));
+        }
+        if let Some(launch) = &config.launch {
+            let mut handles = lock(&inner.supervisors);
+            for (i, (child, died)) in children.into_iter().zip(deaths).enumerate() {
+                handles.push(tokio::spawn(supervise(
+                    Arc::downgrade(&inner),
+                    i,
+                    child,
+                    died,
+                    launch.clone(),
+                    config.ready_timeout,
+                )));
+            }
         }
         Ok(Self { inner })
     }
 
     /// READY of every engine, by index.
     pub fn engines(&self) -> Vec<EngineReady> {
-        self.inner.engines.iter().map(|e| e.ready.clone()).collect()
+        self.inner
+            .engines
+            .iter()
+            .map(|e| lock(&e.ready).clone())
+            .collect()
     }
 
     /// Smallest `max_model_len` over the engines: the limit the front end enforces.
@@ -381,17 +535,52 @@ impl EngineClient {
         self.inner
             .engines
             .iter()
-            .map(|e| e.ready.max_model_len)
+            .map(|e| lock(&e.ready).max_model_len)
             .min()
             .unwrap_or(0)
     }
 
-    /// False once any engine has died (DEAD message or pid gone).
+    /// True while every engine is READY and serving.
     pub fn is_healthy(&self) -> bool {
-        self.inner.healthy.load(Ordering::SeqCst)
+        self.health() == EngineHealth::Healthy
     }
 
-    /// Resolves with the reason once an engine dies.
+    /// Whether the engines serve, one restarts, or the client is finished.
+    pub fn health(&self) -> EngineHealth {
+        if let Some(reason) = self.inner.dead.borrow().clone() {
+            return EngineHealth::Dead(reason);
+        }
+        match self
+            .inner
+            .engines
+            .iter()
+            .enumerate()
+            .find(|(_, e)| e.dead.load(Ordering::SeqCst))
+        {
+            Some((i, e)) => {
+                EngineHealth::Restarting(format!("engine {i}: {}", lock(&e.last_failure)))
+            }
+            None => EngineHealth::Healthy,
+        }
+    }
+
+    /// Engine restarts so far (all engines together).
+    pub fn num_restarts(&self) -> u64 {
+        self.inner.restarts.load(Ordering::SeqCst)
+    }
+
+    /// Stops restarting, asks every launched engine to exit (SIGTERM), and waits for each up to
+    /// `grace` before killing it. A no-op for engines the caller started.
+    pub async fn shutdown_engines(&self, grace: Duration) {
+        self.inner.stopping.store(true, Ordering::SeqCst);
+        self.inner.stop_engines.send_replace(Some(grace));
+        let handles: Vec<_> = lock(&self.inner.supervisors).drain(..).collect();
+        for handle in handles {
+            let _ = handle.await;
+        }
+    }
+
+    /// Resolves with the reason once an engine died for good (no launcher, or restarts used up).
     pub async fn wait_dead(&self) -> String {
         let mut rx = self.inner.dead.subscribe();
         loop {
@@ -432,7 +621,11 @@ impl EngineClient {
             .min_by_key(|(_, e)| e.load.load(Ordering::Relaxed))
             .map(|(i, _)| i);
         let Some(engine) = engine else {
-            let reason = self.inner.dead.borrow().clone().unwrap_or_default();
+            let reason = match self.health() {
+                EngineHealth::Dead(reason) => reason,
+                EngineHealth::Restarting(reason) => format!("restarting after {reason}"),
+                EngineHealth::Healthy => "no engine is ready".into(),
+            };
             return Err(EngineClientError::EngineDead {
                 engine_index: 0,
                 reason,
@@ -454,9 +647,14 @@ impl EngineClient {
                 },
             );
         }
-        self.inner.engines[engine]
+        if self.inner.engines[engine]
             .load
-            .fetch_add(1, Ordering::Relaxed);
+            .fetch_add(1, Ordering::Relaxed)
+            == 0
+        {
+            // An idle engine owes no output yet: the hang clock starts with its first request.
+            self.inner.touch(engine);
+        }
         let request_id = request.request_id.clone();
         if self
             .inner
@@ -475,6 +673,22 @@ impl EngineClient {
             finished: false,
             inner: self.inner.clone(),
         })
+    }
+
+    /// Ends every request in flight with `message` as its error and aborts it in its engine.
+    pub fn fail_all(&self, message: &str) {
+        let ids: Vec<String> = lock(&self.inner.streams).keys().cloned().collect();
+        let mut by_engine: HashMap<usize, Vec<String>> = HashMap::new();
+        for id in ids {
+            if let Some(entry) = self.inner.remove(&id) {
+                let error = EngineClientError::RequestFailed(message.to_string());
+                let _ = entry.closed.set(CloseReason::Failed(error));
+                by_engine.entry(entry.engine).or_default().push(id);
+            }
+        }
+        for (engine, ids) in by_engine {
+            let _ = self.inner.commands.send(Command::Abort(engine, ids));
+        }
     }
 
     /// Aborts requests wherever they run; unknown or finished ids are ignored.
@@ -534,9 +748,16 @@ fn accepted_index(event: &SocketEvent, n: usize) -> Option<usize> {
     (index < n).then_some(index)
 }
 
-async fn drain_events(mut events: futures::channel::mpsc::Receiver<SocketEvent>) {
+async fn drain_events(
+    inner: std::sync::Weak<Inner>,
+    mut events: futures::channel::mpsc::Receiver<SocketEvent>,
+) {
     while let Some(event) = events.next().await {
         tracing::debug!(?event, "router socket event");
+        let Some(inner) = inner.upgrade() else { return };
+        if let Some(i) = accepted_index(&event, inner.engines.len()) {
+            inner.update_reborn(i, |r| r.connected = true);
+        }
     }
 }
 
@@ -596,6 +817,8 @@ async fn reader_task(inner: std::sync::Weak<Inner>, mut pull: zeromq::PullSocket
         };
         match decode(msg) {
             Ok(Message::Outputs(outputs)) => {
+                // An OUTPUTS with no outputs and no stats is the engine's heartbeat.
+                inner.touch(outputs.engine_index as usize);
                 if let Some(slot) = inner.engines.get(outputs.engine_index as usize) {
                     if let Some(stats) = outputs.scheduler_stats {
                         *lock(&slot.stats) = Some(stats);
@@ -622,10 +845,15 @@ async fn reader_task(inner: std::sync::Weak<Inner>, mut pull: zeromq::PullSocket
                 }
             }
             Ok(Message::Ready(r)) => {
-                tracing::warn!(
-                    engine = r.engine_index,
-                    "engine sent READY again; restarts are not supported"
-                )
+                let i = r.engine_index as usize;
+                match inner.engines.get(i) {
+                    Some(slot) if slot.dead.load(Ordering::SeqCst) => {
+                        tracing::info!(engine = i, pid = r.pid, "restarted engine ready");
+                        *lock(&slot.ready) = r;
+                        inner.update_reborn(i, |r| r.ready = true);
+                    }
+                    _ => tracing::warn!(engine = i, "READY from an engine that is not restarting"),
+                }
             }
             Ok(other) => tracing::warn!(kind = ?other.kind(), "unexpected message from engine"),
             Err(e) => tracing::warn!(error = %e, "undecodable message from engine"),
@@ -633,17 +861,199 @@ async fn reader_task(inner: std::sync::Weak<Inner>, mut pull: zeromq::PullSocket
     }
 }
 
-async fn pid_watch_task(inner: std::sync::Weak<Inner>, every: Duration) {
+async fn health_task(
+    inner: std::sync::Weak<Inner>,
+    every: Duration,
+    watch_pids: bool,
+    hang_timeout: Option<Duration>,
+) {
     let mut ticker = tokio::time::interval(every);
     loop {
         ticker.tick().await;
         let Some(inner) = inner.upgrade() else { return };
         for (i, slot) in inner.engines.iter().enumerate() {
-            if !slot.dead.load(Ordering::SeqCst) && !pid_alive(slot.ready.pid) {
-                inner.engine_died(i, format!("process {} exited", slot.ready.pid));
+            if slot.dead.load(Ordering::SeqCst) {
+                continue;
+            }
+            let pid = lock(&slot.ready).pid;
+            if watch_pids && !pid_alive(pid) {
+                inner.engine_died(i, format!("process {pid} exited"));
+                continue;
+            }
+            let load = slot.load.load(Ordering::Relaxed);
+            let quiet = lock(&slot.last_seen).elapsed();
+            if let Some(limit) = hang_timeout.filter(|&limit| load > 0 && quiet > limit) {
+                let reason = format!(
+                    "hung: no output or heartbeat for {:.1} s (limit {:.1} s) with {load} request(s) in flight",
+                    quiet.as_secs_f64(),
+                    limit.as_secs_f64()
+                );
+                inner.engine_died(i, reason);
             }
         }
     }
+}
+
+fn spawn_engine(
+    launch: &EngineLaunch,
+    engine: usize,
+) -> Result<tokio::process::Child, EngineClientError> {
+    let (program, args) = launch
+        .argv
+        .split_first()
+        .ok_or_else(|| EngineClientError::Launch("the engine command is empty".into()))?;
+    let mut command = tokio::process::Command::new(program);
+    command
+        .args(args)
+        .arg("--engine-index")
+        .arg(engine.to_string())
+        // A terminal's Ctrl-C goes to the foreground process group: the engine must not stop
+        // before the front end has drained, so it gets a group of its own and is stopped by us.
+        .process_group(0)
+        .kill_on_drop(true);
+    let child = command
+        .spawn()
+        .map_err(|e| EngineClientError::Launch(format!("cannot start {program}: {e}")))?;
+    tracing::info!(engine, pid = child.id(), "engine process started");
+    Ok(child)
+}
+
+/// Owns engine `engine`'s process: restarts it after each death until restarts run out, and
+/// stops it when `shutdown_engines` asks.
+async fn supervise(
+    weak: std::sync::Weak<Inner>,
+    engine: usize,
+    mut child: tokio::process::Child,
+    mut died: mpsc::UnboundedReceiver<()>,
+    launch: EngineLaunch,
+    ready_timeout: Duration,
+) {
+    let Some(mut stop) = weak.upgrade().map(|i| i.stop_engines.subscribe()) else {
+        return;
+    };
+    let mut failures_in_a_row = 0u32;
+    let mut up_since = Instant::now();
+    loop {
+        let stopping = tokio::select! {
+            _ = died.recv() => false,
+            status = child.wait() => {
+                let Some(inner) = weak.upgrade() else { return };
+                let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
+                inner.engine_died(engine, format!("process exited ({status})"));
+                false
+            }
+            _ = stop.wait_for(Option::is_some) => true,
+        };
+        if stopping {
+            let grace = stop.borrow().unwrap_or_default();
+            stop_child(&mut child, grace).await;
+            return;
+        }
+        if up_since.elapsed() > Duration::from_secs(60) {
+            failures_in_a_row = 0;
+        }
+        loop {
+            // A hung or stopped engine must be gone before its replacement takes its identity.
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+            let Some(inner) = weak.upgrade() else { return };
+            if inner.stopping.load(Ordering::SeqCst) {
+                return;
+            }
+            let used = inner.restarts.fetch_add(1, Ordering::SeqCst);
+            let slot = &inner.engines[engine];
+            if used >= u64::from(launch.max_restarts) {
+                let failure = lock(&slot.last_failure).clone();
+                inner.give_up(format!(
+                    "engine {engine}: {failure} (gave up after {} restart(s), --max-engine-restarts)",
+                    launch.max_restarts
+                ));
+                return;
+            }
+            let backoff = launch
+                .initial_backoff
+                .saturating_mul(1 << failures_in_a_row.min(16))
+                .min(launch.max_backoff);
+            failures_in_a_row += 1;
+            tracing::warn!(engine, attempt = used + 1, ?backoff, "restarting engine");
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = stop.wait_for(Option::is_some) => return,
+            }
+            *lock(&slot.reborn) = Reborn::default();
+            child = match spawn_engine(&launch, engine) {
+                Ok(child) => child,
+                Err(e) => {
+                    inner.give_up(format!("engine {engine}: {e}"));
+                    return;
+                }
+            };
+            match wait_reborn(slot, &mut child, ready_timeout, &mut stop).await {
+                Ok(()) => {
+                    // Whatever was reported during the restart was about the old process.
+                    while died.try_recv().is_ok() {}
+                    inner.touch(engine);
+                    slot.dead.store(false, Ordering::SeqCst);
+                    up_since = Instant::now();
+                    tracing::info!(engine, pid = child.id(), "engine restarted and ready");
+                    break;
+                }
+                Err(reason) => {
+                    if inner.stopping.load(Ordering::SeqCst) {
+                        stop_child(&mut child, Duration::ZERO).await;
+                        return;
+                    }
+                    tracing::error!(engine, %reason, "restarted engine failed");
+                    *lock(&slot.last_failure) = reason;
+                }
+            }
+        }
+    }
+}
+
+/// Waits until a restarted engine's READY arrived and its DEALER connected.
+async fn wait_reborn(
+    slot: &EngineSlot,
+    child: &mut tokio::process::Child,
+    ready_timeout: Duration,
+    stop: &mut watch::Receiver<Option<Duration>>,
+) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + ready_timeout;
+    loop {
+        let changed = slot.reborn_changed.notified();
+        tokio::pin!(changed);
+        // Registered before the state is read, so a change in between is not missed.
+        changed.as_mut().enable();
+        let reborn = *lock(&slot.reborn);
+        if reborn.ready && reborn.connected {
+            return Ok(());
+        }
+        tokio::select! {
+            _ = changed => {}
+            status = child.wait() => {
+                let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
+                return Err(format!("restarted process exited before READY ({status})"));
+            }
+            _ = tokio::time::sleep_until(deadline) => {
+                return Err(format!("restarted engine not READY within {ready_timeout:?}"));
+            }
+            _ = stop.wait_for(Option::is_some) => return Err("shutting down".into()),
+        }
+    }
+}
+
+/// SIGTERM, then SIGKILL if the engine has not exited within `grace`.
+async fn stop_child(child: &mut tokio::process::Child, grace: Duration) {
+    if let Some(pid) = child.id() {
+        use nix::sys::signal::{kill, Signal};
+        let _ = kill(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGTERM);
+        if tokio::time::timeout(grace, child.wait()).await.is_ok() {
+            return;
+        }
+        tracing::warn!(pid, "engine did not exit within {grace:?}; killing it");
+    }
+    let _ = child.start_kill();
+    let _ = child.wait().await;
 }
 
 /// The outputs of one request. Yields each engine output; ends after the finished one.

@@ -14,15 +14,23 @@ use voltllm_server::{run_server_blocking, ServerConfig, ShutdownHandle};
 
 const POLL_SLICE: Duration = Duration::from_millis(100);
 
-/// Run the OpenAI-compatible server until Ctrl-C or an engine death.
+/// Run the OpenAI-compatible server until Ctrl-C / SIGTERM (then drain) or an engine death that
+/// cannot be healed.
 ///
-/// `engine_pids` are watched from the start, so an engine that dies while loading fails start-up at
-/// once. Raises `RuntimeError` when the server fails (engine death, port in use, engines not ready).
+/// With `engine_command` the server starts the engines itself (appending `--engine-index I`) and
+/// restarts one that dies or hangs, up to `max_engine_restarts` times. `engine_pids` (engines the
+/// caller started) are watched from the start, so an engine that dies while loading fails start-up
+/// at once. Raises `RuntimeError` when the server fails (engine death, port in use, engines not
+/// ready). `engine_hang_timeout` 0 turns the hang check off.
 #[pyfunction]
 #[pyo3(signature = (
     model_dir, engine_input_address, engine_output_address, *, host = "127.0.0.1".to_string(),
     port = 8000, api_key = None, served_model_name = None, num_engines = 1, max_model_len = None,
-    max_waiting_requests = 1024, engine_ready_timeout = 600.0, engine_pids = Vec::new()
+    max_waiting_requests = 1024, engine_ready_timeout = 600.0, engine_pids = Vec::new(),
+    engine_command = Vec::new(), max_engine_restarts = 5, engine_hang_timeout = 30.0,
+    shutdown_timeout = 30.0, max_request_body_bytes = 32 << 20,
+    allowed_origins = vec!["*".to_string()], allowed_methods = vec!["*".to_string()],
+    allowed_headers = vec!["*".to_string()], allow_credentials = false
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn serve(
@@ -39,12 +47,28 @@ pub fn serve(
     max_waiting_requests: usize,
     engine_ready_timeout: f64,
     engine_pids: Vec<u32>,
+    engine_command: Vec<String>,
+    max_engine_restarts: u32,
+    engine_hang_timeout: f64,
+    shutdown_timeout: f64,
+    max_request_body_bytes: usize,
+    allowed_origins: Vec<String>,
+    allowed_methods: Vec<String>,
+    allowed_headers: Vec<String>,
+    allow_credentials: bool,
 ) -> PyResult<()> {
-    if !(engine_ready_timeout.is_finite() && engine_ready_timeout > 0.0) {
-        return Err(PyValueError::new_err(
-            "engine_ready_timeout must be a positive number of seconds",
-        ));
-    }
+    let seconds = |name: &str, value: f64, zero_ok: bool| {
+        if value.is_finite() && (value > 0.0 || (zero_ok && value == 0.0)) {
+            Ok(Duration::from_secs_f64(value))
+        } else {
+            Err(PyValueError::new_err(format!(
+                "{name} must be a positive number of seconds"
+            )))
+        }
+    };
+    let engine_ready_timeout = seconds("engine_ready_timeout", engine_ready_timeout, false)?;
+    let engine_hang_timeout = seconds("engine_hang_timeout", engine_hang_timeout, true)?;
+    let shutdown_timeout = seconds("shutdown_timeout", shutdown_timeout, true)?;
     voltllm_server::init_logging();
     let mut config = ServerConfig::new(model_dir, engine_input_address, engine_output_address);
     config.host = host;
@@ -54,8 +78,17 @@ pub fn serve(
     config.num_engines = num_engines;
     config.max_model_len = max_model_len;
     config.max_waiting_requests = max_waiting_requests;
-    config.engine_ready_timeout = Duration::from_secs_f64(engine_ready_timeout);
+    config.engine_ready_timeout = engine_ready_timeout;
     config.engine_pids = engine_pids;
+    config.engine_command = engine_command;
+    config.max_engine_restarts = max_engine_restarts;
+    config.engine_hang_timeout = (!engine_hang_timeout.is_zero()).then_some(engine_hang_timeout);
+    config.shutdown_timeout = shutdown_timeout;
+    config.max_request_body_bytes = max_request_body_bytes;
+    config.allowed_origins = allowed_origins;
+    config.allowed_methods = allowed_methods;
+    config.allowed_headers = allowed_headers;
+    config.allow_credentials = allow_credentials;
 
     let shutdown = ShutdownHandle::new();
     let (done_tx, done_rx) = mpsc::channel();

@@ -1,12 +1,16 @@
 //! The one place where failures become HTTP statuses and OpenAI-style error bodies.
 
-use axum::http::StatusCode;
+use axum::http::header::RETRY_AFTER;
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 use voltllm_chat::ChatError;
 use voltllm_engine_client::EngineClientError;
 use voltllm_text::TextError;
+
+/// `Retry-After` on every 503 and 429, in seconds.
+pub const RETRY_AFTER_SECONDS: &str = "1";
 
 /// A request-level failure, carrying what the client needs to fix or retry it.
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +36,9 @@ pub enum ApiError {
     /// The waiting queue is full or the engine is gone (503); the client may retry later.
     #[error("{0}")]
     Unavailable(String),
+    /// The server is shutting down and takes no new requests (503).
+    #[error("the server is shutting down")]
+    Draining,
     /// The engine failed the request or died (500).
     #[error("{0}")]
     Engine(String),
@@ -56,7 +63,7 @@ impl ApiError {
             Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             Self::ModelNotFound(_) | Self::RouteNotFound(_) => StatusCode::NOT_FOUND,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Unavailable(_) | Self::Draining => StatusCode::SERVICE_UNAVAILABLE,
             Self::Engine(_) | Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -68,7 +75,7 @@ impl ApiError {
             Self::Unauthorized(_) => "AuthenticationError",
             Self::ModelNotFound(_) | Self::RouteNotFound(_) => "NotFoundError",
             Self::PayloadTooLarge(_) => "RequestTooLargeError",
-            Self::Unavailable(_) => "ServiceUnavailableError",
+            Self::Unavailable(_) | Self::Draining => "ServiceUnavailableError",
             Self::Engine(_) | Self::Internal(_) => "InternalServerError",
         }
     }
@@ -94,14 +101,23 @@ impl IntoResponse for ApiError {
         if self.status().is_server_error() {
             tracing::error!(error = %self, "request failed");
         }
-        (self.status(), Json(self.body())).into_response()
+        let status = self.status();
+        let mut response = (status, Json(self.body())).into_response();
+        if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
+            // Every "not now" says when to come back: the queue, a restart or a drain clears in
+            // seconds, and clients (the openai SDK among them) honour it.
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECONDS));
+        }
+        response
     }
 }
 
 impl From<TextError> for ApiError {
     fn from(e: TextError) -> Self {
         match e {
-            TextError::UnknownTokenId { .. } | TextError::EmptyStopString => Self::BadRequest {
+            TextError::EmptyStopString => Self::BadRequest {
                 message: e.to_string(),
                 param: None,
             },

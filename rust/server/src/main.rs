@@ -51,6 +51,30 @@ struct Args {
     /// Do not watch engine pids (engines on another host).
     #[arg(long)]
     no_engine_pid_watch: bool,
+    /// Seconds an engine holding requests may send nothing (not even its heartbeat) before it
+    /// counts as hung, which ends the server; 0 turns the check off.
+    #[arg(long, default_value_t = 30.0)]
+    engine_hang_timeout: f64,
+    /// On SIGTERM/SIGINT, seconds in-flight requests may take to finish (new ones get 503).
+    #[arg(long, default_value_t = 30.0)]
+    shutdown_timeout: f64,
+    /// CORS origins, a JSON list.
+    #[arg(long, default_value = r#"["*"]"#)]
+    allowed_origins: String,
+    /// CORS methods, a JSON list.
+    #[arg(long, default_value = r#"["*"]"#)]
+    allowed_methods: String,
+    /// CORS request headers, a JSON list.
+    #[arg(long, default_value = r#"["*"]"#)]
+    allowed_headers: String,
+    /// CORS: allow credentials.
+    #[arg(long)]
+    allow_credentials: bool,
+}
+
+/// vLLM takes its CORS lists as JSON (`'["http://a", "http://b"]'`).
+fn json_list(s: &str) -> Result<Vec<String>, String> {
+    serde_json::from_str(s).map_err(|e| format!("expected a JSON list of strings: {e}"))
 }
 
 fn main() -> ExitCode {
@@ -70,6 +94,27 @@ fn main() -> ExitCode {
     config.max_waiting_requests = args.max_waiting_requests;
     config.max_request_body_bytes = args.max_request_body_bytes;
     config.engine_ready_timeout = Duration::from_secs_f64(args.engine_ready_timeout.max(0.0));
+    config.engine_hang_timeout = (args.engine_hang_timeout > 0.0)
+        .then(|| Duration::from_secs_f64(args.engine_hang_timeout.min(1e9)));
+    config.shutdown_timeout = Duration::from_secs_f64(args.shutdown_timeout.clamp(0.0, 1e9));
+    let lists = [
+        ("--allowed-origins", &args.allowed_origins),
+        ("--allowed-methods", &args.allowed_methods),
+        ("--allowed-headers", &args.allowed_headers),
+    ]
+    .map(|(flag, value)| json_list(value).map_err(|e| format!("{flag}: {e}")));
+    let [origins, methods, headers] = match lists {
+        [Ok(o), Ok(m), Ok(h)] => [o, m, h],
+        [o, m, h] => {
+            let error = [o.err(), m.err(), h.err()].into_iter().flatten().next();
+            eprintln!("voltllm-server: error: {}", error.unwrap_or_default());
+            return ExitCode::from(2);
+        }
+    };
+    config.allowed_origins = origins;
+    config.allowed_methods = methods;
+    config.allowed_headers = headers;
+    config.allow_credentials = args.allow_credentials;
     if args.no_engine_pid_watch {
         config.engine_pid_poll_interval = None;
     }

@@ -1,25 +1,28 @@
 //! Server assembly: configuration, state, the router (built in this one place), and the run loop
-//! that ends on a shutdown request or an engine death.
+//! that ends on a shutdown request (after draining) or an engine death that cannot be healed.
 
 use std::future::{Future, IntoFuture};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
+use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::header::AUTHORIZATION;
+use axum::http::{HeaderName, HeaderValue, Method};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use subtle::ConstantTimeEq;
 use tokio::sync::{Notify, Semaphore};
-use voltllm_engine_client::{EngineClient, EngineClientConfig};
+use tower_http::cors::{AllowHeaders, AllowMethods, AllowOrigin, CorsLayer};
+use voltllm_engine_client::{EngineClient, EngineClientConfig, EngineLaunch};
 
 use axum::serve::ListenerExt as _;
-use futures::FutureExt as _;
+use futures::{FutureExt as _, StreamExt as _};
 
 use crate::error::{ApiError, ServerError};
 use crate::metrics::Metrics;
@@ -52,11 +55,24 @@ pub struct ServerConfig {
     pub engine_pid_poll_interval: Option<Duration>,
     /// Pids of engines the caller started: a crash before READY fails start-up at once.
     pub engine_pids: Vec<u32>,
-    /// After an engine death, how long to keep answering (503 on /health, errors to in-flight
-    /// streams) before the server exits.
+    /// After an engine death that ends the server, how long to keep answering (503 on /health,
+    /// errors to in-flight streams) before it exits.
     pub engine_death_grace: Duration,
-    /// After shutdown starts, how long open connections may take to finish.
-    pub drain_timeout: Duration,
+    /// After shutdown starts, how long in-flight requests may take to finish (new ones get 503).
+    pub shutdown_timeout: Duration,
+    /// Engine command line (without `--engine-index`): when set, the server starts the engines
+    /// itself and restarts one that dies or hangs. Empty: the engines are started by someone else
+    /// and a death ends the server.
+    pub engine_command: Vec<String>,
+    /// Restarts allowed over the server's life; the next death ends it.
+    pub max_engine_restarts: u32,
+    /// An engine holding requests that sent nothing (not even a heartbeat) this long is hung.
+    pub engine_hang_timeout: Option<Duration>,
+    /// CORS, as vLLM spells it: `*` allows any.
+    pub allowed_origins: Vec<String>,
+    pub allowed_methods: Vec<String>,
+    pub allowed_headers: Vec<String>,
+    pub allow_credentials: bool,
 }
 
 impl ServerConfig {
@@ -82,7 +98,14 @@ impl ServerConfig {
             engine_pid_poll_interval: Some(Duration::from_millis(500)),
             engine_pids: Vec::new(),
             engine_death_grace: Duration::from_secs(1),
-            drain_timeout: Duration::from_secs(5),
+            shutdown_timeout: Duration::from_secs(30),
+            engine_command: Vec::new(),
+            max_engine_restarts: 5,
+            engine_hang_timeout: Some(Duration::from_secs(30)),
+            allowed_origins: vec!["*".into()],
+            allowed_methods: vec!["*".into()],
+            allowed_headers: vec!["*".into()],
+            allow_credentials: false,
         }
     }
 }
@@ -91,6 +114,7 @@ impl ServerConfig {
 pub struct Server {
     listener: tokio::net::TcpListener,
     app: Router,
+    state: Arc<AppState>,
     client: EngineClient,
     config: ServerConfig,
 }
@@ -111,13 +135,147 @@ async fn require_api_key(State(state): State<Arc<AppState>>, req: Request, next:
     next.run(req).await
 }
 
+/// The longest text one token decodes to, in bytes (at least 1).
+fn longest_token_bytes(tokenizer: &voltllm_text::Tokenizer) -> usize {
+    (0..tokenizer.vocab_size() as u32)
+        .filter_map(|id| tokenizer.decode(&[id], false).ok())
+        .map(|text| text.len())
+        .max()
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// Bodies at least this large hand their memory back to the OS when their request ends.
+const LARGE_BODY_BYTES: u64 = 1 << 20;
+
+/// Returns freed heap pages to the OS. glibc keeps what a large request freed in its per-thread
+/// arenas, so without this the peak of a burst of large bodies stays resident for good.
+fn release_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        extern "C" {
+            fn malloc_trim(pad: usize) -> std::ffi::c_int;
+        }
+        // SAFETY: malloc_trim only walks glibc's own arenas under their locks.
+        unsafe {
+            malloc_trim(0);
+        }
+    }
+}
+
+/// Turns requests away while draining, and counts the ones let in until their body is sent.
+async fn admit(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if state.draining.load(Ordering::SeqCst) {
+        return ApiError::Draining.into_response();
+    }
+    let large = req
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        .is_some_and(|n| n >= LARGE_BODY_BYTES);
+    let guard = InFlight::enter(state.clone(), large);
+    let response = next.run(req).await;
+    // A streamed body outlives the handler: the request counts until its last byte is sent.
+    response.map(|body| {
+        Body::from_stream(body.into_data_stream().map(move |chunk| {
+            let _held = &guard;
+            chunk
+        }))
+    })
+}
+
+/// One admitted request, counted in `AppState::in_flight` while alive; a large one trims the
+/// heap when it ends.
+struct InFlight {
+    state: Arc<AppState>,
+    large: bool,
+}
+
+impl InFlight {
+    fn enter(state: Arc<AppState>, large: bool) -> Self {
+        state.in_flight.fetch_add(1, Ordering::SeqCst);
+        Self { state, large }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if self.state.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.state.idle.notify_waiters();
+        }
+        if self.large {
+            // Trimming walks every arena (milliseconds): off the async workers.
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn_blocking(release_memory);
+            }
+        }
+    }
+}
+
+/// The CORS layer as vLLM configures it (`*` = any). With credentials a wildcard cannot be sent
+/// literally, so the request's own origin, method and headers are mirrored, as Starlette does.
+fn cors_layer(config: &ServerConfig) -> Result<CorsLayer, ServerError> {
+    let any = |list: &[String]| list.iter().any(|v| v == "*");
+    let credentials = config.allow_credentials;
+    let bad = |what: &str, v: &str| ServerError::Config(format!("invalid CORS {what} {v:?}"));
+    let origin = if any(&config.allowed_origins) {
+        if credentials {
+            AllowOrigin::mirror_request()
+        } else {
+            AllowOrigin::any()
+        }
+    } else {
+        let list: Result<Vec<HeaderValue>, _> = config
+            .allowed_origins
+            .iter()
+            .map(|o| HeaderValue::from_str(o).map_err(|_| bad("origin", o)))
+            .collect();
+        AllowOrigin::list(list?)
+    };
+    let methods = if any(&config.allowed_methods) {
+        if credentials {
+            AllowMethods::mirror_request()
+        } else {
+            AllowMethods::any()
+        }
+    } else {
+        let list: Result<Vec<Method>, _> = config
+            .allowed_methods
+            .iter()
+            .map(|m| Method::from_bytes(m.to_uppercase().as_bytes()).map_err(|_| bad("method", m)))
+            .collect();
+        AllowMethods::list(list?)
+    };
+    let headers = if any(&config.allowed_headers) {
+        if credentials {
+            AllowHeaders::mirror_request()
+        } else {
+            AllowHeaders::any()
+        }
+    } else {
+        let list: Result<Vec<HeaderName>, _> = config
+            .allowed_headers
+            .iter()
+            .map(|h| HeaderName::from_bytes(h.as_bytes()).map_err(|_| bad("header", h)))
+            .collect();
+        AllowHeaders::list(list?)
+    };
+    Ok(CorsLayer::new()
+        .allow_origin(origin)
+        .allow_methods(methods)
+        .allow_headers(headers)
+        .allow_credentials(credentials))
+}
+
 async fn not_found(req: Request) -> ApiError {
     ApiError::RouteNotFound(format!("{} {}", req.method(), req.uri().path()))
 }
 
-/// The router. Layer order matters: the body limit applies to every route; authentication wraps
-/// only the API routes, so `/health` stays open to load balancers.
-pub fn router(state: Arc<AppState>) -> Router {
+/// The router. Layer order matters (the last added runs first): CORS answers a browser's
+/// preflight before routing or authentication see it; the body limit applies to every route;
+/// authentication, then the drain gate, wrap only the API routes, so `/health` and `/ping` stay
+/// open to load balancers and tell them when the server drains.
+pub fn router(state: Arc<AppState>, cors: CorsLayer) -> Router {
     let max_body = state.max_body_bytes;
     let api = Router::new()
         .route("/v1/chat/completions", post(routes::chat::chat_completions))
@@ -127,26 +285,39 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/tokenize", post(routes::misc::tokenize))
         .route("/detokenize", post(routes::misc::detokenize))
         .route("/metrics", get(routes::misc::metrics))
+        .route_layer(middleware::from_fn_with_state(state.clone(), admit))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             require_api_key,
         ));
     Router::new()
         .route("/health", get(routes::misc::health))
+        .route(
+            "/ping",
+            get(routes::misc::health).post(routes::misc::health),
+        )
         .merge(api)
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(max_body))
+        .layer(cors)
         .with_state(state)
 }
 
 impl Server {
-    /// Loads the tokenizer and chat template, waits for the engines' READY, binds the listener.
+    /// Binds the listener (a taken port fails before anything is loaded), loads the tokenizer
+    /// and chat template, starts the engines when `engine_command` is set, waits for their READY.
     pub async fn start(config: ServerConfig) -> Result<Self, ServerError> {
+        let cors = cors_layer(&config)?;
+        let address = format!("{}:{}", config.host, config.port);
+        let listener = tokio::net::TcpListener::bind(&address)
+            .await
+            .map_err(|source| ServerError::Bind { address, source })?;
         let model_dir = config.model.clone();
-        let (tokenizer, template) = tokio::task::spawn_blocking(move || {
+        let (tokenizer, template, max_token_bytes) = tokio::task::spawn_blocking(move || {
             let tokenizer = voltllm_text::Tokenizer::from_model_dir(&model_dir)?;
             let template = voltllm_chat::ChatTemplate::from_model_dir(&model_dir)?;
-            Ok::<_, ServerError>((tokenizer, template))
+            let max_token_bytes = longest_token_bytes(&tokenizer);
+            Ok::<_, ServerError>((tokenizer, template, max_token_bytes))
         })
         .await
         .map_err(|e| ServerError::Config(format!("loading the model folder panicked: {e}")))??;
@@ -160,6 +331,12 @@ impl Server {
         engine_config.ready_timeout = config.engine_ready_timeout;
         engine_config.pid_poll_interval = config.engine_pid_poll_interval;
         engine_config.startup_pids = config.engine_pids.clone();
+        engine_config.hang_timeout = config.engine_hang_timeout;
+        if !config.engine_command.is_empty() {
+            let mut launch = EngineLaunch::new(config.engine_command.clone());
+            launch.max_restarts = config.max_engine_restarts;
+            engine_config.launch = Some(launch);
+        }
         tracing::info!(
             input = %config.engine_input_address,
             output = %config.engine_output_address,
@@ -178,7 +355,6 @@ impl Server {
             .map(|e| e.vocab_size)
             .min()
             .unwrap_or(0);
-        let vocab_size = engine_vocab.min(tokenizer.vocab_size() as u32);
         let running: usize = client
             .engines()
             .iter()
@@ -198,7 +374,8 @@ impl Server {
             served_model_names,
             model_root: model_arg,
             max_model_len,
-            vocab_size,
+            max_token_bytes,
+            vocab_size: engine_vocab,
             admission: Arc::new(Semaphore::new(
                 (running + config.max_waiting_requests).min(Semaphore::MAX_PERMITS),
             )),
@@ -206,15 +383,14 @@ impl Server {
             registry,
             api_key: config.api_key.clone(),
             max_body_bytes: config.max_request_body_bytes,
+            draining: AtomicBool::new(false),
+            in_flight: AtomicUsize::new(0),
+            idle: Notify::new(),
         });
-
-        let address = format!("{}:{}", config.host, config.port);
-        let listener = tokio::net::TcpListener::bind(&address)
-            .await
-            .map_err(|source| ServerError::Bind { address, source })?;
         Ok(Self {
             listener,
-            app: router(state),
+            app: router(state.clone(), cors),
+            state,
             client,
             config,
         })
@@ -225,8 +401,10 @@ impl Server {
         self.listener.local_addr()
     }
 
-    /// Serves until `shutdown` resolves (Ok) or an engine dies (`Err(EngineDied)`, after the grace
-    /// period that lets in-flight streams report the error).
+    /// Serves until `shutdown` resolves, then drains: new requests get 503, in-flight ones may
+    /// finish within `shutdown_timeout` (the rest end with an error), the engines are stopped and
+    /// it returns Ok. An engine death that cannot be healed returns `Err(EngineDied)` after the
+    /// grace period that lets in-flight streams report the error.
     pub async fn run(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
@@ -234,31 +412,13 @@ impl Server {
         let Server {
             listener,
             app,
+            state,
             client,
             config,
         } = self;
         if let Ok(addr) = listener.local_addr() {
             tracing::info!(%addr, "serving");
         }
-        let death: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
-        let started = Arc::new(Notify::new());
-        let signal = {
-            let (death, started) = (death.clone(), started.clone());
-            let grace = config.engine_death_grace;
-            async move {
-                tokio::select! {
-                    _ = shutdown => tracing::info!("shutting down"),
-                    reason = client.wait_dead() => {
-                        tracing::error!(%reason, "engine died; exiting after {grace:?}");
-                        if let Ok(mut d) = death.lock() {
-                            *d = Some(reason);
-                        }
-                        tokio::time::sleep(grace).await;
-                    }
-                }
-                started.notify_one();
-            }
-        };
         // Streamed tokens are small writes: without TCP_NODELAY each one after the first can wait
         // for the client's delayed ACK (~40 ms), which would dominate inter-token latency.
         let listener = listener.tap_io(|tcp| {
@@ -266,19 +426,82 @@ impl Server {
                 tracing::debug!("cannot set TCP_NODELAY: {e}");
             }
         });
-        let serve = axum::serve(listener, app).with_graceful_shutdown(signal);
-        let drain = config.drain_timeout;
-        tokio::select! {
-            result = serve.into_future() => result.map_err(ServerError::Serve)?,
-            _ = async { started.notified().await; tokio::time::sleep(drain).await } => {
-                tracing::warn!("connections did not close within {drain:?}; exiting anyway");
+        let stop_serving = Arc::new(Notify::new());
+        let serve = {
+            let stop = stop_serving.clone();
+            let serve = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { stop.notified().await });
+            tokio::spawn(serve.into_future())
+        };
+        tokio::pin!(serve);
+        let death = tokio::select! {
+            _ = shutdown => None,
+            reason = client.wait_dead() => Some(reason),
+            result = &mut serve => {
+                client.shutdown_engines(ENGINE_STOP_GRACE).await;
+                return match result {
+                    Ok(r) => r.map_err(ServerError::Serve),
+                    Err(e) => Err(ServerError::Config(format!("HTTP server task failed: {e}"))),
+                };
+            }
+        };
+        match &death {
+            None => drain(&state, &client, config.shutdown_timeout).await,
+            Some(reason) => {
+                let grace = config.engine_death_grace;
+                tracing::error!(%reason, "engine died for good; exiting after {grace:?}");
+                tokio::time::sleep(grace).await;
             }
         }
-        let reason = death.lock().ok().and_then(|d| d.clone());
-        match reason {
+        // Open connections are idle or past their last byte by now; keep-alives close at once.
+        stop_serving.notify_one();
+        if tokio::time::timeout(Duration::from_secs(2), &mut serve)
+            .await
+            .is_err()
+        {
+            tracing::warn!("connections still open after draining; closing them");
+        }
+        client.shutdown_engines(ENGINE_STOP_GRACE).await;
+        match death {
             Some(reason) => Err(ServerError::EngineDied(reason)),
             None => Ok(()),
         }
+    }
+}
+
+/// How long a stopped engine gets to exit on SIGTERM before it is killed.
+const ENGINE_STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// Stops admitting requests and waits up to `timeout` for the admitted ones to finish; those still
+/// running then end with an error event (streams) or an error body, not a cut connection.
+async fn drain(state: &AppState, client: &EngineClient, timeout: Duration) {
+    state.draining.store(true, Ordering::SeqCst);
+    let running = state.in_flight.load(Ordering::SeqCst);
+    tracing::info!(running, "shutting down: draining for up to {timeout:?}");
+    let idle = async {
+        loop {
+            let notified = state.idle.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if state.in_flight.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    };
+    if tokio::time::timeout(timeout, idle).await.is_err() {
+        let left = state.in_flight.load(Ordering::SeqCst);
+        tracing::warn!(
+            left,
+            "requests still running after {timeout:?}; ending them"
+        );
+        client.fail_all("the server is shutting down");
+        let _ = tokio::time::timeout(Duration::from_secs(2), async {
+            while state.in_flight.load(Ordering::SeqCst) > 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
     }
 }
 

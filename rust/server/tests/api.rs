@@ -526,3 +526,98 @@ async fn bad_requests_get_openai_errors() {
     assert!(metrics.contains("model_name=\"smol\""));
     h.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_drains_in_flight_requests_and_turns_new_ones_away() {
+    let h = harness("drain", |c, m| {
+        c.shutdown_timeout = Duration::from_secs(20);
+        m.step_interval = Duration::from_millis(10);
+    })
+    .await;
+    // ~2 s of generation each: longer than the old drain would have waited once it began.
+    let long = |stream: bool| {
+        let (http, base) = (h.http.clone(), h.base.clone());
+        tokio::spawn(async move {
+            let r = http
+                .post(format!("{base}/v1/completions"))
+                .json(&json!({"prompt": "x", "max_tokens": 200, "ignore_eos": true, "stream": stream}))
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        })
+    };
+    let (streamed, plain) = (long(true), long(false));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let Harness {
+        base,
+        http,
+        server,
+        mut stop,
+        ..
+    } = h;
+    let _ = stop.take().unwrap().send(());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let r = http
+        .post(format!("{base}/v1/completions"))
+        .json(&json!({"prompt": "x", "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "1");
+    let health = http.get(format!("{base}/health")).send().await.unwrap();
+    assert_eq!(health.status(), 503);
+    assert!(health.text().await.unwrap().contains("shutting down"));
+
+    let (status, text) = streamed.await.unwrap();
+    assert_eq!(status, 200);
+    assert!(
+        text.ends_with("data: [DONE]\n\n") && !text.contains("\"error\""),
+        "{text}"
+    );
+    let (status, text) = plain.await.unwrap();
+    assert_eq!(status, 200, "{text}");
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(body["usage"]["completion_tokens"], 200);
+    tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cors_preflight_and_ping() {
+    let h = harness("cors", |c, _| {
+        c.api_key = Some("sekret".into());
+        c.allowed_origins = vec!["http://app.example".into()];
+    })
+    .await;
+    let preflight = h
+        .http
+        .request(
+            reqwest::Method::OPTIONS,
+            format!("{}/v1/chat/completions", h.base),
+        )
+        .header("Origin", "http://app.example")
+        .header("Access-Control-Request-Method", "POST")
+        .header("Access-Control-Request-Headers", "authorization")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(preflight.status(), 200);
+    assert_eq!(
+        preflight.headers()["access-control-allow-origin"],
+        "http://app.example"
+    );
+    let ping = h
+        .http
+        .post(format!("{}/ping", h.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ping.status(), 200);
+    assert_eq!(h.get("/ping").await.0, 200);
+    h.shutdown().await.unwrap();
+}

@@ -99,8 +99,10 @@ pub async fn chat_completions(
         ..Default::default()
     };
     let tokenizer = state.tokenizer.clone();
+    let limits = state.clone();
     let prompt_ids = blocking(move || {
         let text = template.render(&messages, &render)?;
+        limits.check_prompt_bytes("messages", text.len())?;
         // The template already wrote BOS and friends.
         Ok(tokenizer.encode(&text, false)?)
     })

@@ -75,18 +75,31 @@ pub async fn completions(
     let vocab = state.vocab_size;
     let tokenizer = state.tokenizer.clone();
     let echo = req.echo;
+    let limits = state.clone();
     // (token ids, echo text) per prompt; tokenization and decoding run off the async workers.
     let prompts: Vec<(Vec<u32>, String)> = blocking(move || {
         let prompts: Vec<(Vec<u32>, Option<String>)> = match req.prompt {
-            PromptField::Text(t) => vec![(tokenizer.encode(&t, true)?, Some(t))],
+            PromptField::Text(t) => {
+                limits.check_prompt_bytes("prompt", t.len())?;
+                vec![(tokenizer.encode(&t, true)?, Some(t))]
+            }
             PromptField::Texts(ts) => ts
                 .into_iter()
-                .map(|t| Ok((tokenizer.encode(&t, true)?, Some(t))))
+                .map(|t| {
+                    limits.check_prompt_bytes("prompt", t.len())?;
+                    Ok((tokenizer.encode(&t, true)?, Some(t)))
+                })
                 .collect::<Result<_, ApiError>>()?,
-            PromptField::Tokens(ids) => vec![(openai::prompt_ids(&ids, vocab)?, None)],
+            PromptField::Tokens(ids) => {
+                limits.check_prompt_tokens("prompt", ids.len())?;
+                vec![(openai::prompt_ids(&ids, vocab)?, None)]
+            }
             PromptField::TokenLists(lists) => lists
                 .iter()
-                .map(|ids| Ok((openai::prompt_ids(ids, vocab)?, None)))
+                .map(|ids| {
+                    limits.check_prompt_tokens("prompt", ids.len())?;
+                    Ok((openai::prompt_ids(ids, vocab)?, None))
+                })
                 .collect::<Result<_, ApiError>>()?,
         };
         prompts

@@ -8,6 +8,7 @@ use axum::Json as JsonResponse;
 use serde::Deserialize;
 use serde_json::{json, Value as Json};
 use voltllm_chat::RenderOptions;
+use voltllm_engine_client::EngineHealth;
 
 use super::{blocking, body_bytes, SharedState};
 use crate::error::ApiError;
@@ -28,12 +29,21 @@ pub async fn models(state: SharedState) -> JsonResponse<Json> {
     JsonResponse(json!({"object": "list", "data": data}))
 }
 
-/// `GET /health`: 200 while every engine lives, 503 after one died.
+/// `GET /health` (and vLLM's `GET|POST /ping`): 200 while every engine serves; 503 while one
+/// restarts, after one died for good, or while the server drains.
 pub async fn health(state: SharedState) -> Response {
-    if state.client.is_healthy() {
-        StatusCode::OK.into_response()
-    } else {
-        ApiError::Unavailable("an engine died; the server is shutting down".into()).into_response()
+    if state.draining.load(std::sync::atomic::Ordering::SeqCst) {
+        return ApiError::Draining.into_response();
+    }
+    match state.client.health() {
+        EngineHealth::Healthy => StatusCode::OK.into_response(),
+        EngineHealth::Restarting(reason) => {
+            ApiError::Unavailable(format!("engine restarting after: {reason}")).into_response()
+        }
+        EngineHealth::Dead(reason) => {
+            ApiError::Unavailable(format!("engine died ({reason}); the server is exiting"))
+                .into_response()
+        }
     }
 }
 
