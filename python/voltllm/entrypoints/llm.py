@@ -186,7 +186,7 @@ class LLM:
         """Answer one conversation, yielding the text as it is generated (a voltllm extension)."""
         [(text, token_ids)] = self._render_chat([messages], chat_template_kwargs, True, None)
         sp = sampling_params or SamplingParams()
-        self._check_prompt_length(token_ids)
+        self._check_prompt(token_ids)
         result = RequestOutput(
             request_id=str(next(self._request_counter)), prompt=text, prompt_token_ids=token_ids
         )
@@ -219,8 +219,9 @@ class LLM:
     ) -> list[RequestOutput]:
         results: list[RequestOutput] = []
         live: dict[str, tuple[RequestOutput, _Sequence]] = {}
+        for _, token_ids in prompts:  # every prompt before any is added: a bad one leaves no orphan
+            self._check_prompt(token_ids)
         for (text, token_ids), sp in zip(prompts, params, strict=True):
-            self._check_prompt_length(token_ids)
             result = RequestOutput(
                 request_id=str(next(self._request_counter)), prompt=text, prompt_token_ids=token_ids
             )
@@ -279,9 +280,15 @@ class LLM:
                     result.finished = True
                     bar.update(1)
 
-    def _check_prompt_length(self, token_ids: list[int]) -> None:
+    def _check_prompt(self, token_ids: list[int]) -> None:
+        """Raise ValueError for an empty or over-long prompt, or an id outside the model's vocabulary
+        (ids past the tokenizer's last token but below `vocab_size`, a padded embedding, are valid)."""
         if not token_ids:
             raise ValueError("the prompt is empty")
+        vocab_size = self.engine.vocab_size
+        bad = next((t for t in token_ids if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"prompt_token_ids contains {bad}, outside the vocabulary [0, {vocab_size})")
         limit = self.engine.max_model_len
         if len(token_ids) >= limit:
             raise ValueError(

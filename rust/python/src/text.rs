@@ -56,7 +56,7 @@ impl Tokenizer {
             .map_err(value_error)
     }
 
-    /// Text of `ids`; unknown ids raise `ValueError`.
+    /// Text of `ids`; an id without a token (a padded vocabulary row) adds no text.
     #[pyo3(signature = (ids, skip_special_tokens = true))]
     fn decode(&self, py: Python<'_>, ids: Vec<u32>, skip_special_tokens: bool) -> PyResult<String> {
         py.detach(|| self.inner.decode(&ids, skip_special_tokens))

@@ -46,8 +46,7 @@ impl IncrementalDetokenizer {
         skip_special_tokens: bool,
     ) -> Result<Self> {
         let context = &prompt_ids[prompt_ids.len().saturating_sub(PROMPT_CONTEXT_TOKENS)..];
-        tokenizer.check_ids(context)?;
-        let prefix_text = tokenizer.decode_unchecked(context, skip_special_tokens)?;
+        let prefix_text = tokenizer.decode(context, skip_special_tokens)?;
         Ok(Self {
             tokenizer,
             skip_special_tokens,
@@ -59,14 +58,13 @@ impl IncrementalDetokenizer {
 
     /// Adds one generated token and returns the text it completes: possibly empty (the token
     /// ends inside a multi-byte character, or is a skipped special token), possibly covering
-    /// earlier held-back tokens too. Never returns a partial UTF-8 character. An id outside the
-    /// vocabulary is an error and leaves the state unchanged.
+    /// earlier held-back tokens too. Never returns a partial UTF-8 character. An id without a
+    /// token (a padded vocabulary row) adds no text.
     pub fn push(&mut self, token_id: u32) -> Result<String> {
-        self.tokenizer.check_ids(&[token_id])?;
         self.window.push(token_id);
         let text = self
             .tokenizer
-            .decode_unchecked(&self.window, self.skip_special_tokens)?;
+            .decode(&self.window, self.skip_special_tokens)?;
         if text.ends_with(char::REPLACEMENT_CHARACTER) || text.len() <= self.prefix_text.len() {
             return Ok(String::new());
         }
@@ -91,7 +89,7 @@ impl IncrementalDetokenizer {
         }
         let text = self
             .tokenizer
-            .decode_unchecked(&self.window, self.skip_special_tokens)?;
+            .decode(&self.window, self.skip_special_tokens)?;
         if text.len() <= self.prefix_text.len() {
             // Only skipped special tokens are pending: nothing to show.
             self.read_offset = self.window.len();
@@ -109,7 +107,7 @@ impl IncrementalDetokenizer {
         self.read_offset = self.window.len();
         self.prefix_text = self
             .tokenizer
-            .decode_unchecked(&self.window, self.skip_special_tokens)?;
+            .decode(&self.window, self.skip_special_tokens)?;
         Ok(new_text)
     }
 }

@@ -39,15 +39,6 @@ pub enum TextError {
     /// Decoding token ids into text failed.
     #[error("detokenization failed: {0}")]
     Decode(String),
-    /// A token id is not in the tokenizer's vocabulary (for example an id from the padded part
-    /// of a model's embedding matrix).
-    #[error("token id {id} is not in the vocabulary (size {vocab_size})")]
-    UnknownTokenId {
-        /// The offending id.
-        id: u32,
-        /// The vocabulary size, added tokens included.
-        vocab_size: usize,
-    },
     /// An empty stop string was given; it would match everywhere.
     #[error("stop strings must not be empty")]
     EmptyStopString,

@@ -210,12 +210,16 @@ impl Tokenizer {
         Ok(encodings.iter().map(|e| e.get_ids().to_vec()).collect())
     }
 
-    /// Decodes token ids into text. Unknown ids are an error (the `tokenizers` library would
-    /// silently drop them). `clean_up_tokenization_spaces` is not applied, matching
-    /// transformers for BPE tokenizers and vLLM/TGI's streaming output.
+    /// Decodes token ids into text. An id without a token (the padded part of a model's
+    /// embedding matrix: Qwen's config says 151,936 ids, its tokenizer has 151,669) decodes as
+    /// empty text, as in Hugging Face tokenizers; the engine bounds ids by the model's
+    /// `vocab_size`. `clean_up_tokenization_spaces` is not applied, matching transformers for BPE
+    /// tokenizers and vLLM/TGI's streaming output.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
-        self.check_ids(ids)?;
-        self.decode_unchecked(ids, skip_special_tokens)
+        self.inner
+            .tokenizer
+            .decode(ids, skip_special_tokens)
+            .map_err(|e| TextError::Decode(e.to_string()))
     }
 
     /// Decodes several id sequences.
@@ -223,32 +227,6 @@ impl Tokenizer {
         ids.iter()
             .map(|ids| self.decode(ids, skip_special_tokens))
             .collect()
-    }
-
-    /// Decodes ids already known to be in the vocabulary.
-    pub(crate) fn decode_unchecked(
-        &self,
-        ids: &[u32],
-        skip_special_tokens: bool,
-    ) -> Result<String> {
-        self.inner
-            .tokenizer
-            .decode(ids, skip_special_tokens)
-            .map_err(|e| TextError::Decode(e.to_string()))
-    }
-
-    /// Fails with [`TextError::UnknownTokenId`] on the first id that has no token.
-    pub fn check_ids(&self, ids: &[u32]) -> Result<()> {
-        match ids
-            .iter()
-            .find(|&&id| self.inner.tokenizer.id_to_token(id).is_none())
-        {
-            Some(&id) => Err(TextError::UnknownTokenId {
-                id,
-                vocab_size: self.inner.vocab_size,
-            }),
-            None => Ok(()),
-        }
     }
 
     /// Number of tokens, added tokens included.
