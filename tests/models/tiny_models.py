@@ -3,7 +3,8 @@
 Two families share one shape (`COMMON`): `tiny_config` / `save_tiny_model` switch on each architecture's
 distinguishing feature and randomize every weight (the layer and loader tests); `PLAIN_CONFIGS` /
 `save_plain_model` keep the features off and transformers' own initialization (the engine tests, which
-compare whole generations with transformers)."""
+compare whole generations with transformers). `MOE_CONFIGS` are the mixture-of-experts shapes, used
+both ways (`moe_config`)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,12 @@ from transformers import (
     AutoModelForCausalLM,
     LlamaConfig,
     MistralConfig,
+    MixtralConfig,
     PretrainedConfig,
     Qwen2Config,
+    Qwen2MoeConfig,
     Qwen3Config,
+    Qwen3MoeConfig,
 )
 
 COMMON = dict(
@@ -136,3 +140,66 @@ def hf_logits(hf_model: torch.nn.Module, token_ids: list[int]) -> torch.Tensor:
     device = next(hf_model.parameters()).device
     with torch.no_grad():
         return hf_model(torch.tensor([token_ids], device=device)).logits[0].float()
+
+
+# Mixture-of-experts shapes: name -> (config class, overrides of COMMON / PLAIN_COMMON). Between them:
+# 4 to 16 experts, top-k 1, 2 and 8, norm_topk_prob both ways, a shared expert, dense layers among
+# sparse ones (decoder_sparse_step, mlp_only_layers), a sliding window.
+_MOE_CLASSES = {"qwen3_moe": Qwen3MoeConfig, "qwen2_moe": Qwen2MoeConfig, "mixtral": MixtralConfig}
+MOE_CONFIGS: dict[str, tuple[str, dict]] = {
+    # layer 0 dense (decoder_sparse_step 2), layer 1 sparse
+    "qwen3_moe-e8-top2-norm-step2": (
+        "qwen3_moe",
+        dict(num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=2),
+    ),
+    # layer 0 sparse, layer 1 dense (mlp_only_layers)
+    "qwen3_moe-e16-top8-mlp_only": (
+        "qwen3_moe",
+        dict(num_experts=16, num_experts_per_tok=8, norm_topk_prob=False, mlp_only_layers=[1]),
+    ),
+    "qwen3_moe-e4-top1": ("qwen3_moe", dict(num_experts=4, num_experts_per_tok=1, norm_topk_prob=False)),
+    "qwen2_moe-e6-top2-shared": (
+        "qwen2_moe",
+        dict(num_experts=6, num_experts_per_tok=2, norm_topk_prob=False, shared_expert_intermediate_size=48),
+    ),
+    "qwen2_moe-e4-top1-norm-shared": (
+        "qwen2_moe",
+        dict(num_experts=4, num_experts_per_tok=1, norm_topk_prob=True, shared_expert_intermediate_size=80),
+    ),
+    "mixtral-e4-top2": ("mixtral", dict(num_local_experts=4, num_experts_per_tok=2)),
+    "mixtral-e8-top1-window": ("mixtral", dict(num_local_experts=8, num_experts_per_tok=1, sliding_window=8)),
+}
+_MOE_ARCHS = {
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+}
+
+
+def moe_config(name: str, plain: bool = False) -> PretrainedConfig:
+    """`MOE_CONFIGS[name]` on the shape of `COMMON` (random weights) or `PLAIN_COMMON` (the engine
+    tests); experts of 32 features (Qwen's moe_intermediate_size; Mixtral's experts are
+    intermediate_size wide, so it is set to 32 there)."""
+    family, overrides = MOE_CONFIGS[name]
+    common = dict(PLAIN_COMMON if plain else COMMON)
+    if family == "mixtral":
+        common["intermediate_size"] = 32
+    else:
+        common["moe_intermediate_size"] = 32
+    if family == "qwen3_moe":
+        common["head_dim"] = 16
+    if plain and family == "mixtral":
+        common.setdefault("sliding_window", None)
+    config = _MOE_CLASSES[family](**{**common, **overrides}, tie_word_embeddings=family == "qwen3_moe")
+    config.architectures = [_MOE_ARCHS[family]]
+    return config
+
+
+def save_moe_model(name: str, out_dir: Path, seed: int = 0, plain: bool = False, **save_kwargs: object):
+    """Write a `MOE_CONFIGS[name]` checkpoint to `out_dir`: weights randomized (`randomize_`), or with
+    `plain` transformers' own initialization on the engine tests' shape. Returns the model (fp32, eval)."""
+    model = _seeded_model(moe_config(name, plain), seed).eval()
+    if not plain:
+        randomize_(model, seed)
+    model.save_pretrained(out_dir, **save_kwargs)
+    return model

@@ -1,8 +1,11 @@
-"""One decoder-only transformer family covering Llama, Mistral, Qwen2 and Qwen3.
+"""One decoder-only transformer family covering Llama, Mistral, Qwen2, Qwen3 and the mixture-of-experts
+Qwen2-MoE, Qwen3-MoE and Mixtral.
 
-The four architectures differ only in a few switches (`DecoderVariant`): q/k/v and o_proj biases,
-per-head q/k RMSNorm, and how the sliding window is assigned to layers. Everything else (GQA, explicit
-or derived head_dim, tied embeddings, RoPE theta and scaling) is read from the Hugging Face config.
+The architectures differ only in a few switches (`DecoderVariant`): q/k/v and o_proj biases, per-head
+q/k RMSNorm, how the sliding window is assigned to layers, and whether (and how) a layer's MLP is a
+sparse mixture-of-experts block (`voltllm.models.moe`). Everything else (GQA, explicit or derived
+head_dim, tied embeddings, RoPE theta and scaling, expert counts and sizes) is read from the Hugging
+Face config.
 
 Module and parameter names follow Hugging Face checkpoints, except that q/k/v and gate/up are fused
 into `qkv_proj` and `gate_up_proj`; `load_weights` maps checkpoint names onto them. The layers come
@@ -31,18 +34,22 @@ from voltllm.layers.norm import RMSNorm
 from voltllm.layers.quantization import QuantizationConfig
 from voltllm.layers.rotary import RotaryEmbedding, rope_parameters_of
 from voltllm.models.checkpoint import FusedShard, load_checkpoint
+from voltllm.models.moe import STACKED_EXPERT_SHARDS, MoeVariant, SparseMoeBlock, SparseMoeSpec, expert_shards
 
 
 @dataclass(frozen=True)
 class DecoderVariant:
     """What distinguishes one architecture of the family from another."""
 
-    qkv_bias: bool | None = None  # None: follow config.attention_bias
+    # None: follow config.attention_bias; a string: the config field that says (True when absent, as in
+    # configs written before the field existed: Qwen2-MoE's qkv_bias).
+    qkv_bias: bool | str | None = None
     o_proj_bias: bool | None = None  # None: follow config.attention_bias
     qk_norm: bool = False  # RMSNorm over each head of q and k before RoPE (Qwen3)
     # "all": config.sliding_window applies to every layer (Mistral); "per_layer": config.layer_types, or
     # use_sliding_window + max_window_layers for configs written before layer_types existed (Qwen2/3).
     sliding_window_layers: Literal["all", "per_layer"] = "per_layer"
+    moe: MoeVariant | None = None  # None: every MLP dense; else the config's sparse layers are MoE blocks
 
 
 VARIANTS: dict[str, DecoderVariant] = {
@@ -50,6 +57,22 @@ VARIANTS: dict[str, DecoderVariant] = {
     "MistralForCausalLM": DecoderVariant(qkv_bias=False, o_proj_bias=False, sliding_window_layers="all"),
     "Qwen2ForCausalLM": DecoderVariant(qkv_bias=True, o_proj_bias=False),
     "Qwen3ForCausalLM": DecoderVariant(qk_norm=True),
+    "Qwen2MoeForCausalLM": DecoderVariant(
+        qkv_bias="qkv_bias", o_proj_bias=False, moe=MoeVariant(shared_expert=True)
+    ),
+    # transformers applies Qwen3-MoE's window (set only with use_sliding_window) to every layer.
+    "Qwen3MoeForCausalLM": DecoderVariant(qk_norm=True, sliding_window_layers="all", moe=MoeVariant()),
+    "MixtralForCausalLM": DecoderVariant(
+        qkv_bias=False,
+        o_proj_bias=False,
+        sliding_window_layers="all",
+        moe=MoeVariant(
+            expert_names=("w1", "w3", "w2"),
+            block_name="block_sparse_moe",
+            renormalize=True,
+            expert_size_key="intermediate_size",
+        ),
+    ),
 }
 
 
@@ -59,6 +82,9 @@ ARCH_BY_MODEL_TYPE = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
 }
 
 
@@ -123,7 +149,11 @@ class DecoderAttention(nn.Module):
     ) -> None:
         super().__init__()
         attention_bias = bool(getattr(hf_config, "attention_bias", False))
-        qkv_bias = attention_bias if variant.qkv_bias is None else variant.qkv_bias
+        qkv_bias = variant.qkv_bias
+        if qkv_bias is None:
+            qkv_bias = attention_bias
+        elif isinstance(qkv_bias, str):
+            qkv_bias = bool(getattr(hf_config, qkv_bias, True))
         o_bias = attention_bias if variant.o_proj_bias is None else variant.o_proj_bias
         total_num_heads = hf_config.num_attention_heads
         self.head_size = head_size_of(hf_config)
@@ -192,6 +222,7 @@ class GatedMLP(nn.Module):
         bias: bool,
         quant_config: QuantizationConfig | None = None,
         prefix: str = "",
+        reduce_results: bool = True,  # False: leave the ranks' partial sums to the caller (a shared expert)
     ) -> None:
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(
@@ -203,11 +234,49 @@ class GatedMLP(nn.Module):
             prefix=f"{prefix}.gate_up_proj",
         )
         self.down_proj = RowParallelLinear(
-            intermediate_size, hidden_size, bias=bias, quant_config=quant_config, prefix=f"{prefix}.down_proj"
+            intermediate_size,
+            hidden_size,
+            bias=bias,
+            reduce_results=reduce_results,
+            quant_config=quant_config,
+            prefix=f"{prefix}.down_proj",
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.gate_up_proj(x))
+
+    def add_norm_forward(
+        self, hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`self(norm(hidden + residual))` with the add and norm folded into gate/up where the method
+        can; returns `(out, new_residual)`."""
+        gated, residual = self.gate_up_proj.add_norm_forward(hidden, residual, norm)
+        return self.down_proj(gated), residual
+
+
+def build_mlp(
+    hf_config: Any,
+    moe: SparseMoeSpec | None,
+    quant_config: QuantizationConfig | None,
+    prefix: str,
+) -> GatedMLP | SparseMoeBlock:
+    """The layer's MLP: a sparse block when `moe` is given (the layer is one of the config's sparse
+    layers), else the dense gated MLP of `intermediate_size`."""
+    hidden_size = hf_config.hidden_size
+    if moe is None:
+        bias = bool(getattr(hf_config, "mlp_bias", False))
+        return GatedMLP(hidden_size, hf_config.intermediate_size, bias, quant_config, prefix)
+    shared = None
+    if moe.shared_expert_intermediate_size:
+        shared = GatedMLP(
+            hidden_size,
+            moe.shared_expert_intermediate_size,
+            False,
+            quant_config,
+            f"{prefix}.shared_expert",
+            reduce_results=False,
+        )
+    return SparseMoeBlock(moe, hidden_size, shared, quant_config, prefix)
 
 
 class DecoderLayer(nn.Module):
@@ -215,7 +284,8 @@ class DecoderLayer(nn.Module):
 
     Each norm after the first hands its residual add + RMSNorm to the projection after it
     (`add_norm_forward`), whose linear method folds them into its GEMV at decode batch sizes on a GPU
-    (qkv, and gate/up with SiLU-and-mul as its epilogue): two launches fewer per layer.
+    (qkv, and gate/up with SiLU-and-mul as its epilogue): two launches fewer per layer. The MLP is
+    dense (`GatedMLP`) or, on a mixture-of-experts model's sparse layers, a `SparseMoeBlock`.
     """
 
     def __init__(
@@ -227,6 +297,7 @@ class DecoderLayer(nn.Module):
         attn_backend: AttentionBackend,
         quant_config: QuantizationConfig | None = None,
         prefix: str = "",
+        moe: SparseMoeSpec | None = None,  # given on a sparse layer
     ) -> None:
         super().__init__()
         eps = hf_config.rms_norm_eps
@@ -235,13 +306,7 @@ class DecoderLayer(nn.Module):
             hf_config, variant, rotary_emb, sliding_window, attn_backend, quant_config, f"{prefix}.self_attn"
         )
         self.post_attention_layernorm = RMSNorm(hf_config.hidden_size, eps=eps)
-        self.mlp = GatedMLP(
-            hf_config.hidden_size,
-            hf_config.intermediate_size,
-            bool(getattr(hf_config, "mlp_bias", False)),
-            quant_config,
-            f"{prefix}.mlp",
-        )
+        self.mlp = build_mlp(hf_config, moe, quant_config, f"{prefix}.mlp")
 
     def forward(
         self,
@@ -251,15 +316,14 @@ class DecoderLayer(nn.Module):
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        attn, mlp = self.self_attn, self.mlp
+        attn = self.self_attn
         if residual is None:  # the first layer: no residual stream to add yet
             residual = hidden
             qkv = attn.qkv_proj(self.input_layernorm(hidden))
         else:
             qkv, residual = attn.qkv_proj.add_norm_forward(hidden, residual, self.input_layernorm)
         hidden = attn.attend(positions, qkv, kv_cache, metadata)
-        gated, residual = mlp.gate_up_proj.add_norm_forward(hidden, residual, self.post_attention_layernorm)
-        return mlp.down_proj(gated), residual
+        return self.mlp.add_norm_forward(hidden, residual, self.post_attention_layernorm)
 
 
 class DecoderModel(nn.Module):
@@ -281,9 +345,17 @@ class DecoderModel(nn.Module):
             head_size_of(hf_config), rope_parameters_of(hf_config), hf_config.max_position_embeddings
         )
         windows = layer_sliding_windows(hf_config, variant)
+        moe = SparseMoeSpec.of(hf_config, variant.moe) if variant.moe is not None else None
         self.layers = nn.ModuleList(
             DecoderLayer(
-                hf_config, variant, rotary_emb, windows[i], attn_backend, quant_config, f"{prefix}.layers.{i}"
+                hf_config,
+                variant,
+                rotary_emb,
+                windows[i],
+                attn_backend,
+                quant_config,
+                f"{prefix}.layers.{i}",
+                moe if moe is not None and i in moe.sparse_layer_ids else None,
             )
             for i in range(hf_config.num_hidden_layers)
         )
@@ -317,7 +389,7 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 class DecoderForCausalLM(nn.Module):
-    """Llama / Mistral / Qwen2 / Qwen3 causal LM over a paged KV cache.
+    """Llama / Mistral / Qwen2 / Qwen3 / Qwen2-MoE / Qwen3-MoE / Mixtral causal LM over a paged KV cache.
 
     Built for the tensor-parallel group current at construction (`voltllm.distributed`): each rank holds
     its heads, its intermediate features and its vocab rows, and `kv_cache_shape_per_layer` is its
@@ -380,4 +452,12 @@ class DecoderForCausalLM(nn.Module):
         """
         # Some tied checkpoints still store the (identical) head.
         skipped = frozenset({"lm_head.weight"}) if self.tie_word_embeddings else frozenset()
-        load_checkpoint(self, weights, FUSED_SHARDS, _IGNORED_SUFFIXES, skipped)
+        moe = self.variant.moe
+        if moe is None:
+            load_checkpoint(self, weights, FUSED_SHARDS, _IGNORED_SUFFIXES, skipped)
+            return
+        if moe.block_name != "mlp":  # classic Mixtral checkpoints; transformers >= 5 names it mlp too
+            old, new = f".{moe.block_name}.", ".mlp."
+            weights = ((name.replace(old, new), tensor) for name, tensor in weights)
+        fused = STACKED_EXPERT_SHARDS + FUSED_SHARDS
+        load_checkpoint(self, weights, fused, _IGNORED_SUFFIXES, skipped, expert_shards(moe))
