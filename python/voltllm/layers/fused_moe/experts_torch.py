@@ -39,17 +39,16 @@ def experts_grouped(
     flat_weights = topk_weights.flatten()
     pairs_by_expert = torch.argsort(flat_ids, stable=True)
     counts = torch.bincount(flat_ids, minlength=w13.shape[0]).tolist()  # the host sync
-    out = torch.zeros(num_tokens, x.shape[1], dtype=torch.float32, device=x.device)
+    y_pairs = torch.empty(num_tokens * top_k, x.shape[1], dtype=torch.float32, device=x.device)
     start = 0
     for expert, count in enumerate(counts):
         if count == 0:
             continue
         pairs = pairs_by_expert[start : start + count]
         start += count
-        tokens = pairs // top_k
-        y = F.linear(swiglu(F.linear(x[tokens], w13[expert])), w2[expert])
-        out.index_add_(0, tokens, y.float() * flat_weights[pairs, None])
-    return out.to(x.dtype)
+        y = F.linear(swiglu(F.linear(x[pairs // top_k], w13[expert])), w2[expert])
+        y_pairs[pairs] = y.float() * flat_weights[pairs, None]
+    return y_pairs.view(num_tokens, top_k, -1).sum(dim=1).to(x.dtype)  # every pair is written once
 
 
 def experts_gathered(
