@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from voltllm.distributed import tensor_model_parallel_all_reduce
+from voltllm.distributed import get_tensor_model_parallel_world_size, tensor_model_parallel_all_reduce
 from voltllm.layers.fused_moe import FusedMoE
 from voltllm.layers.linear import ReplicatedLinear
 from voltllm.layers.norm import RMSNorm
@@ -112,6 +112,7 @@ class SparseMoeBlock(nn.Module):
         prefix: str = "",
     ) -> None:
         super().__init__()
+        self.tp_size = get_tensor_model_parallel_world_size()  # the group it is built for, as the layers
         self.gate = ReplicatedLinear(
             hidden_size, spec.num_experts, bias=False, quant_config=quant_config, prefix=f"{prefix}.gate"
         )
@@ -137,7 +138,7 @@ class SparseMoeBlock(nn.Module):
         out = self.experts(x, self.gate(x))
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        return tensor_model_parallel_all_reduce(out)
+        return tensor_model_parallel_all_reduce(out) if self.tp_size > 1 else out
 
     def add_norm_forward(
         self, hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
