@@ -61,3 +61,50 @@ LLAMA3_8B = {
     "eos_token_id": 128001,
     "torch_dtype": "bfloat16",
 }
+
+# Qwen/Qwen3-30B-A3B config.json (architecture fields only): 48 layers, each a sparse block of 128
+# experts (768 features each), top-8, renormalised; 30.5B parameters, 3.3B of them per token.
+QWEN3_30B_A3B = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "vocab_size": 151936,
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "hidden_act": "silu",
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "use_sliding_window": False,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "torch_dtype": "bfloat16",
+}
+# A 4-layer Qwen3-MoE small enough for the CPU (32 experts of 128 features, top-8).
+TINY_QWEN3_MOE = {
+    **QWEN3_30B_A3B,
+    "vocab_size": 4096,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "hidden_size": 256,
+    "intermediate_size": 768,
+    "moe_intermediate_size": 128,
+    "num_experts": 32,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "max_position_embeddings": 4096,
+}
