@@ -1,0 +1,265 @@
+"""Mixture-of-experts speed on the Qwen3-30B-A3B shape (fp16, dummy weights): issue 17's three figures,
+each ratio measured in this run.
+
+1. Batch-1 decode against its byte floor: the bytes one token touches (every attention, norm and
+   router weight, the top-k experts of each layer, one embedding row, the LM head) over the device copy
+   bandwidth measured here. Steps are timed on the host as in `decode_latency.py` (CUDA graphs on).
+2. A decode step at batch 64 against the same step whose experts run as a per-expert torch loop over
+   the same weights (transformers' formulation: one GEMM pair per expert that got tokens), swapped in
+   through the FusedMoE weight-method seam; the loop syncs with the host, so that engine runs eager.
+3. Offline throughput on nano-vllm's workload (256 sequences, prompt and output lengths uniform in
+   100-1024, greedy, ignore_eos) against transformers' `generate_batch` on the same shapes.
+
+    python benches/moe.py                         # H200: all three (the baseline of 3 takes minutes)
+    python benches/moe.py --only decode step      # skip the offline comparison
+    python benches/moe.py --tiny --device cpu --num-seqs 8 --min-len 16 --max-len 64   # smoke test
+
+`--json PATH` writes the rows. Expect the targets (>= 0.6 of the floor, >= 5x the loop, >= 10x
+transformers) only with the SM70 expert kernels (`csrc/moe/`); until then the experts run the torch
+forms of `voltllm.layers.fused_moe.experts_torch`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from model_shapes import QWEN3_30B_A3B, TINY_QWEN3_MOE  # noqa: E402
+from offline_throughput import make_workload, time_offline_run  # noqa: E402
+
+from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
+from voltllm.engine.core import resolve_device  # noqa: E402
+from voltllm.engine.llm_engine import LLMEngine  # noqa: E402
+from voltllm.layers.activation import silu_and_mul  # noqa: E402
+from voltllm.layers.embedding import VocabParallelEmbedding  # noqa: E402
+from voltllm.layers.fused_moe import FusedMoE, UnquantizedFusedMoEMethod, select_experts  # noqa: E402
+from voltllm.protocol import EngineCoreRequest, EngineSamplingParams  # noqa: E402
+
+
+class PerExpertLoopMethod(UnquantizedFusedMoEMethod):
+    """The baseline of figure 2: transformers' expert loop over the same stacked weights."""
+
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        weights, ids = select_experts(router_logits, layer.top_k, layer.renormalize)
+        out = torch.zeros_like(x)
+        mask = F.one_hot(ids, layer.num_experts).permute(2, 1, 0)  # [E, k, T]
+        for expert in torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero():
+            slot, token = torch.where(mask[expert[0]])
+            h = F.linear(
+                silu_and_mul(F.linear(x[token], layer.w13_weight[expert[0]])), layer.w2_weight[expert[0]]
+            )
+            out.index_add_(0, token, (h * weights[token, slot, None]).to(x.dtype))
+        return out
+
+
+def sync(device: str) -> None:
+    if resolve_device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def copy_bandwidth(device: str) -> float:
+    """A 1 GiB device copy (256 MiB on the CPU): bytes read + written per second, median of 10."""
+    src = torch.empty(1 << (30 if device == "cuda" else 28), dtype=torch.uint8, device=device).random_()
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(12):
+        sync(device)
+        start = time.perf_counter()
+        dst.copy_(src)
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return 2 * src.numel() / statistics.median(times[2:])
+
+
+def touched_bytes(model: torch.nn.Module) -> int:
+    """Weight bytes one decode token reads: all of it except the experts it is not routed to (top_k of
+    num_experts of each FusedMoE) and the embedding rows of other tokens (one row; a tied table is read
+    whole by the LM head)."""
+    total, seen = 0, set()
+    for module in model.modules():
+        for param in module.parameters(recurse=False):
+            if id(param) in seen:
+                continue
+            seen.add(id(param))
+            size = param.numel() * param.element_size()
+            if isinstance(module, FusedMoE):
+                size = size * module.top_k // module.num_experts
+            elif isinstance(module, VocabParallelEmbedding) and not getattr(
+                model, "tie_word_embeddings", False
+            ):
+                size //= param.shape[0]
+            total += size
+    return total
+
+
+def build_engine(model_dir: Path, args: argparse.Namespace, max_num_seqs: int, eager: bool) -> LLMEngine:
+    return LLMEngine(
+        EngineConfig(
+            model=ModelConfig(
+                model=str(model_dir), load_format="dummy", dtype=args.dtype, max_model_len=4096
+            ),
+            cache=CacheConfig(num_kv_blocks=args.num_kv_blocks),
+            scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=8192),
+            device=args.device,
+            enforce_eager=eager,
+        )
+    )
+
+
+def decode_step_times(engine: LLMEngine, batch: int, prompt_len: int, tokens: int) -> list[float]:
+    """Wall times of the steps in which all `batch` requests decode (prefill steps left out)."""
+    params = EngineSamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+    for i in range(batch):
+        prompt = [(7 * i + j) % 1000 + 10 for j in range(prompt_len)]
+        engine.add_request(EngineCoreRequest(f"r{i}", prompt, params, 0.0))
+    times = []
+    while engine.has_unfinished_requests():
+        start = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - start)
+    # The prompts fit one step's budget (64 x 128 = 8192 tokens): one prefill step samples every
+    # request's first token, the last `tokens - 1` steps decode all of them.
+    return times[-(tokens - 1) :]
+
+
+def release(engine: LLMEngine | None) -> None:
+    del engine
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def bench_decode(model_dir: Path, args: argparse.Namespace, bandwidth: float) -> dict:
+    engine = build_engine(model_dir, args, max_num_seqs=8, eager=args.enforce_eager)
+    decode_step_times(engine, 1, 128, 8)  # warm-up
+    step = statistics.median(decode_step_times(engine, 1, 128, args.tokens))
+    floor = touched_bytes(engine.core.runner.model) / bandwidth
+    release(engine)
+    return {"figure": "batch-1 decode", "step_ms": step * 1e3, "floor_ms": floor * 1e3, "ratio": floor / step}
+
+
+def bench_step(model_dir: Path, args: argparse.Namespace) -> dict:
+    steps = {}
+    for name, eager, loop in (("voltllm", args.enforce_eager, False), ("per-expert loop", True, True)):
+        engine = build_engine(model_dir, args, max_num_seqs=64, eager=eager)
+        if loop:
+            for module in engine.core.runner.model.modules():
+                if isinstance(module, FusedMoE):
+                    module.moe_method = PerExpertLoopMethod()
+        decode_step_times(engine, 64, 128, 4)  # warm-up
+        steps[name] = statistics.median(decode_step_times(engine, 64, 128, args.tokens // 4 + 2))
+        release(engine)
+    ours, loop = steps["voltllm"], steps["per-expert loop"]
+    return {
+        "figure": "batch-64 decode step",
+        "step_ms": ours * 1e3,
+        "loop_ms": loop * 1e3,
+        "ratio": loop / ours,
+    }
+
+
+def bench_offline(model_dir: Path, config: dict, args: argparse.Namespace) -> dict:
+    prompts, output_lens = make_workload(args, config["vocab_size"])
+    engine = build_engine(model_dir, args, max_num_seqs=args.num_seqs, eager=args.enforce_eager)
+    t, n = time_offline_run(engine, prompts, output_lens, args.device)
+    release(engine)
+    ours = n / t
+    row = {"figure": "offline throughput", "voltllm_tok_s": ours, "tokens": n}
+    if not args.skip_baseline:
+        base = transformers_generate_batch(model_dir, args, prompts, output_lens)
+        row.update(transformers_tok_s=base, ratio=ours / base)
+    return row
+
+
+def transformers_generate_batch(model_dir: Path, args, prompts, output_lens) -> float:
+    """Output tokens/s of transformers' continuous batching on the same shapes (random weights built on
+    the device), every sequence generating the mean output length (the same total)."""
+    import transformers
+
+    device = resolve_device(args.device)
+    dtype = torch.float16 if device.type == "cuda" else torch.float32
+    hf_config = transformers.AutoConfig.from_pretrained(model_dir)
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=dtype).eval()
+    mean_len = round(sum(output_lens) / len(output_lens))
+    gen_config = transformers.GenerationConfig(
+        max_new_tokens=mean_len, do_sample=False, eos_token_id=None, pad_token_id=0, use_cuda_graph=False
+    )
+    model.generate_batch([prompts[0][:16]], generation_config=gen_config, max_new_tokens=4)  # warm-up
+    sync(args.device)
+    start = time.perf_counter()
+    results = model.generate_batch(prompts, generation_config=gen_config)
+    sync(args.device)
+    elapsed = time.perf_counter() - start
+    return sum(len(r.generated_tokens) for r in results.values()) / elapsed
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument(
+        "--only", nargs="+", choices=["decode", "step", "offline"], default=["decode", "step", "offline"]
+    )
+    p.add_argument("--tiny", action="store_true", help="a 4-layer Qwen3-MoE instead of the 30B-A3B shape")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtype", default="auto", help="auto: fp16 on CUDA, fp32 on the CPU")
+    p.add_argument("--tokens", type=int, default=128, help="decode steps timed at batch 1")
+    p.add_argument("--num-seqs", type=int, default=256)
+    p.add_argument("--min-len", type=int, default=100)
+    p.add_argument("--max-len", type=int, default=1024)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-kv-blocks", type=int, default=None)
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for voltllm's rows")
+    p.add_argument("--skip-baseline", action="store_true", help="no transformers run in the offline figure")
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args()
+    if args.device == "cpu" and args.num_kv_blocks is None:
+        args.num_kv_blocks = 1024
+    config = TINY_QWEN3_MOE if args.tiny else QWEN3_30B_A3B
+    name = "tiny Qwen3-MoE" if args.tiny else "Qwen3-30B-A3B shape"
+    device = resolve_device(args.device)
+    hw = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    bandwidth = copy_bandwidth(device.type)
+    print(f"model: {name} (dummy weights, {args.dtype}); hardware: {hw}; copy {bandwidth / 1e9:.0f} GB/s")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = Path(tmp)
+        (model_dir / "config.json").write_text(json.dumps(config))
+        if "decode" in args.only:
+            rows.append(r := bench_decode(model_dir, args, bandwidth))
+            print(
+                f"batch-1 decode: step {r['step_ms']:.3f} ms ({1e3 / r['step_ms']:.0f} tok/s), floor "
+                f"{r['floor_ms']:.3f} ms: {r['ratio']:.3f} of the floor (target >= 0.6)",
+                flush=True,
+            )
+        if "step" in args.only:
+            rows.append(r := bench_step(model_dir, args))
+            print(
+                f"batch-64 decode step: {r['step_ms']:.3f} ms vs per-expert loop {r['loop_ms']:.3f} ms: "
+                f"{r['ratio']:.2f}x (target >= 5x)",
+                flush=True,
+            )
+        if "offline" in args.only:
+            rows.append(r := bench_offline(model_dir, config, args))
+            line = f"offline: voltllm {r['voltllm_tok_s']:.1f} tok/s ({r['tokens']} tokens)"
+            if "ratio" in r:
+                line += (
+                    f", transformers generate_batch {r['transformers_tok_s']:.1f} tok/s: {r['ratio']:.2f}x"
+                )
+                line += " (target >= 10x)"
+            print(line, flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
