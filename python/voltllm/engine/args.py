@@ -14,26 +14,35 @@ from voltllm.config import DTYPES, LOAD_FORMATS, CacheConfig, EngineConfig, Mode
 
 # (flag, argparse keywords): the one list both `add_engine_args` and `to_argv` read.
 _FLAGS: list[tuple[str, dict[str, Any]]] = [
-    ("--dtype", {"default": "auto", "choices": DTYPES}),
-    ("--max-model-len", {"type": int, "default": None}),
-    ("--max-num-seqs", {"type": int, "default": 256}),
-    ("--max-num-batched-tokens", {"type": int, "default": 8192}),
-    ("--gpu-memory-utilization", {"type": float, "default": 0.9}),
+    ("--dtype", {"default": "auto", "choices": DTYPES, "help": "weight dtype (auto: the checkpoint's)"}),
+    ("--max-model-len", {"type": int, "default": None, "help": "context length (default: the model's)"}),
+    ("--max-num-seqs", {"type": int, "default": 256, "help": "requests run at once (default: %(default)s)"}),
+    (
+        "--max-num-batched-tokens",
+        {"type": int, "default": 8192, "help": "tokens computed per step (default: %(default)s)"},
+    ),
+    (
+        "--gpu-memory-utilization",
+        {"type": float, "default": 0.9, "help": "share of GPU memory to use (default: %(default)s)"},
+    ),
     (
         "--num-kv-blocks",
         {"type": int, "default": None, "help": "KV cache size in blocks (CPU default: 1 GiB)"},
     ),
-    ("--kv-cache-memory-bytes", {"type": int, "default": None}),
-    ("--block-size", {"type": int, "default": 16}),
-    ("--tensor-parallel-size", {"type": int, "default": 1}),
-    ("--seed", {"type": int, "default": 0}),
-    ("--load-format", {"default": "auto", "choices": LOAD_FORMATS}),
-    ("--device", {"default": "auto", "choices": ["auto", "cpu", "cuda"]}),
+    ("--kv-cache-memory-bytes", {"type": int, "default": None, "help": "KV cache size in bytes"}),
+    ("--block-size", {"type": int, "default": 16, "help": "tokens per KV block (default: %(default)s)"}),
+    ("--tensor-parallel-size", {"type": int, "default": 1, "help": "GPUs per engine (only 1 today)"}),
+    ("--seed", {"type": int, "default": 0, "help": "random seed of the engine (default: %(default)s)"}),
+    ("--load-format", {"default": "auto", "choices": LOAD_FORMATS, "help": "how to read the weights"}),
+    ("--device", {"default": "auto", "choices": ["auto", "cpu", "cuda"], "help": "auto: CUDA when present"}),
     ("--attention-backend", {"default": "auto", "help": "auto, torch or sm70"}),
-    ("--policy", {"default": "fcfs", "choices": ["fcfs", "priority"]}),
+    ("--policy", {"default": "fcfs", "choices": ["fcfs", "priority"], "help": "scheduling order"}),
     ("--cpu-threads", {"type": int, "default": None, "help": "torch threads on the CPU (default: torch's)"}),
     ("--enforce-eager", {"action": "store_true", "help": "do not capture CUDA graphs"}),
-    ("--no-enable-prefix-caching", {"action": "store_false", "dest": "enable_prefix_caching"}),
+    (
+        "--no-enable-prefix-caching",
+        {"action": "store_false", "dest": "enable_prefix_caching", "help": "do not reuse cached prefixes"},
+    ),
 ]
 
 
