@@ -147,3 +147,50 @@ def test_invariants_hold_every_step(seed):
     assert finished > 5 and next_id > 20  # the workload did something
     if num_blocks == 12:
         assert s.num_preemptions > 0  # the smallest pool always runs dry
+
+
+def _run_workload(seed: int, steady_decode: bool) -> tuple[list[tuple], int]:
+    """Plans and outputs of a workload with quiet stretches (arrivals in bursts, long generations),
+    where the steady-decode fast path applies; and how many plans it made."""
+    rng = random.Random(seed)
+    s = make(num_blocks=rng.choice([20, 64]), budget=rng.choice([6, 16, 64]), policy="fcfs")
+    s.enable_steady_decode = steady_decode
+    fast = 0
+    plain_steady = s._schedule_steady_decode
+
+    def counted(steady):
+        nonlocal fast
+        fast += 1
+        return plain_steady(steady)
+
+    s._schedule_steady_decode = counted
+    trace, next_id = [], 0
+    for step in range(200):
+        if step % 50 < 3:  # a burst of arrivals, then quiet
+            for _ in range(rng.choice([1, 2])):
+                s.add_request(new_request(rng, next_id))
+                next_id += 1
+        if rng.random() < 0.03 and s.requests:
+            s.abort_requests(rng.sample(sorted(s.requests), k=1))
+        plan = s.schedule()
+        outputs = s.update_from_output(plan, fake_runner(s, plan))
+        trace.append(
+            (
+                [n.request_id for n in plan.scheduled_new_reqs],
+                [(c.request_id, c.new_block_ids, c.num_computed_tokens) for c in plan.scheduled_cached_reqs],
+                dict(plan.num_scheduled_tokens),
+                plan.total_num_scheduled_tokens,
+                sorted(plan.finished_req_ids),
+                [(o.request_id, o.new_token_ids, o.finish_reason) for o in outputs],
+            )
+        )
+    return trace, fast
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_steady_decode_fast_path_plans_what_the_plain_path_plans(seed):
+    fast_trace, fast_plans = _run_workload(seed, steady_decode=True)
+    plain_trace, plain_fast_plans = _run_workload(seed, steady_decode=False)
+    assert plain_fast_plans == 0
+    assert fast_plans > 0  # the fast path really ran
+    assert fast_trace == plain_trace

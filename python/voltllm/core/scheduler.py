@@ -18,7 +18,8 @@ from __future__ import annotations
 import bisect
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from types import MappingProxyType
 
 from voltllm.config import SchedulerConfig
@@ -78,6 +79,30 @@ class WaitingQueue:
         return (request.priority, request.arrival_time, request.arrival_seq)
 
 
+@dataclass
+class _SteadyDecode:
+    """What the steady-decode fast path keeps: the last full plan's one-token-per-request schedule,
+    how many fast steps followed it, and which running requests (with their index in `running`)
+    outgrow their KV blocks at which fast step."""
+
+    num_scheduled_tokens: Mapping[str, int]
+    due: dict[int, list[tuple[int, Request]]]
+    step: int = 0
+
+    @classmethod
+    def after(
+        cls, plan: SchedulerOutput, running: list[Request], num_slots: dict[str, int]
+    ) -> _SteadyDecode:
+        """The state after `plan` scheduled one decode token for each of `running`. A request with c
+        computed tokens and s slots computes token c + j at fast step j, which needs a block once
+        c + j + 1 > s: first at step s - c."""
+        due: dict[int, list[tuple[int, Request]]] = {}
+        for index, request in enumerate(running):
+            step = num_slots[request.request_id] - request.num_computed_tokens
+            due.setdefault(step, []).append((index, request))
+        return cls(plan.num_scheduled_tokens, due)
+
+
 class Scheduler:
     """Owns the request set and the KV cache manager; produces one `SchedulerOutput` per step."""
 
@@ -95,6 +120,10 @@ class Scheduler:
         self.waiting = WaitingQueue(config.policy)
         self.running: list[Request] = []  # in admission order
         self._finished_req_ids: set[str] = set()  # for the next plan: the runner drops their state
+        # The steady-decode fast path (`_schedule_steady_decode`); off only to test it against the
+        # plain path.
+        self.enable_steady_decode = True
+        self._steady: _SteadyDecode | None = None
         self.num_preemptions = 0
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
@@ -129,6 +158,12 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """The next step's plan: running requests first (in order, preempting when the KV cache is
         full), then waiting ones, within the token budget."""
+        steady = self._steady
+        if steady is not None and not self.waiting:
+            plan = self._schedule_steady_decode(steady)
+            if plan is not None:
+                return plan
+        self._steady = None
         max_tokens = self.config.max_num_batched_tokens
         cached_reqs: list[CachedRequestData] = []
         new_reqs: list[NewRequestData] = []
@@ -139,11 +174,45 @@ class Scheduler:
             budget = self._schedule_waiting(budget, num_scheduled, new_reqs)
         finished_ids = frozenset(self._finished_req_ids)
         self._finished_req_ids = set()
-        return SchedulerOutput(
+        plan = SchedulerOutput(
             scheduled_new_reqs=tuple(new_reqs),
             scheduled_cached_reqs=tuple(cached_reqs),
             num_scheduled_tokens=MappingProxyType(num_scheduled),
             total_num_scheduled_tokens=max_tokens - budget,  # every scheduled token came out of it
+            finished_req_ids=finished_ids,
+        )
+        # Every running request got exactly one token and the budget was not used up (so none was cut
+        # short): until something changes, the next plans are this one plus new blocks.
+        one_each = len(num_scheduled) == len(self.running) == plan.total_num_scheduled_tokens
+        if self.enable_steady_decode and self.running and not new_reqs and one_each and budget > 0:
+            self._steady = _SteadyDecode.after(plan, self.running, self.kv.num_slots)
+        return plan
+
+    def _schedule_steady_decode(self, steady: _SteadyDecode) -> SchedulerOutput | None:
+        """The fast path, for the steps after a plan of one decode token per running request while
+        nothing changes (no arrival, finish, abort or preemption): the plain path would schedule the
+        same tokens and give new blocks to exactly the requests reaching a block boundary, so the
+        plan reuses the last `num_scheduled_tokens` and visits only those requests. None when the
+        pool cannot hold their blocks (the plain path then preempts).
+        `tests/core/test_scheduler_invariants.py` checks both paths give the same plans."""
+        steady.step += 1
+        due = steady.due.pop(steady.step, [])
+        if len(due) > self.kv.num_free_blocks:
+            return None
+        cached_reqs = []
+        block_size = self.kv.block_size
+        for index, request in sorted(due, key=lambda entry: entry[0]):  # in running order
+            new_blocks = self.kv.allocate_slots(request, 1)
+            assert new_blocks, "one token past a full block takes one block"
+            cached_reqs.append(self._cached_request_data(request, new_blocks, request.num_computed_tokens))
+            steady.due.setdefault(steady.step + block_size, []).append((index, request))
+        finished_ids = frozenset(self._finished_req_ids)
+        self._finished_req_ids = set()
+        return SchedulerOutput(
+            scheduled_new_reqs=(),
+            scheduled_cached_reqs=tuple(cached_reqs),
+            num_scheduled_tokens=steady.num_scheduled_tokens,
+            total_num_scheduled_tokens=len(steady.num_scheduled_tokens),
             finished_req_ids=finished_ids,
         )
 
@@ -207,13 +276,17 @@ class Scheduler:
         conditions and free finished requests. Returns one output per request that sampled."""
         scheduled, sampled = plan.num_scheduled_tokens, runner_output.sampled_token_ids
         logprobs = runner_output.logprobs or [None] * len(sampled)
-        requests = self.requests
+        steady = self._steady
+        if steady is not None and scheduled is steady.num_scheduled_tokens:
+            # A steady-decode plan with nothing changed since: its requests are `running`, in order.
+            requests = self.running
+        else:
+            requests = [self.requests.get(request_id) for request_id in scheduled]
         outputs: list[EngineCoreOutput] = []
         finished: list[Request] = []
-        for request_id, num_tokens, token_id, logprob in zip(
-            scheduled, scheduled.values(), sampled, logprobs, strict=True
+        for request, num_tokens, token_id, logprob in zip(
+            requests, scheduled.values(), sampled, logprobs, strict=True
         ):
-            request = requests.get(request_id)
             if request is None or request.status is not _RUNNING:
                 continue  # finished or aborted since the plan was made (the id may be new again)
             if request.num_computed_tokens < request.num_prompt_tokens:  # the step computed prompt tokens
@@ -304,6 +377,7 @@ class Scheduler:
         return candidates[-1]
 
     def _preempt(self, request: Request) -> None:
+        self._steady = None
         self.running.remove(request)
         self.kv.free(request)
         request.transition(RequestStatus.PREEMPTED)
@@ -343,6 +417,7 @@ class Scheduler:
         return None
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
+        self._steady = None
         if request.status is _RUNNING:
             self.running.remove(request)
         elif request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
@@ -352,6 +427,7 @@ class Scheduler:
     def _remove_from_running(self, finished: list[Request]) -> None:
         """Take finished requests out of `running`: a few one by one (a C-level search each), many
         with one pass (one removal each is quadratic when a whole batch ends at once)."""
+        self._steady = None
         if len(finished) <= 4:
             for request in finished:
                 self.running.remove(request)
