@@ -285,7 +285,11 @@ impl Inner {
         *lock(&slot.last_failure) = reason.clone();
         let stopping = self.stopping.load(Ordering::SeqCst);
         let restart = self.can_restart.load(Ordering::SeqCst) && !stopping;
-        tracing::error!(engine, %reason, restart, "engine died");
+        if stopping {
+            tracing::info!(engine, %reason, "engine stopped");
+        } else {
+            tracing::error!(engine, %reason, restart, "engine died");
+        }
         let ids: Vec<String> = lock(&self.streams)
             .iter()
             .filter(|(_, e)| e.engine == engine)

@@ -77,13 +77,110 @@ pub struct ChatRequest {
 }
 
 /// `prompt` of a completion: text, texts, token ids, or lists of token ids.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
+///
+/// Deserialized by hand: `#[serde(untagged)]` would first copy the whole value into serde's
+/// buffer, at ~32 bytes per token id, 16 times the size of a `1,` in the body. Here the first
+/// element picks the shape and the rest is read straight into it.
+#[derive(Debug, Clone)]
 pub enum PromptField {
     Text(String),
     Texts(Vec<String>),
     Tokens(Vec<i64>),
     TokenLists(Vec<Vec<i64>>),
+}
+
+/// The first element of a list `prompt`, which decides the list's shape.
+enum PromptItem {
+    Text(String),
+    Token(i64),
+    Tokens(Vec<i64>),
+}
+
+impl<'de> Deserialize<'de> for PromptItem {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = PromptItem;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string, a token id or a list of token ids")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<PromptItem, E> {
+                Ok(PromptItem::Text(v.to_string()))
+            }
+            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<PromptItem, E> {
+                Ok(PromptItem::Text(v))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<PromptItem, E> {
+                Ok(PromptItem::Token(v))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<PromptItem, E> {
+                i64::try_from(v)
+                    .map(PromptItem::Token)
+                    .map_err(|_| E::custom("token id out of range"))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                seq: A,
+            ) -> Result<PromptItem, A::Error> {
+                Vec::<i64>::deserialize(serde::de::value::SeqAccessDeserializer::new(seq))
+                    .map(PromptItem::Tokens)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl<'de> Deserialize<'de> for PromptField {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = PromptField;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string, a list of strings, a list of token ids or a list of lists")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<PromptField, E> {
+                Ok(PromptField::Text(v.to_string()))
+            }
+            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<PromptField, E> {
+                Ok(PromptField::Text(v))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<PromptField, A::Error> {
+                let rest = |n: usize| n.min(1 << 16);
+                let hint = seq.size_hint().unwrap_or(0);
+                Ok(match seq.next_element::<PromptItem>()? {
+                    None => PromptField::Texts(Vec::new()),
+                    Some(PromptItem::Text(first)) => {
+                        let mut all = Vec::with_capacity(rest(hint));
+                        all.push(first);
+                        while let Some(t) = seq.next_element::<String>()? {
+                            all.push(t);
+                        }
+                        PromptField::Texts(all)
+                    }
+                    Some(PromptItem::Token(first)) => {
+                        let mut all = Vec::with_capacity(rest(hint));
+                        all.push(first);
+                        while let Some(t) = seq.next_element::<i64>()? {
+                            all.push(t);
+                        }
+                        PromptField::Tokens(all)
+                    }
+                    Some(PromptItem::Tokens(first)) => {
+                        let mut all = Vec::with_capacity(rest(hint));
+                        all.push(first);
+                        while let Some(t) = seq.next_element::<Vec<i64>>()? {
+                            all.push(t);
+                        }
+                        PromptField::TokenLists(all)
+                    }
+                })
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// `POST /v1/completions` body.
@@ -467,6 +564,17 @@ mod tests {
         assert!(matches!(p, PromptField::Tokens(v) if v == vec![1, 2]));
         let p: PromptField = serde_json::from_value(json!([[1], [2, 3]])).unwrap();
         assert!(matches!(p, PromptField::TokenLists(v) if v.len() == 2));
+        let p: PromptField = serde_json::from_str("[]").unwrap();
+        assert!(matches!(p, PromptField::Texts(v) if v.is_empty()));
+        for mixed in [
+            json!([1, "a"]),
+            json!(["a", 1]),
+            json!([[1], 2]),
+            json!({"a": 1}),
+            json!(3),
+        ] {
+            assert!(serde_json::from_value::<PromptField>(mixed).is_err());
+        }
         assert!(prompt_ids(&[5, 200], 100).is_err());
         assert!(prompt_ids(&[], 100).is_err());
     }

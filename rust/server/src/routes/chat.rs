@@ -56,6 +56,16 @@ fn logprobs_json(logprobs: &[TokenLogprob]) -> Json {
     json!({ "content": content })
 }
 
+/// Bytes of every string inside a JSON value (the text a message contributes to the prompt).
+fn json_text_bytes(value: &Json) -> usize {
+    match value {
+        Json::String(s) => s.len(),
+        Json::Array(items) => items.iter().map(json_text_bytes).sum(),
+        Json::Object(map) => map.values().map(json_text_bytes).sum(),
+        _ => 0,
+    }
+}
+
 /// Handler.
 pub async fn chat_completions(
     state: SharedState,
@@ -88,6 +98,9 @@ pub async fn chat_completions(
         (false, _) => None,
     };
     let (mut params, options) = openai::sampling_params(&req.common, logprobs, state.vocab_size)?;
+    // A conversation whose text alone cannot fit is refused before it is copied and rendered.
+    let text_bytes: usize = req.messages.iter().map(json_text_bytes).sum();
+    state.check_prompt_bytes("messages", text_bytes)?;
     let messages = openai::normalize_messages(&req.messages)?;
     let render = RenderOptions {
         add_generation_prompt: req
