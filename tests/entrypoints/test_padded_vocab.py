@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import httpx
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
-from voltllm_cli import start_server
+from voltllm_cli import serving
 
 from voltllm import LLM, SamplingParams
 
@@ -90,16 +89,8 @@ def test_llm_generates_and_reads_padded_ids(model_dir: Path, padded_ids: list[in
 
 @pytest.fixture(scope="module")
 def server(model_dir: Path) -> Iterator[str]:
-    proc, base = start_server(str(model_dir), "--num-kv-blocks", "64")
-    try:
+    with serving(str(model_dir), "--num-kv-blocks", "64") as (_, base):
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
 
 
 def test_server_generates_and_reads_padded_ids(server: str, model_dir: Path, padded_ids: list[int]) -> None:

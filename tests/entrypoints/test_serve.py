@@ -13,23 +13,15 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from voltllm_cli import start_server
+from voltllm_cli import serving, start_server
 
 MODEL = "SmolLM2-135M-Instruct"
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
-    proc, base = start_server("--num-kv-blocks", "1024")
-    try:
+    with serving("--num-kv-blocks", "1024") as (_, base):
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from voltllm_cli import start_server
+from voltllm_cli import serving
 
 pytestmark = pytest.mark.slow
 
@@ -42,15 +42,8 @@ def bodies() -> list[tuple[str, bytes]]:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[tuple[subprocess.Popen, str]]:
-    proc, base = start_server("--num-kv-blocks", "64")
-    try:
-        yield proc, base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    with serving("--num-kv-blocks", "64", stop_timeout=60) as started:
+        yield started
 
 
 def test_eight_concurrent_30mb_bodies_stay_within_1gb(server: tuple[subprocess.Popen, str]) -> None:

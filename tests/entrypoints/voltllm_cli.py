@@ -6,6 +6,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -39,3 +41,19 @@ def start_server(*args: str, timeout: float = 600) -> tuple[subprocess.Popen, st
             proc.kill()
             raise AssertionError("voltllm serve did not become healthy")
         time.sleep(1)
+
+
+@contextmanager
+def serving(*args: str, stop_timeout: float = 30) -> Iterator[tuple[subprocess.Popen, str]]:
+    """`start_server(*args)` for the `with` body, then SIGTERM; a server that has not exited after
+    `stop_timeout` s is killed and the test fails (shutdown must not hang)."""
+    proc, base = start_server(*args)
+    try:
+        yield proc, base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=stop_timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
