@@ -6,37 +6,13 @@ import random
 
 import pytest
 import torch
-from tiny_models import PLAIN_CONFIGS, save_plain_model
+from tiny_models import PLAIN_CONFIGS, engine_prompts, hf_greedy, save_plain_model
 
 from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from voltllm.engine.llm_engine import LLMEngine
 from voltllm.protocol import EngineCoreRequest, EngineSamplingParams
 
 NEW_TOKENS = 32
-
-
-def make_prompts(vocab: int, seed: int = 0) -> list[list[int]]:
-    """10 prompts of 3..70 tokens; every third starts with the same 24-token prefix."""
-    rng = random.Random(seed)
-    prefix = [rng.randrange(3, vocab) for _ in range(24)]
-    out = []
-    for i in range(10):
-        own = [rng.randrange(3, vocab) for _ in range(rng.randrange(3, 46))]
-        out.append(prefix + own if i % 3 == 0 else own)
-    return out
-
-
-def hf_greedy(model: torch.nn.Module, prompt: list[int]) -> tuple[list[int], torch.Tensor]:
-    out = model.generate(
-        torch.tensor([prompt]),
-        max_new_tokens=NEW_TOKENS,
-        do_sample=False,
-        eos_token_id=None,
-        pad_token_id=0,
-        output_logits=True,
-        return_dict_in_generate=True,
-    )
-    return out.sequences[0, len(prompt) :].tolist(), out.logits[-1][0].float().log_softmax(-1)
 
 
 @pytest.mark.parametrize("arch", sorted(PLAIN_CONFIGS))
@@ -49,14 +25,14 @@ def test_greedy_matches_transformers(arch, tmp_path):
         device="cpu",
     )
     engine = LLMEngine(config)
-    prompts = make_prompts(engine.vocab_size)
+    prompts = engine_prompts(engine.vocab_size, 10)
     params = EngineSamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=20)
     requests = [EngineCoreRequest(str(i), p, params, float(i)) for i, p in enumerate(prompts)]
     outputs = engine.generate_token_ids(requests)
     assert engine.get_stats().prefix_cache_hits > 0  # the shared prefix was reused
     with torch.inference_mode():
         for i, prompt in enumerate(prompts):
-            ref_tokens, ref_last_logprobs = hf_greedy(hf_model, prompt)
+            ref_tokens, ref_last_logprobs = hf_greedy(hf_model, prompt, NEW_TOKENS)
             out = outputs[str(i)]
             assert out.new_token_ids == ref_tokens, f"prompt {i} ({len(prompt)} tokens)"
             last = out.new_logprobs[-1]
@@ -114,7 +90,8 @@ def test_prefix_cache_and_preemption_keep_outputs(tmp_path):
         out.new_token_ids
     )
 
-    requests = [EngineCoreRequest(str(i), p, params, 0.0) for i, p in enumerate(make_prompts(320, seed=5))]
+    prompts = engine_prompts(320, 10, seed=5)
+    requests = [EngineCoreRequest(str(i), p, params, 0.0) for i, p in enumerate(prompts)]
     roomy = _llama_engine(model_dir, 256).generate_token_ids(requests)
     tight_engine = _llama_engine(model_dir, 16)  # 128 tokens of cache for ~10 x 60 tokens
     tight = tight_engine.generate_token_ids(requests)

@@ -5,41 +5,15 @@ logprobs within float tolerance (CPU, fp32)."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
-from tiny_models import MOE_CONFIGS, save_moe_model
+from tiny_models import MOE_CONFIGS, engine_prompts, hf_greedy, save_moe_model
 
 from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from voltllm.engine.llm_engine import LLMEngine
 from voltllm.protocol import EngineCoreRequest, EngineSamplingParams
 
 NEW_TOKENS = 32
-
-
-def make_prompts(vocab: int, seed: int = 0) -> list[list[int]]:
-    """6 prompts of 3..70 tokens; every third starts with the same 24-token prefix."""
-    rng = random.Random(seed)
-    prefix = [rng.randrange(3, vocab) for _ in range(24)]
-    out = []
-    for i in range(6):
-        own = [rng.randrange(3, vocab) for _ in range(rng.randrange(3, 46))]
-        out.append(prefix + own if i % 3 == 0 else own)
-    return out
-
-
-def hf_greedy(model: torch.nn.Module, prompt: list[int]) -> tuple[list[int], torch.Tensor]:
-    out = model.generate(
-        torch.tensor([prompt]),
-        max_new_tokens=NEW_TOKENS,
-        do_sample=False,
-        eos_token_id=None,
-        pad_token_id=0,
-        output_logits=True,
-        return_dict_in_generate=True,
-    )
-    return out.sequences[0, len(prompt) :].tolist(), out.logits[-1][0].float().log_softmax(-1)
 
 
 @pytest.mark.parametrize("name", sorted(MOE_CONFIGS))
@@ -52,14 +26,14 @@ def test_greedy_matches_transformers(name: str, tmp_path) -> None:
         device="cpu",
     )
     engine = LLMEngine(config)
-    prompts = make_prompts(engine.vocab_size)
+    prompts = engine_prompts(engine.vocab_size, 6)
     params = EngineSamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=20)
     requests = [EngineCoreRequest(str(i), p, params, float(i)) for i, p in enumerate(prompts)]
     outputs = engine.generate_token_ids(requests)
     assert engine.get_stats().prefix_cache_hits > 0  # the shared prefix was reused
     with torch.inference_mode():
         for i, prompt in enumerate(prompts):
-            ref_tokens, ref_last_logprobs = hf_greedy(hf_model, prompt)
+            ref_tokens, ref_last_logprobs = hf_greedy(hf_model, prompt, NEW_TOKENS)
             out = outputs[str(i)]
             assert out.new_token_ids == ref_tokens, f"prompt {i} ({len(prompt)} tokens)"
             last = out.new_logprobs[-1]

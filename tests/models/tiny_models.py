@@ -8,6 +8,7 @@ both ways (`moe_config`)."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import torch
@@ -203,3 +204,28 @@ def save_moe_model(name: str, out_dir: Path, seed: int = 0, plain: bool = False,
         randomize_(model, seed)
     model.save_pretrained(out_dir, **save_kwargs)
     return model
+
+
+def engine_prompts(vocab: int, num: int, seed: int = 0) -> list[list[int]]:
+    """`num` prompts of 3..70 tokens; every third starts with the same 24-token prefix (prefix-cache hits)."""
+    rng = random.Random(seed)
+    prefix = [rng.randrange(3, vocab) for _ in range(24)]
+    out = []
+    for i in range(num):
+        own = [rng.randrange(3, vocab) for _ in range(rng.randrange(3, 46))]
+        out.append(prefix + own if i % 3 == 0 else own)
+    return out
+
+
+def hf_greedy(model: torch.nn.Module, prompt: list[int], new_tokens: int) -> tuple[list[int], torch.Tensor]:
+    """transformers' greedy continuation of `prompt` and the log-probabilities of its last step."""
+    out = model.generate(
+        torch.tensor([prompt]),
+        max_new_tokens=new_tokens,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    return out.sequences[0, len(prompt) :].tolist(), out.logits[-1][0].float().log_softmax(-1)
