@@ -40,6 +40,16 @@ def vectors() -> dict[str, tuple[p.MessageType, object]]:
         ignore_eos=False,
         logprobs=5,
         logit_bias={0: -100.0, 65535: 2.5},
+        structured_output=p.StructuredOutput(
+            kind="json", spec='{"type": "object", "properties": {"name": {"type": "string"}}}'
+        ),
+        prompt_logprobs=0,
+    )
+    choice = p.EngineSamplingParams(
+        temperature=0.0,
+        max_tokens=8,
+        structured_output=p.StructuredOutput(kind="choice", spec='["yes", "no"]'),
+        prompt_logprobs=2,
     )
     stats = p.SchedulerStats(
         num_running=3,
@@ -63,6 +73,7 @@ def vectors() -> dict[str, tuple[p.MessageType, object]]:
                 priority=-3,
             ),
         ),
+        "add_choice": (p.MessageType.ADD, p.EngineCoreRequest("cmpl-2-0", [5, 6], choice, 1700000002.0)),
         "abort": (p.MessageType.ABORT, ["req-0", "chatcmpl-é中-1"]),
         "utility": (p.MessageType.UTILITY, p.UtilityCall(call_id=7, method="reset_prefix_cache", args=[])),
         "ready": (
@@ -105,6 +116,20 @@ def vectors() -> dict[str, tuple[p.MessageType, object]]:
                     p.EngineCoreOutput("req-3", [], finish_reason="error", error="prompt is empty"),
                     p.EngineCoreOutput("req-4", [], finish_reason="abort"),
                     p.EngineCoreOutput("req-5", [99], finish_reason="length"),
+                    p.EngineCoreOutput(
+                        "req-6",
+                        [11],
+                        prompt_logprobs=[
+                            p.TokenLogprobs([20, 20, 4], [-1.5, -1.5, -2.75], 1),
+                            p.TokenLogprobs([30, 31, 32], [-4.0, -0.25, -1.0], 3),
+                        ],
+                    ),
+                    p.EngineCoreOutput(
+                        "req-7",
+                        [],
+                        finish_reason="error",
+                        error="structured_output: invalid JSON schema: expected value at line 1 column 1",
+                    ),
                 ],
                 scheduler_stats=stats,
                 timestamp=1700000001.0,

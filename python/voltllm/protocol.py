@@ -41,6 +41,23 @@ class FinishReason(str, enum.Enum):
     ERROR = "error"
 
 
+class StructuredOutputKind(str, enum.Enum):
+    """What `StructuredOutput.spec` holds."""
+
+    JSON = "json"  # JSON Schema text
+    JSON_OBJECT = "json_object"  # any JSON object; spec is ""
+    REGEX = "regex"  # a regular expression the whole output matches
+    CHOICE = "choice"  # a JSON array of strings; the output is exactly one of them
+    GRAMMAR = "grammar"  # a Lark grammar as llguidance reads it (GBNF is converted by the engine)
+
+
+class StructuredOutput(msgspec.Struct, kw_only=True):
+    """A constraint on the generated tokens, enforced by the engine's grammar matcher (a map)."""
+
+    kind: str
+    spec: str = ""
+
+
 class EngineSamplingParams(msgspec.Struct, kw_only=True):
     """Sampling settings of one request, as they travel (validation lives in `voltllm.sampling_params`;
     `SamplingParams.to_wire()` builds one)."""
@@ -59,6 +76,8 @@ class EngineSamplingParams(msgspec.Struct, kw_only=True):
     ignore_eos: bool = False
     logprobs: int | None = None
     logit_bias: dict[int, float] | None = None
+    structured_output: StructuredOutput | None = None
+    prompt_logprobs: int | None = None
 
 
 class EngineCoreRequest(msgspec.Struct, array_like=True):
@@ -70,8 +89,8 @@ class EngineCoreRequest(msgspec.Struct, array_like=True):
 
 
 class TokenLogprobs(msgspec.Struct, array_like=True, gc=False):
-    """Log-probabilities at one generated position: the sampled token first, then the top-N
-    alternatives; `rank` is the sampled token's rank (1 = best)."""
+    """Log-probabilities at one position: the sampled (or, for a prompt position, the prompt's) token
+    first, then the top-N alternatives; `rank` is that first token's rank (1 = best)."""
 
     token_ids: list[int]
     logprobs: list[float]
@@ -92,6 +111,9 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, gc=False):
     queued_ts: float | None = None
     scheduled_ts: float | None = None
     first_token_ts: float | None = None
+    # Prompt positions 1..len-1 (position 0 has no context, so no entry), once, on the request's first
+    # output that carries tokens; None when the request did not ask for them.
+    prompt_logprobs: list[TokenLogprobs] | None = None
 
     @property
     def finished(self) -> bool:

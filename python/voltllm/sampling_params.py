@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from voltllm.protocol import EngineSamplingParams
+from voltllm.protocol import EngineSamplingParams, StructuredOutput, StructuredOutputKind
 
 MAX_LOGPROBS = 20
 _FLOAT_FIELDS = (
@@ -85,6 +85,23 @@ def validate_wire_params(params: EngineSamplingParams, vocab_size: int | None = 
         for token_id, bias in params.logit_bias.items():
             _check_token_id("logit_bias", token_id, vocab_size)
             _check_float(f"logit_bias[{token_id}]", bias, -100.0, 100.0)
+    if params.prompt_logprobs is not None:
+        _check_int("prompt_logprobs", params.prompt_logprobs)
+        if not 0 <= params.prompt_logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {params.prompt_logprobs}")
+    if params.structured_output is not None:
+        _check_structured_output(params.structured_output)
+
+
+def _check_structured_output(constraint: StructuredOutput) -> None:
+    """The shape of a constraint; whether its spec compiles is the grammar engine's to say."""
+    kinds = [k.value for k in StructuredOutputKind]
+    if constraint.kind not in kinds:
+        raise ValueError(f"structured_output.kind must be one of {', '.join(kinds)}; got {constraint.kind!r}")
+    if not isinstance(constraint.spec, str):
+        raise ValueError(f"structured_output.spec must be a string, got {constraint.spec!r}")
+    if constraint.kind != StructuredOutputKind.JSON_OBJECT.value and not constraint.spec:
+        raise ValueError(f"structured_output.spec is empty; a {constraint.kind!r} constraint needs one")
 
 
 @dataclass

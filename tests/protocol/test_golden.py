@@ -46,3 +46,28 @@ def test_sampling_params_map_tolerates_unknown_and_missing_keys() -> None:
     raw = msgspec.msgpack.encode({"temperature": 0.5, "a_future_field": [1, 2]})
     params = msgspec.msgpack.decode(raw, type=p.EngineSamplingParams)
     assert params.temperature == 0.5 and params.max_tokens == 16
+
+
+def test_output_from_an_older_peer_reads_prompt_logprobs_as_nil() -> None:
+    """`EngineCoreOutput` grew an 11th field; a 10-field array (an older engine) still decodes."""
+    raw = msgspec.msgpack.encode(["r", [1], None, None, None, None, 0, None, None, None])
+    out = msgspec.msgpack.decode(raw, type=p.EngineCoreOutput)
+    assert out.prompt_logprobs is None and out.new_token_ids == [1]
+
+
+@pytest.mark.parametrize(
+    ("update", "message"),
+    [
+        ({"prompt_logprobs": 21}, "prompt_logprobs must be in"),
+        ({"prompt_logprobs": -1}, "prompt_logprobs must be in"),
+        ({"structured_output": p.StructuredOutput(kind="yaml", spec="x")}, "structured_output.kind"),
+        ({"structured_output": p.StructuredOutput(kind="regex", spec="")}, "structured_output.spec is empty"),
+    ],
+)
+def test_wire_validation_names_the_new_fields(update: dict, message: str) -> None:
+    from voltllm.sampling_params import validate_wire_params
+
+    params = msgspec.structs.replace(p.EngineSamplingParams(), **update)
+    with pytest.raises(ValueError, match=message):
+        validate_wire_params(params)
+    validate_wire_params(p.EngineSamplingParams(structured_output=p.StructuredOutput(kind="json_object")))

@@ -168,7 +168,28 @@ fn error_output(request_id: String, message: &str) -> EngineCoreOutput {
         queued_ts: None,
         scheduled_ts: None,
         first_token_ts: None,
+        prompt_logprobs: None,
     }
+}
+
+/// Prompt logprobs the mock reports: every prompt token at -1.0 with rank 1, then `n` alternatives.
+fn mock_prompt_logprobs(prompt: &[u32], n: u32, vocab: u32) -> Vec<Logprob> {
+    prompt[1..]
+        .iter()
+        .map(|&token| {
+            let mut token_ids = vec![token];
+            let mut logprobs = vec![-1.0];
+            for k in 0..n {
+                token_ids.push((token + k) % vocab);
+                logprobs.push(-1.0 - k as f64);
+            }
+            Logprob {
+                token_ids,
+                logprobs,
+                rank: 1,
+            }
+        })
+        .collect()
 }
 
 struct State {
@@ -234,7 +255,13 @@ impl State {
                 queued_ts: Some(r.request.arrival_time),
                 scheduled_ts: Some(r.request.arrival_time),
                 first_token_ts: Some(now),
+                prompt_logprobs: None,
             };
+            if r.num_generated == 0 {
+                out.prompt_logprobs = p
+                    .prompt_logprobs
+                    .map(|n| mock_prompt_logprobs(prompt, n, vocab));
+            }
             for _ in 0..per_step {
                 let token = prompt[r.num_generated as usize % prompt.len()];
                 r.num_generated += 1;

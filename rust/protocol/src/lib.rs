@@ -1,6 +1,6 @@
 //! Wire types between the voltllm front end and EngineCore processes.
 //!
-//! `docs/protocol.md` is the specification; `python/voltllm/engine/protocol.py` is the Python half.
+//! `docs/protocol.md` is the specification; `python/voltllm/protocol.py` is the Python half.
 //! Every message is two ZeroMQ frames, `[type: 1 byte][payload: msgpack]`.
 //!
 //! Encoding invariants (checked byte for byte against the golden vectors in
@@ -163,6 +163,45 @@ impl<'de> Deserialize<'de> for LogitBias {
     }
 }
 
+/// What [`StructuredOutput::spec`] holds; the wire spelling is the lowercase name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StructuredOutputKind {
+    /// A JSON Schema (its text).
+    Json,
+    /// Any JSON object; the spec is empty.
+    JsonObject,
+    /// A regular expression the whole output matches.
+    Regex,
+    /// A JSON array of strings; the output is exactly one of them.
+    Choice,
+    /// A Lark grammar as llguidance reads it (the engine converts GBNF).
+    Grammar,
+}
+
+impl StructuredOutputKind {
+    /// The wire spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Json => "json",
+            Self::JsonObject => "json_object",
+            Self::Regex => "regex",
+            Self::Choice => "choice",
+            Self::Grammar => "grammar",
+        }
+    }
+}
+
+/// A constraint on the generated tokens, enforced by the engine's grammar matcher (a map).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct StructuredOutput {
+    pub kind: StructuredOutputKind,
+    #[serde(default)]
+    pub spec: String,
+}
+
+map_struct!(StructuredOutput { kind, spec });
+
 /// Sampling settings of one request, as they travel (a map: new fields can be added).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default)]
@@ -181,6 +220,10 @@ pub struct SamplingParams {
     pub ignore_eos: bool,
     pub logprobs: Option<u32>,
     pub logit_bias: Option<LogitBias>,
+    /// The constraint the output must satisfy, if any.
+    pub structured_output: Option<StructuredOutput>,
+    /// Top-N alternatives per prompt position (0: only the prompt token's own); `None`: none.
+    pub prompt_logprobs: Option<u32>,
 }
 
 impl Default for SamplingParams {
@@ -200,6 +243,8 @@ impl Default for SamplingParams {
             ignore_eos: false,
             logprobs: None,
             logit_bias: None,
+            structured_output: None,
+            prompt_logprobs: None,
         }
     }
 }
@@ -219,6 +264,8 @@ map_struct!(SamplingParams {
     ignore_eos,
     logprobs,
     logit_bias,
+    structured_output,
+    prompt_logprobs,
 });
 
 /// ADD payload (array).
@@ -233,7 +280,7 @@ pub struct EngineCoreRequest {
     pub priority: i64,
 }
 
-/// Sampled token first, then the top-N alternatives; `rank` is the sampled token's rank (1 = best).
+/// Sampled (or prompt) token first, then the top-N alternatives; `rank` is that token's rank (1 = best).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Logprob {
     pub token_ids: Vec<u32>,
@@ -262,6 +309,10 @@ pub struct EngineCoreOutput {
     pub scheduled_ts: Option<f64>,
     #[serde(default)]
     pub first_token_ts: Option<f64>,
+    /// Prompt positions 1..len-1 (position 0 has no context: no entry), sent once, on the
+    /// request's first output that carries tokens; `None` unless the request asked for them.
+    #[serde(default)]
+    pub prompt_logprobs: Option<Vec<Logprob>>,
 }
 
 impl EngineCoreOutput {
