@@ -25,6 +25,8 @@ void fused_add_rms_norm(at::Tensor& input, at::Tensor& residual, const at::Tenso
 void rotary_embedding(const at::Tensor& positions, at::Tensor& query, const std::optional<at::Tensor>& key,
                       const at::Tensor& cos_sin_cache, int64_t head_size, bool is_neox);
 void silu_and_mul(at::Tensor& out, const at::Tensor& input);
+void radix_sampling(at::Tensor& out, const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& top_k,
+                    const at::Tensor& top_p, const at::Tensor& min_p, const at::Tensor& seeds);
 void gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
           bool swiglu);
 void add_rms_norm_gemv(at::Tensor& out, at::Tensor& residual_out, const at::Tensor& hidden,
@@ -54,6 +56,9 @@ TORCH_LIBRARY(voltllm_C, m) {
       "rotary_embedding(Tensor positions, Tensor(a!) query, Tensor(b!)? key, Tensor cos_sin_cache, "
       "int head_size, bool is_neox) -> ()");
   m.def("silu_and_mul(Tensor(a!) out, Tensor input) -> ()");
+  m.def(
+      "radix_sampling(Tensor(a!) out, Tensor logits, Tensor temperature, Tensor top_k, Tensor top_p, Tensor min_p, "
+      "Tensor seeds) -> ()");
   m.def("gemv(Tensor(a!) out, Tensor x, Tensor weight, Tensor? bias, bool swiglu) -> ()");
   m.def(
       "add_rms_norm_gemv(Tensor(a!) out, Tensor(b!) residual_out, Tensor hidden, Tensor residual, "
@@ -72,6 +77,7 @@ TORCH_LIBRARY_IMPL(voltllm_C, CUDA, m) {
   m.impl("fused_add_rms_norm", &voltllm::fused_add_rms_norm);
   m.impl("rotary_embedding", &voltllm::rotary_embedding);
   m.impl("silu_and_mul", &voltllm::silu_and_mul);
+  m.impl("radix_sampling", &voltllm::radix_sampling);
   m.impl("gemv", &voltllm::gemv);
   m.impl("add_rms_norm_gemv", &voltllm::add_rms_norm_gemv);
   m.impl("qk_norm_rope_kv_write", &voltllm::qk_norm_rope_kv_write);

@@ -170,9 +170,7 @@ def test_every_variant_runs_the_reference_on_cpu(prefill: str | None) -> None:
     seq_lens = [3, 40]
     kv_cache, block_tables = _paged(seq_lens, 2, 16, gen)
     query = torch.randn(2, 8, 16, generator=gen)
-    out = ops.paged_decode_attention(
-        query, kv_cache, block_tables, torch.tensor(seq_lens), seq_lens, 0.25
-    )
+    out = ops.paged_decode_attention(query, kv_cache, block_tables, torch.tensor(seq_lens), seq_lens, 0.25)
     expected = ops.paged_attention_ref(query, kv_cache, block_tables, [1, 1], seq_lens, 0.25)
     torch.testing.assert_close(out, expected)
     qsl = torch.tensor([0, 1, 2], dtype=torch.int32)

@@ -121,7 +121,7 @@ def test_penalties():
 
 
 def test_logprobs_rank_and_order():
-    m = md(1, 1.0, generators={0: torch.Generator().manual_seed(5)})
+    m = md(1, 1.0, seeds={0: 5})
     m.num_logprobs = [3]
     out = Sampler()(BASE.unsqueeze(0), m)
     lp = out.logprobs[0]
@@ -138,14 +138,13 @@ def test_seeded_rows_do_not_depend_on_batch():
 
     def run(rows: list[int], seeded_row_in_batch: int) -> int:
         batch = logits[rows]
-        gens = {seeded_row_in_batch: torch.Generator().manual_seed(seed_for_step(42, 3))}
-        out = Sampler(torch.Generator().manual_seed(len(rows)))(batch, md(len(rows), 1.0, generators=gens))
+        seeds = {seeded_row_in_batch: seed_for_step(42, 3)}
+        out = Sampler(torch.Generator().manual_seed(len(rows)))(batch, md(len(rows), 1.0, seeds=seeds))
         return out.sampled_token_ids[seeded_row_in_batch]
 
     results = {run([2], 0), run([0, 1, 2, 3], 2), run([5, 2], 1), run([2, 4, 0, 1, 3, 5], 0)}
     assert len(results) == 1
     draws = set()
     for step in range(20):
-        gens = {0: torch.Generator().manual_seed(seed_for_step(42, step))}
-        draws.add(Sampler()(logits[2:3], md(1, 1.0, generators=gens)).sampled_token_ids[0])
+        draws.add(Sampler()(logits[2:3], md(1, 1.0, seeds={0: seed_for_step(42, step)})).sampled_token_ids[0])
     assert len(draws) > 1  # different steps draw differently

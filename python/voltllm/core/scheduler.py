@@ -90,9 +90,7 @@ class _SteadyDecode:
     step: int = 0
 
     @classmethod
-    def after(
-        cls, plan: SchedulerOutput, running: list[Request], num_slots: dict[str, int]
-    ) -> _SteadyDecode:
+    def after(cls, plan: SchedulerOutput, running: list[Request], num_slots: dict[str, int]) -> _SteadyDecode:
         """The state after `plan` scheduled one decode token for each of `running`. A request with c
         computed tokens and s slots computes token c + j at fast step j, which needs a block once
         c + j + 1 > s: first at step s - c."""

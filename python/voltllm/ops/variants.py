@@ -43,6 +43,7 @@ def _elementwise() -> dict[str, list[str]]:
             for rows in (1, 2)
             for swiglu in ("false", "true")
         ],
+        "sampling/radix_sampling.cuh": [f"voltllm::radix_sampling_kernel<{t}>" for t in ("float", *DTYPES)],
         "ops/qk_norm_rope.cuh": [
             f"voltllm::qk_norm_rope_kernel<{t}, {h}>" for t in DTYPES for h in HEAD_SIZES
         ],
@@ -83,7 +84,8 @@ def _merge(*parts: dict[str, list[str]]) -> dict[str, list[str]]:
 
 def dynamic_smem_probes() -> dict[str, str]:
     """Kernel expression -> a `__device__` constant holding the dynamic shared memory it launches with."""
-    probes: dict[str, str] = {}
+    sampling = "voltllm::radix_sampling_smem_bytes"
+    probes = {f"voltllm::radix_sampling_kernel<{t}>": sampling for t in ("float", *DTYPES)}
     for dtype in DTYPES:
         for h in HEAD_SIZES:
             args = f"<{dtype}, {h}>"

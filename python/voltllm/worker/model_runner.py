@@ -290,9 +290,6 @@ class ModelRunner:
             if state is not None:
                 self.block_table.free_row(state.row)
         for new in plan.scheduled_new_reqs:
-            generator = None
-            if new.sampling_params.seed is not None:
-                generator = torch.Generator(device=self.device)
             row = self.block_table.add_row(new.block_ids)
             self.requests[new.request_id] = CachedRequestState(
                 request_id=new.request_id,
@@ -300,7 +297,6 @@ class ModelRunner:
                 sampling_params=new.sampling_params,
                 row=row,
                 num_blocks=len(new.block_ids),
-                generator=generator,
             )
             self.arrays.start(
                 row, new.token_ids, new.num_computed_tokens, is_plain_greedy(new.sampling_params)

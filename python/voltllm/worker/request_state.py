@@ -26,7 +26,6 @@ class CachedRequestState:
     sampling_params: EngineSamplingParams
     row: int  # this request's row of the block table and of the request arrays
     num_blocks: int  # entries of its block-table row in use
-    generator: torch.Generator | None = None  # a seeded request's own noise
     # Device tensors the sampling metadata needs every step, built on first use:
     logit_bias: tuple[torch.Tensor, torch.Tensor] | None = None  # (token ids int64, bias float32)
     min_tokens_stop_ids: torch.Tensor | None = None  # EOS (unless ignore_eos) + stop ids, int64

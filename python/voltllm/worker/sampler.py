@@ -4,10 +4,12 @@ Order (as vLLM): logit bias -> min-tokens stop masking -> repetition / frequency
 -> temperature -> logprobs of that distribution -> top-k / top-p / min-p -> sample. Greedy rows
 (temperature 0) take the argmax of the penalised logits.
 
-Sampling uses the exponential race: argmax(p / E) with E ~ Exp(1) per token draws exactly from p, and
-lets every seeded row draw its noise from its own generator. A seeded row's generator is re-seeded
-each step from (seed, number of tokens generated so far), so its tokens depend only on its own seed
-and history: not on what else is in the batch, and not on a preemption that rebuilt its state.
+The draw itself is `voltllm.ops.sample_tokens` (a kernel on a GPU, its torch reference elsewhere): top-k,
+top-p and min-p by threshold search instead of a vocabulary sort, and the exponential race with noise
+hashed from a per-row seed and the token id. A seeded row's seed is derived each step from (seed,
+number of tokens generated so far), so its tokens depend only on its own seed and history: not on what
+else is in the batch, and not on a preemption that rebuilt its state. Other rows get fresh seeds from
+the sampler's generator each step.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from voltllm.ops.sampling import random_seeds, sample_tokens, seed_as_int64
 from voltllm.protocol import TokenLogprobs
 
 _MASK = float("-inf")
@@ -30,7 +33,7 @@ class SamplingMetadata:
     top_k: torch.Tensor | None = None  # [N] int64, vocab_size where off; None when no row uses it
     top_p: torch.Tensor | None = None  # [N] float32; None when no row uses it
     min_p: torch.Tensor | None = None  # [N] float32; None when no row uses it
-    generators: dict[int, torch.Generator] = field(default_factory=dict)  # row -> seeded generator
+    seeds: dict[int, int] = field(default_factory=dict)  # row -> this step's noise seed (seeded requests)
     # Penalties, None when no row uses any. Token-id matrices are padded with vocab_size.
     prompt_token_ids: torch.Tensor | None = None  # [N, max_prompt_len] int64
     output_token_ids: torch.Tensor | None = None  # [N, max_output_len] int64
@@ -62,37 +65,42 @@ class Sampler:
             # Nothing modifies the logits and nothing reads a distribution: the argmax is the answer,
             # without copying the [N, vocab] logits (the common case of a greedy batch).
             return SamplerOutput(logits.argmax(dim=-1).tolist(), [None] * logits.shape[0])
-        logits = logits.float().clone()  # [N, vocab]
-        _apply_logit_bias_and_bans(logits, md)
-        _apply_penalties(logits, md)
-        greedy = logits.argmax(dim=-1)
-        if md.all_greedy:
-            scaled, sampled = logits, greedy
+        if _edits_logits(md):
+            logits = logits.float().clone()  # [N, vocab]
+            _apply_logit_bias_and_bans(logits, md)
+            _apply_penalties(logits, md)
         else:
+            logits = logits.contiguous()  # the draw reads the logits as they are, in their dtype
+        sampled = logits.argmax(dim=-1) if md.all_greedy else self._sample(logits, md)
+        logprobs = [None] * logits.shape[0]
+        if any(n is not None for n in md.num_logprobs):
             temperature = torch.where(md.temperature > 0, md.temperature, torch.ones_like(md.temperature))
-            scaled = logits / temperature.unsqueeze(1)
-            random = self._sample(_apply_filters(scaled.clone(), md), md)
-            sampled = torch.where(md.temperature > 0, random, greedy)
-        logprobs = _gather_logprobs(scaled, sampled, md.num_logprobs)
+            logprobs = _gather_logprobs(logits.float() / temperature.unsqueeze(1), sampled, md.num_logprobs)
         return SamplerOutput(sampled.tolist(), logprobs)
 
     def _sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
-        probs = logits.softmax(dim=-1)
-        noise = torch.empty_like(probs).exponential_(generator=self.generator)
-        for row, gen in md.generators.items():
-            noise[row].exponential_(generator=gen)
-        # Exp(1) can round to 0; a floor keeps p / E finite (0 / 0 would be NaN, which argmax picks).
-        return (probs / noise.clamp_min_(1e-20)).argmax(dim=-1)
+        """Greedy rows take the argmax; the others draw under their temperature and filters."""
+        rows, device = logits.shape[0], logits.device
+        seeds = random_seeds(rows, device, self.generator)
+        if md.seeds:
+            index = torch.tensor(list(md.seeds), dtype=torch.int64, device=device)
+            values = [seed_as_int64(v) for v in md.seeds.values()]
+            seeds[index] = torch.tensor(values, dtype=torch.int64, device=device)
+        off = torch.zeros(rows, dtype=torch.int32, device=device)
+        top_k = md.top_k.int() if md.top_k is not None else off
+        top_p = md.top_p if md.top_p is not None else torch.ones(rows, device=device)
+        min_p = md.min_p if md.min_p is not None else torch.zeros(rows, device=device)
+        return sample_tokens(logits, md.temperature, top_k, top_p, min_p, seeds)
+
+
+def _edits_logits(md: SamplingMetadata) -> bool:
+    """Some row has a logit bias, banned ids or penalties."""
+    return bool(md.logit_bias or md.banned_token_ids or md.output_token_ids is not None)
 
 
 def _is_plain(md: SamplingMetadata) -> bool:
-    """No logit bias, banned ids, penalties or logprobs in any row."""
-    return (
-        not md.logit_bias
-        and not md.banned_token_ids
-        and md.output_token_ids is None
-        and all(n is None for n in md.num_logprobs)
-    )
+    """Nothing edits the logits and no row wants logprobs."""
+    return not _edits_logits(md) and all(n is None for n in md.num_logprobs)
 
 
 def _apply_logit_bias_and_bans(logits: torch.Tensor, md: SamplingMetadata) -> None:
@@ -125,31 +133,6 @@ def _bincount_rows(token_ids: torch.Tensor, vocab: int) -> torch.Tensor:
     counts = torch.zeros(token_ids.shape[0], vocab + 1, dtype=torch.float32, device=token_ids.device)
     counts.scatter_add_(1, token_ids, torch.ones_like(token_ids, dtype=torch.float32))
     return counts[:, :vocab]
-
-
-def _apply_filters(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
-    if md.top_k is not None or md.top_p is not None:
-        logits = _apply_top_k_top_p(logits, md.top_k, md.top_p)
-    if md.min_p is not None:
-        probs = logits.softmax(dim=-1)
-        threshold = md.min_p.unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
-        logits = logits.masked_fill(probs < threshold, _MASK)
-    return logits
-
-
-def _apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
-    """Mask all but the k most likely tokens, then all but the smallest set with mass >= p."""
-    sorted_logits, order = logits.sort(dim=-1, descending=False)
-    vocab = logits.shape[1]
-    if k is not None:
-        kth = sorted_logits.gather(1, (vocab - k.clamp(1, vocab)).unsqueeze(1))
-        sorted_logits.masked_fill_(sorted_logits < kth, _MASK)
-    if p is not None:
-        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-        drop = cumulative <= (1 - p).unsqueeze(1)
-        drop[:, -1] = False  # always keep the most likely token
-        sorted_logits.masked_fill_(drop, _MASK)
-    return logits.scatter(1, order, sorted_logits)
 
 
 def _gather_logprobs(

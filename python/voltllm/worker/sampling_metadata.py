@@ -3,7 +3,7 @@
 Row i of the metadata is the i-th request that samples this step. Columns a request does not use are
 left out (None) when no row uses them, so the sampler skips their work; tensors that only change with
 the request (logit bias, the stop ids that min_tokens masks) are built once per request and kept on its
-`CachedRequestState`. A seeded request's generator is re-seeded every step from its seed and the number
+`CachedRequestState`. A seeded request's noise seed is derived every step from its seed and the number
 of tokens it has generated (`seed_for_step`), which is what makes its tokens independent of the batch.
 """
 
@@ -60,9 +60,8 @@ def build_sampling_metadata(
     for row, state in enumerate(states):
         p = state.sampling_params
         num_output_tokens = int(arrays.num_tokens[state.row]) - state.num_prompt_tokens
-        if state.generator is not None:
-            state.generator.manual_seed(seed_for_step(p.seed, num_output_tokens))
-            md.generators[row] = state.generator
+        if p.seed is not None:
+            md.seeds[row] = seed_for_step(p.seed, num_output_tokens)
         if p.logit_bias:
             if state.logit_bias is None:
                 state.logit_bias = (

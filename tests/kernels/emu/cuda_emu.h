@@ -385,6 +385,14 @@ inline unsigned __float_as_uint(float v) {
   std::memcpy(&i, &v, 4);
   return i;
 }
+// Atomics: fibers switch only at collectives, so a read-modify-write is never interleaved.
+template <typename V>
+V atomicAdd(V* address, V v) {
+  const V old = *address;
+  *address = old + v;
+  return old;
+}
+inline float __uint2float_rn(unsigned v) { return static_cast<float>(v); }
 inline int min(int a, int b) { return a < b ? a : b; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline float __expf(float x) { return std::exp(x); }

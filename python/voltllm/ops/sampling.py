@@ -1,0 +1,134 @@
+"""Token sampling without a vocabulary sort (csrc/sampling/radix_sampling.cuh), with its torch reference.
+
+`sample_tokens` draws one token per row from logits under temperature, top-k, top-p and min-p. The
+sets are defined by each token's distance from the row's best logit in units of temperature,
+`d = (max - x) * (1 / T)` in fp32, and its relative probability `e = exp(-d)`:
+
+- top-k keeps `d <= the k-th smallest d` (ties at the k-th value are all kept);
+- top-p keeps `d <= K`, the smallest K whose set holds at least `top_p` of the mass left by top-k, the
+  mass summed in fixed point (`floor(e * 2**40)`), so that the sum is exact and order-free;
+- min-p keeps `e >= min_p`;
+- the draw is the exponential race, `argmax(-d - log E)` over the kept tokens, which samples them in
+  proportion to `e`; `E = -log1p(-v)` with `v` from 32 bits of a SplitMix64 hash of (row seed, token id).
+
+Rows with temperature <= 0 take the first argmax. The noise of a row depends on its seed alone, so a
+draw is reproducible whatever else is in the batch. The reference computes the same sets with a sort
+and the same noise; the kernel and it agree token for token up to last-bit differences of exp/log.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from voltllm.ops._dispatch import kernel_ops, use_kernels
+
+_GOLDEN = 0x9E3779B97F4A7C15
+_MIX1 = 0xBF58476D1CE4E5B9
+_MIX2 = 0x94D049BB133111EB
+MASS_SCALE = float(2**40)
+
+
+def _int64(c: int) -> int:
+    """A 64-bit constant as the signed value torch's int64 arithmetic (which wraps) holds."""
+    return c - (1 << 64) if c >= 1 << 63 else c
+
+
+def _shift_right(x: torch.Tensor, s: int) -> torch.Tensor:
+    """Logical right shift of int64 bit patterns (torch's `>>` is arithmetic)."""
+    return (x >> s) & ((1 << (64 - s)) - 1)
+
+
+def splitmix64(x: torch.Tensor) -> torch.Tensor:
+    """SplitMix64's finaliser on int64 bit patterns (wrapping multiplies, as the kernel's uint64)."""
+    x = x ^ _shift_right(x, 30)
+    x = x * _int64(_MIX1)
+    x = x ^ _shift_right(x, 27)
+    x = x * _int64(_MIX2)
+    return x ^ _shift_right(x, 31)
+
+
+def exponential_noise(seeds: torch.Tensor, vocab: int) -> torch.Tensor:
+    """`E ~ Exp(1)` for every (row, token): `[N]` int64 seeds -> `[N, vocab]` float32."""
+    tokens = torch.arange(1, vocab + 1, dtype=torch.int64, device=seeds.device)
+    h = splitmix64(seeds.unsqueeze(1) + tokens * _int64(_GOLDEN))
+    v = (_shift_right(h, 32) | 1).to(torch.float32) * 2.0**-32
+    return -torch.log1p(-v)
+
+
+def random_seeds(
+    num_rows: int, device: torch.device, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Fresh noise seeds for rows that did not ask for one: `[num_rows]` int64."""
+    low, high = -(2**63), 2**63 - 1
+    return torch.randint(low, high, (num_rows,), dtype=torch.int64, device=device, generator=generator)
+
+
+def seed_as_int64(seed: int) -> int:
+    """A seed in [0, 2**64) as the int64 with the same bits (what the seeds tensor holds)."""
+    return _int64(seed % (1 << 64))
+
+
+def sample_tokens_ref(
+    logits: torch.Tensor,  # [N, V]
+    temperature: torch.Tensor,  # [N] float32; <= 0: greedy
+    top_k: torch.Tensor,  # [N] int32; <= 0 or >= V: off
+    top_p: torch.Tensor,  # [N] float32; >= 1: off
+    min_p: torch.Tensor,  # [N] float32; <= 0: off
+    seeds: torch.Tensor,  # [N] int64
+) -> torch.Tensor:
+    """The reference of `sample_tokens`: the same sets by sorting, the same noise. `[N]` int64."""
+    x = logits.float()
+    vocab = x.shape[1]
+    argmax = x.argmax(dim=-1)
+    max_logit = x.gather(1, argmax.unsqueeze(1))
+    sampling = (temperature > 0) & (max_logit.squeeze(1) != float("-inf"))
+    inv_t = 1.0 / torch.where(sampling, temperature, torch.ones_like(temperature))
+    d = (max_logit - x) * inv_t.unsqueeze(1)
+    keep = torch.ones_like(d, dtype=torch.bool)
+    sorted_d = d.sort(dim=-1).values
+    k = top_k.long()
+    k_on = (k > 0) & (k < vocab)
+    kth = sorted_d.gather(1, (k.clamp(1, vocab) - 1).unsqueeze(1))
+    keep &= ~k_on.unsqueeze(1) | (d <= kth)
+    e = torch.exp(-d)
+    p_on = top_p < 1
+    if bool(p_on.any()):
+        keep &= ~p_on.unsqueeze(1) | (d <= _top_p_ceiling(d, e, keep, top_p))
+    m_on = min_p > 0
+    keep &= ~m_on.unsqueeze(1) | (e >= min_p.unsqueeze(1))
+    race = torch.where(keep, -d - torch.log(exponential_noise(seeds, vocab)), float("-inf"))
+    return torch.where(sampling, race.argmax(dim=-1), argmax)
+
+
+def _top_p_ceiling(d: torch.Tensor, e: torch.Tensor, keep: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Per row, the smallest d whose set {d' <= d} (within `keep`) holds `top_p` of the kept mass.
+
+    Returns `[N, 1]`."""
+    mass = torch.where(keep, (e * MASS_SCALE).to(torch.int64), 0)
+    total = mass.sum(dim=-1)
+    target = (top_p.double() * total.double()).floor().to(torch.int64).clamp(min=1)
+    target = torch.minimum(target, total)
+    order = torch.where(keep, d, float("inf")).argsort(dim=-1, stable=True)
+    cumulative = mass.gather(1, order).cumsum(dim=-1)
+    first = (cumulative >= target.unsqueeze(1)).int().argmax(dim=-1, keepdim=True)
+    return d.gather(1, order.gather(1, first))
+
+
+def sample_tokens(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    seeds: torch.Tensor,
+) -> torch.Tensor:
+    """One token per row of `logits [N, V]` (fp32/fp16/bf16, rows contiguous): `[N]` int64.
+
+    Per-row settings: `temperature` float32 (<= 0: greedy), `top_k` int32 (<= 0: off), `top_p` float32
+    (1: off), `min_p` float32 (0: off), `seeds` int64 (the row's noise: same seed, same logits, same token).
+    """
+    if not use_kernels(logits):
+        return sample_tokens_ref(logits, temperature, top_k, top_p, min_p, seeds)
+    out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+    kernel_ops().radix_sampling(out, logits, temperature, top_k, top_p, min_p, seeds)
+    return out

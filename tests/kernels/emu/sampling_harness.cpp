@@ -1,0 +1,27 @@
+// C entry point that runs the sampling kernel (csrc/sampling/radix_sampling.cuh) on the CPU emulator, for
+// tests/kernels/test_sampling_emulated.py (loaded with ctypes; pointers are CPU torch tensors).
+#include "cuda_emu.h"
+// The kernel headers come after the emulator, which stands in for the CUDA toolchain.
+#include "dispatch.h"
+#include "sampling/radix_sampling.cuh"
+
+extern "C" {
+
+// dtype: 0 fp32, 1 fp16, 2 bf16. `threads` stands in for the block size (a power of two, 32..1024).
+void emu_radix_sampling(int dtype, long long* out, const void* logits, long long logits_stride,
+                        const float* temperature, const int* top_k, const float* top_p, const float* min_p,
+                        const unsigned long long* seeds, int rows, int vocab, int threads, unsigned seed) {
+  voltllm::SampleParams p{out, logits, logits_stride, temperature, top_k, top_p, min_p, seeds, vocab};
+  const size_t smem = voltllm::sample_smem_bytes();
+  auto run = [&](auto t) {
+    using T = decltype(t);
+    emu::launch(dim3(rows), dim3(threads), smem, [&] { voltllm::radix_sampling_kernel<T>(p); }, seed);
+  };
+  if (dtype == 0) {
+    run(float{});
+  } else {
+    emu::dispatch_dtype(dtype == 2, run);
+  }
+}
+
+}  // extern "C"
