@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+# `--quantization` values, spelled as vLLM does; each is a registered format in voltllm.layers.quantization.
+QUANTIZATION_METHODS = ("awq", "gptq", "compressed-tensors", "fp8")
 
 
 @dataclass
@@ -21,12 +23,16 @@ class ModelConfig:
     load_format: str = "auto"
     seed: int = 0
     served_model_name: str | None = None
+    # None: what the checkpoint's quantization_config says; a method name must agree with it.
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
+        if self.quantization is not None and self.quantization not in QUANTIZATION_METHODS:
+            raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS}, got {self.quantization!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
 

@@ -281,7 +281,7 @@ def test_a_quantization_method_plugs_in_through_the_checkpoint_config(tmp_path, 
 
     with pytest.raises(ValueError, match="quantization method 'toy_int8' is not supported"):
         load(quant_dir)
-    monkeypatch.setitem(quantization._CONFIGS, "toy_int8", Int8Config)
+    monkeypatch.setitem(quantization.base._CONFIGS, "toy_int8", Int8Config)
     model, reference = load(quant_dir), load(tmp_path)
     down = model.model.layers[1].mlp.down_proj
     assert isinstance(down.linear_method, Int8Method) and down.qweight.dtype == torch.int8

@@ -10,7 +10,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from voltllm.config import DTYPES, LOAD_FORMATS, CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from voltllm.config import (
+    DTYPES,
+    LOAD_FORMATS,
+    QUANTIZATION_METHODS,
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    SchedulerConfig,
+)
 
 # (flag, argparse keywords): the one list both `add_engine_args` and `to_argv` read.
 _FLAGS: list[tuple[str, dict[str, Any]]] = [
@@ -34,6 +42,14 @@ _FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--tensor-parallel-size", {"type": int, "default": 1, "help": "GPUs per engine (only 1 today)"}),
     ("--seed", {"type": int, "default": 0, "help": "random seed of the engine (default: %(default)s)"}),
     ("--load-format", {"default": "auto", "choices": LOAD_FORMATS, "help": "how to read the weights"}),
+    (
+        "--quantization",
+        {
+            "default": None,
+            "choices": QUANTIZATION_METHODS,
+            "help": "the checkpoint's quantization method, checked against its config (default: read it)",
+        },
+    ),
     ("--device", {"default": "auto", "choices": ["auto", "cpu", "cuda"], "help": "auto: CUDA when present"}),
     ("--attention-backend", {"default": "auto", "help": "auto, torch or sm70"}),
     ("--policy", {"default": "fcfs", "choices": ["fcfs", "priority"], "help": "scheduling order"}),
@@ -73,6 +89,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
             max_model_len=args.max_model_len,
             load_format=args.load_format,
             seed=args.seed,
+            quantization=args.quantization,
         ),
         cache=CacheConfig(
             block_size=args.block_size,

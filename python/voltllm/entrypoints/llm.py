@@ -87,6 +87,7 @@ class LLM:
         tensor_parallel_size: int = 1,
         seed: int = 0,
         load_format: str = "auto",
+        quantization: str | None = None,
         max_num_seqs: int = 256,
         max_num_batched_tokens: int = 8192,
         enforce_eager: bool = False,
@@ -98,7 +99,12 @@ class LLM:
             raise ValueError("tensor_parallel_size > 1 is not supported yet; use 1")
         config = EngineConfig(
             model=ModelConfig(
-                model=model, dtype=dtype, max_model_len=max_model_len, load_format=load_format, seed=seed
+                model=model,
+                dtype=dtype,
+                max_model_len=max_model_len,
+                load_format=load_format,
+                seed=seed,
+                quantization=quantization,
             ),
             cache=CacheConfig(
                 gpu_memory_utilization=gpu_memory_utilization,

@@ -146,7 +146,7 @@ def load_model(
     model_dir, weights_format = resolve_model_source(model_config)
     hf_config = load_hf_config(model_dir)
     model_class = get_model_class(hf_config)
-    quant_config = get_quantization_config(hf_config)  # None: unquantized
+    quant_config = get_quantization_config(hf_config, model_config.quantization)  # None: unquantized
     if not isinstance(attn_backend, AttentionBackend):
         attn_backend = attn_backend(hf_config)
 

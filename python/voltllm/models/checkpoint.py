@@ -86,10 +86,27 @@ def load_checkpoint(
         loaded.add((target, shard_id))
     _check_all_loaded(params, modules, loaded, fused_shards, experts)
     for module in model.modules():
-        for attr in ("linear_method", "moe_method"):
-            method = getattr(module, attr, None)
-            if method is not None:
-                method.process_weights_after_loading(module)
+        process_weights_after_loading(module)
+
+
+def process_weights_after_loading(module: nn.Module) -> None:
+    """Let `module`'s weight method (linear or fused-experts) convert what was loaded into it, e.g. a
+    quantized format's checkpoint tensors into its kernel's form. Once per module, after its last tensor."""
+    for attr in ("linear_method", "moe_method"):
+        method = getattr(module, attr, None)
+        if method is not None:
+            method.process_weights_after_loading(module)
+
+
+def packed_modules_mapping(fused_shards: Iterable[FusedShard]) -> dict[str, tuple[str, ...]]:
+    """Fused module name -> the checkpoint modules it holds, in order (`{"qkv_proj": ("q_proj", "k_proj",
+    "v_proj"), ...}`), for quantization configs that name checkpoint modules."""
+    mapping: dict[str, tuple[str, ...]] = {}
+    for shard in fused_shards:
+        if shard.shard_id is not None:
+            fused, part = shard.fused.strip("."), shard.checkpoint.strip(".")
+            mapping[fused] = (*mapping.get(fused, ()), part)
+    return mapping
 
 
 class _ExpertNames:

@@ -33,7 +33,7 @@ from voltllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear,
 from voltllm.layers.norm import RMSNorm
 from voltllm.layers.quantization import QuantizationConfig
 from voltllm.layers.rotary import RotaryEmbedding, rope_parameters_of
-from voltllm.models.checkpoint import FusedShard, load_checkpoint
+from voltllm.models.checkpoint import FusedShard, load_checkpoint, packed_modules_mapping
 from voltllm.models.moe import STACKED_EXPERT_SHARDS, MoeVariant, SparseMoeBlock, SparseMoeSpec, expert_shards
 
 
@@ -410,6 +410,8 @@ class DecoderForCausalLM(nn.Module):
         self.config = hf_config
         self.variant = variant if variant is not None else variant_for(hf_config)
         self.quant_config = quant_config
+        if quant_config is not None:  # so that it can match its per-module settings against fused layers
+            quant_config.packed_modules_mapping = packed_modules_mapping(FUSED_SHARDS)
         self.model = DecoderModel(hf_config, self.variant, attn_backend, quant_config)
         self.attn_backend = attn_backend
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
