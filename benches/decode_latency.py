@@ -1,14 +1,18 @@
 """Batch-1 decode speed against the weight-bandwidth floor, with and without CUDA graphs.
 
-One request (128-token prompt, greedy, ignore_eos) runs through the engine step by step; a decode
-step's time is its wall time on the host (each step ends by copying the sampled token to the host,
-so it covers the GPU work too). The floor is the model's weight bytes over the device copy bandwidth
+One request (128-token prompt, greedy unless `--temperature`, ignore_eos) runs through the engine step
+by step; a decode step's time is its wall time on the host (each step ends by copying the sampled
+token to the host, so it covers the GPU work too). `--api llm` goes through `LLM.generate` instead, the
+path users take (detokenization included, with a dummy byte-level tokenizer of the model's vocabulary
+size): the step time is then (t(N tokens) - t(1 token)) / (N - 1) over whole generate calls.
+The floor is the model's weight bytes over the device copy bandwidth
 measured in the same run: a decode step at batch 1 must read every weight once. Dummy weights of the
 real shapes; fp16. Prints a table: median step time, tokens/s, floor, floor / step, and the runner's
 host-side split of a step.
 
     python benches/decode_latency.py                     # Qwen3-0.6B and Llama-3-8B shapes
     python benches/decode_latency.py --models qwen3-0.6b --tokens 64
+    python benches/decode_latency.py --api llm --temperature 0.6 --top-p 0.95
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from model_shapes import LLAMA3_8B, QWEN3_0_6B  # noqa: E402
+from model_shapes import LLAMA3_8B, QWEN3_0_6B, write_dummy_tokenizer  # noqa: E402
 
+from voltllm import LLM, SamplingParams  # noqa: E402
 from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
 from voltllm.engine.llm_engine import LLMEngine  # noqa: E402
 from voltllm.protocol import EngineCoreRequest, EngineSamplingParams  # noqa: E402
@@ -52,9 +57,13 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())  # tied weights count once
 
 
-def decode_steps(engine: LLMEngine, prompt_len: int, tokens: int) -> tuple[list[float], list]:
+def decode_steps(
+    engine: LLMEngine, prompt_len: int, tokens: int, args: argparse.Namespace
+) -> tuple[list[float], list]:
     """Per-step wall times and runner timings of the decode steps of one request."""
-    params = EngineSamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+    params = EngineSamplingParams(
+        temperature=args.temperature, top_p=args.top_p, max_tokens=tokens, ignore_eos=True
+    )
     engine.add_request(EngineCoreRequest("r", list(range(10, 10 + prompt_len)), params, 0.0))
     times, timings = [], []
     first = True
@@ -70,9 +79,30 @@ def decode_steps(engine: LLMEngine, prompt_len: int, tokens: int) -> tuple[list[
     return times, timings
 
 
+def api_step_time(llm: LLM, prompt_len: int, tokens: int, args: argparse.Namespace) -> float:
+    """Seconds per decode step through `LLM.generate`: whole calls of `tokens` and of 1 token, medians
+    of three each, differenced (the prefill and the call's fixed costs cancel)."""
+    prompt = [{"prompt_token_ids": list(range(10, 10 + prompt_len))}]
+
+    def call(n: int) -> float:
+        params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=n, ignore_eos=True)
+        start = time.perf_counter()
+        out = llm.generate(prompt, params, use_tqdm=False)
+        elapsed = time.perf_counter() - start
+        assert len(out[0].outputs[0].token_ids) == n
+        return elapsed
+
+    call(8)  # warm-up
+    one = statistics.median(call(1) for _ in range(3))
+    many = statistics.median(call(tokens) for _ in range(3))
+    return (many - one) / (tokens - 1)
+
+
 def measure(name: str, eager: bool, args: argparse.Namespace, bandwidth: float) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "config.json").write_text(json.dumps(MODELS[name]))
+        if args.api == "llm":
+            write_dummy_tokenizer(tmp, MODELS[name]["vocab_size"])
         config = EngineConfig(
             model=ModelConfig(model=tmp, load_format="dummy", dtype="float16", max_model_len=4096),
             cache=CacheConfig(num_kv_blocks=2048),
@@ -80,14 +110,19 @@ def measure(name: str, eager: bool, args: argparse.Namespace, bandwidth: float) 
             device="cuda",
             enforce_eager=eager,
         )
-        engine = LLMEngine(config)
-    decode_steps(engine, args.prompt_len, 8)  # warm-up
-    times, timings = decode_steps(engine, args.prompt_len, args.tokens)
+        llm = LLM.from_engine_config(config) if args.api == "llm" else None
+        engine = llm.engine if llm is not None else LLMEngine(config)
+    if llm is not None:
+        step = api_step_time(llm, args.prompt_len, args.tokens, args)
+        timings = [engine.core.runner.last_timings]
+    else:
+        decode_steps(engine, args.prompt_len, 8, args)  # warm-up
+        times, timings = decode_steps(engine, args.prompt_len, args.tokens, args)
+        step = statistics.median(times)
     floor = weight_bytes(engine.core.runner.model) / bandwidth
-    step = statistics.median(times)
     row = {
         "model": name,
-        "mode": "eager" if eager else "cuda graphs",
+        "mode": ("eager" if eager else "cuda graphs") + f", {sampling_label(args)}, {args.api}",
         "step_ms": step * 1e3,
         "tok_s": 1 / step,
         "floor_ms": floor * 1e3,
@@ -103,6 +138,12 @@ def measure(name: str, eager: bool, args: argparse.Namespace, bandwidth: float) 
     return row
 
 
+def sampling_label(args: argparse.Namespace) -> str:
+    if args.temperature == 0:
+        return "greedy"
+    return f"T={args.temperature}" + (f" top-p={args.top_p}" if args.top_p < 1 else "")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
@@ -110,6 +151,11 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=256, help="tokens generated per measured request")
     p.add_argument("--no-eager", action="store_true", help="skip the eager comparison rows")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument(
+        "--api", choices=["engine", "llm"], default="engine", help="LLMEngine steps, or LLM.generate calls"
+    )
     args = p.parse_args()
     bandwidth = copy_bandwidth()
     print(f"GPU: {torch.cuda.get_device_name()}; copy bandwidth {bandwidth / 1e9:.0f} GB/s (read + write)")

@@ -108,3 +108,25 @@ TINY_QWEN3_MOE = {
     "head_dim": 64,
     "max_position_embeddings": 4096,
 }
+
+
+def write_dummy_tokenizer(model_dir, vocab_size: int, seed: int = 0) -> None:
+    """A byte-level BPE `tokenizer.json` with `vocab_size` tokens in `model_dir`, so that a dummy-weight
+    model can run through `LLM.generate` (which detokenizes). Token i is a random 1-8 byte string, as a
+    real vocabulary's are; there are no merges (benchmarks pass token ids, never text to encode)."""
+    import json
+    import random
+    from pathlib import Path
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    byte_chars = list(pre_tokenizers.ByteLevel.alphabet())
+    rng = random.Random(seed)
+    vocab: dict[str, int] = {c: i for i, c in enumerate(sorted(byte_chars))}
+    while len(vocab) < vocab_size:
+        vocab.setdefault("".join(rng.choices(byte_chars, k=rng.randint(2, 8))), len(vocab))
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    Path(model_dir, "tokenizer.json").write_text(tokenizer.to_str())
+    Path(model_dir, "tokenizer_config.json").write_text(json.dumps({"eos_token": None, "bos_token": None}))

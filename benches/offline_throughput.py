@@ -1,7 +1,8 @@
 """Offline generation throughput: voltllm's engine vs transformers' continuous batching, same process.
 
 Workload (nano-vllm's): N sequences with random prompts, input and output lengths uniform in
-[min_len, max_len], ignore_eos, greedy. Weights are random (dummy) in the shape of the chosen config:
+[min_len, max_len], ignore_eos, greedy (or `--temperature` / `--top-p`, as nano-vllm's own benchmark
+samples at 0.6). Weights are random (dummy) in the shape of the chosen config:
 Qwen3-0.6B by default, a tiny Qwen3 with `--tiny` (for the CPU). Both engines get the same prompts;
 voltllm generates each sequence's own output length, while `generate_batch` takes one
 `max_new_tokens` for the whole batch, so it generates the mean output length for every sequence (the
@@ -10,10 +11,14 @@ same total number of output tokens). Prints output tokens/s of each and their ra
 `--default-model` runs voltllm's embedded default model (SmolLM2-135M-Instruct, its real weights) in
 both engines instead of a dummy-weight config; with `--num-seqs 1` that is the single-chat case.
 `--threads N` sets torch's intra-op threads for both engines (default: torch's own choice).
+`--api llm` drives voltllm through `LLM.generate` (the path users take: detokenization and outputs
+included; a dummy byte-level tokenizer of the model's vocabulary size stands in for the real one)
+instead of `LLMEngine.generate_token_ids`.
 
     python benches/offline_throughput.py                     # GPU, Qwen3-0.6B shape, 256 seqs, 100-1024
     python benches/offline_throughput.py --tiny --num-seqs 16 --min-len 32 --max-len 256   # CPU
     python benches/offline_throughput.py --default-model --num-seqs 16 --min-len 32 --max-len 64
+    python benches/offline_throughput.py --api llm --temperature 0.6  # what users see
 """
 
 from __future__ import annotations
@@ -27,8 +32,9 @@ import time
 from pathlib import Path
 
 import torch
-from model_shapes import QWEN3_0_6B, TINY
+from model_shapes import QWEN3_0_6B, TINY, write_dummy_tokenizer
 
+from voltllm import LLM, SamplingParams
 from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from voltllm.engine.core import resolve_device, resolve_dtype
 from voltllm.engine.llm_engine import LLMEngine
@@ -61,23 +67,37 @@ def run_voltllm(model_dir: Path, args, prompts, output_lens) -> tuple[float, int
         device=args.device,
         enforce_eager=args.enforce_eager,
     )
-    return time_offline_run(LLMEngine(config), prompts, output_lens, args.device)
+    if args.api == "llm":
+        if not args.default_model:
+            vocab_size = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+            write_dummy_tokenizer(model_dir, vocab_size)
+        llm = LLM.from_engine_config(config)
+        return time_llm_run(llm, prompts, output_lens, args.device, args.temperature, args.top_p)
+    return time_offline_run(
+        LLMEngine(config), prompts, output_lens, args.device, args.temperature, args.top_p
+    )
 
 
 def time_offline_run(
-    engine: LLMEngine, prompts: list[list[int]], output_lens: list[int], device: str
+    engine: LLMEngine,
+    prompts: list[list[int]],
+    output_lens: list[int],
+    device: str,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
 ) -> tuple[float, int]:
-    """(seconds, output tokens) of one `engine.generate_token_ids` call over `prompts`, greedy and
-    ignore_eos, each generating its `output_lens` entry, after one short warm-up request.
+    """(seconds, output tokens) of one `engine.generate_token_ids` call over `prompts`, ignore_eos,
+    each generating its `output_lens` entry, after one short warm-up request.
 
     The offline figure of this bench and of serving.py. Raises `RuntimeError` when a sequence did
     not generate exactly its length (the throughput would not be of the intended workload)."""
-    warm = EngineSamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-    engine.generate_token_ids([EngineCoreRequest("warmup", prompts[0][:16], warm, 0.0)])
+
+    def params(n: int) -> EngineSamplingParams:
+        return EngineSamplingParams(temperature=temperature, top_p=top_p, max_tokens=n, ignore_eos=True)
+
+    engine.generate_token_ids([EngineCoreRequest("warmup", prompts[0][:16], params(4), 0.0)])
     requests = [
-        EngineCoreRequest(
-            str(i), p, EngineSamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True), 0.0
-        )
+        EngineCoreRequest(str(i), p, params(n), 0.0)
         for i, (p, n) in enumerate(zip(prompts, output_lens, strict=True))
     ]
     _sync(device)
@@ -86,6 +106,28 @@ def time_offline_run(
     _sync(device)
     elapsed = time.perf_counter() - start
     num_tokens = sum(len(o.new_token_ids) for o in outputs.values())
+    if num_tokens != sum(output_lens):
+        raise RuntimeError(f"offline generated {num_tokens} tokens, expected {sum(output_lens)}")
+    return elapsed, num_tokens
+
+
+def time_llm_run(
+    llm: LLM, prompts: list[list[int]], output_lens: list[int], device: str, temperature: float, top_p: float
+) -> tuple[float, int]:
+    """`time_offline_run` through `LLM.generate`: token-id prompts, one `SamplingParams` each."""
+
+    def params(n: int) -> SamplingParams:
+        return SamplingParams(temperature=temperature, top_p=top_p, max_tokens=n, ignore_eos=True)
+
+    llm.generate([{"prompt_token_ids": prompts[0][:16]}], params(4), use_tqdm=False)
+    _sync(device)
+    start = time.perf_counter()
+    outputs = llm.generate(
+        [{"prompt_token_ids": p} for p in prompts], [params(n) for n in output_lens], use_tqdm=False
+    )
+    _sync(device)
+    elapsed = time.perf_counter() - start
+    num_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     if num_tokens != sum(output_lens):
         raise RuntimeError(f"offline generated {num_tokens} tokens, expected {sum(output_lens)}")
     return elapsed, num_tokens
@@ -102,8 +144,13 @@ def run_transformers(model_dir: Path, args, prompts, output_lens) -> tuple[float
         hf_config = transformers.AutoConfig.from_pretrained(model_dir)
         model = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=dtype).to(device).eval()
     mean_len = round(sum(output_lens) / len(output_lens))
+    sampling = {"do_sample": True, "temperature": args.temperature, "top_p": args.top_p, "top_k": 0}
     gen_config = transformers.GenerationConfig(
-        max_new_tokens=mean_len, do_sample=False, eos_token_id=None, pad_token_id=0, use_cuda_graph=False
+        max_new_tokens=mean_len,
+        eos_token_id=None,
+        pad_token_id=0,
+        use_cuda_graph=False,
+        **(sampling if args.temperature > 0 else {"do_sample": False}),
     )
     model.generate_batch([prompts[0][:16]], generation_config=gen_config, max_new_tokens=4)  # warm-up
     _sync(args.device)
@@ -144,6 +191,9 @@ def main() -> None:
     p.add_argument("--max-model-len", type=int, default=4096, help="as nano-vllm's benchmark")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     p.add_argument("--skip-baseline", action="store_true")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (both engines)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--api", choices=["engine", "llm"], default="engine", help="LLMEngine, or LLM.generate")
     args = p.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -165,7 +215,8 @@ def run(model_dir: Path, args: argparse.Namespace, vocab_size: int, model_name: 
     print(
         f"workload: {args.num_seqs} seqs, in/out lengths uniform in [{args.min_len}, {args.max_len}], "
         f"{sum(map(len, prompts))} prompt tokens, {sum(output_lens)} output tokens; "
-        f"model: {model_name}; hardware: {hardware(args.device)}"
+        f"model: {model_name}; hardware: {hardware(args.device)}; "
+        f"sampling: temperature {args.temperature}, top-p {args.top_p}; voltllm through {args.api}"
     )
     t, n = run_voltllm(model_dir, args, prompts, output_lens)
     ours = n / t
