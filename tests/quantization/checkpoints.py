@@ -61,18 +61,23 @@ class Format:
     extra_config: dict[str, Any] = field(default_factory=dict)  # merged into quantization_config
 
 
-def build_model(arch: str, seed: int = 0) -> torch.nn.Module:
-    """The fp32 transformers model of `ARCHS[arch]` (transformers' own initialization), eval mode."""
+def build_model(arch: str, seed: int = 0, **overrides: Any) -> torch.nn.Module:
+    """The fp32 transformers model of `ARCHS[arch]` (transformers' own initialization, `overrides` of
+    its config), eval mode."""
     config = ARCHS[arch]()
+    for key, value in overrides.items():
+        setattr(config, key, value)
     config.architectures = [type(AutoModelForCausalLM.from_config(config)).__name__]
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
 
 
-def save_quantized_model(arch: str, fmt: Format, out_dir: Path, seed: int = 0) -> torch.nn.Module:
-    """Write `arch` quantized as `fmt` to `out_dir`; returns the transformers model holding the
-    dequantized weights (fp32, eval)."""
-    model = build_model(arch, seed)
+def save_quantized_model(
+    arch: str, fmt: Format, out_dir: Path, seed: int = 0, **overrides: Any
+) -> torch.nn.Module:
+    """Write `arch` (config `overrides`) quantized as `fmt` to `out_dir`; returns the transformers model
+    holding the dequantized weights (fp32, eval)."""
+    model = build_model(arch, seed, **overrides)
     gen = torch.Generator().manual_seed(seed + 1)
     tensors = {name: t.detach().clone().contiguous() for name, t in model.state_dict().items()}
     if model.config.tie_word_embeddings:

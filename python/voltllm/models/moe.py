@@ -113,9 +113,8 @@ class SparseMoeBlock(nn.Module):
     ) -> None:
         super().__init__()
         self.tp_size = get_tensor_model_parallel_world_size()  # the group it is built for, as the layers
-        self.gate = ReplicatedLinear(
-            hidden_size, spec.num_experts, bias=False, quant_config=quant_config, prefix=f"{prefix}.gate"
-        )
+        # The experts first: a quantization format without MoE support is refused naming that, before the
+        # router (which checkpoints leave unquantized) meets the format's layout rules.
         self.experts = FusedMoE(
             spec.num_experts,
             spec.top_k,
@@ -125,6 +124,9 @@ class SparseMoeBlock(nn.Module):
             reduce_results=False,
             quant_config=quant_config,
             prefix=f"{prefix}.experts",
+        )
+        self.gate = ReplicatedLinear(
+            hidden_size, spec.num_experts, bias=False, quant_config=quant_config, prefix=f"{prefix}.gate"
         )
         self.shared_expert = shared_expert
         if shared_expert is not None:
