@@ -39,9 +39,19 @@ void radix_sampling(at::Tensor& out, const at::Tensor& logits, const at::Tensor&
   p.min_p = min_p.data_ptr<float>();
   p.seeds = reinterpret_cast<const unsigned long long*>(seeds.data_ptr<int64_t>());
   p.vocab = static_cast<int>(logits.size(1));
+  p.race_splits = static_cast<int>((logits.size(1) + kRaceSplit - 1) / kRaceSplit);
+  const auto scratch_options = logits.options().dtype(at::kFloat);
+  at::Tensor race_score = at::empty({rows, p.race_splits}, scratch_options);
+  at::Tensor race_index = at::empty({rows, p.race_splits}, scratch_options.dtype(at::kInt));
+  p.race_score = race_score.data_ptr<float>();
+  p.race_index = race_index.data_ptr<int>();
   const auto stream = at::cuda::getCurrentCUDAStream();
+  // Temperature-only rows race split over many blocks; greedy and filtered rows take one block each.
+  // Each kernel skips the rows that are not its own.
   auto run = [&](auto t) {
     using T = decltype(t);
+    launch(race_partial_kernel<T>, dim3(p.race_splits, rows), kRaceThreads, race_smem_bytes(), stream, p);
+    launch(race_merge_kernel, rows, 32, 0, stream, p);
     launch(radix_sampling_kernel<T>, rows, kSampleThreads, sample_smem_bytes(), stream, p);
   };
   if (logits.scalar_type() == at::kFloat) {

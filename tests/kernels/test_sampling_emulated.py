@@ -76,3 +76,19 @@ def test_kernel_keeps_exactly_the_top_k_and_top_p_sets(emu):
     seeds = random_seeds(rows, torch.device("cpu"), gen)
     got = run_kernel(emu, logits, temperature, top_k, top_p, min_p, seeds, 64)
     assert set(got.tolist()) == set(logits[0].topk(5).indices.tolist())
+
+
+def test_kernel_paths_of_a_large_vocabulary(emu):
+    """A vocabulary over several race splits (temperature-only rows), and top-p over a nearly flat row
+    whose candidates do not fit in shared memory (the row-wide select)."""
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ()).item()))
+    rows, vocab = 6, 9000
+    logits = torch.randn(rows, vocab, generator=gen) * 3
+    logits[3:] *= 0.001  # flat: every token is a top-p candidate
+    temperature = torch.full((rows,), 0.8)
+    top_k = torch.tensor([0, 0, 50, 0, 0, 20], dtype=torch.int32)
+    top_p = torch.tensor([1.0, 0.9, 1.0, 0.7, 0.95, 0.5])
+    min_p = torch.zeros(rows)
+    seeds = random_seeds(rows, torch.device("cpu"), gen)
+    want = sample_tokens_ref(logits, temperature, top_k, top_p, min_p, seeds)
+    assert torch.equal(run_kernel(emu, logits, temperature, top_k, top_p, min_p, seeds, 256), want)

@@ -10,6 +10,8 @@ sets are defined by each token's distance from the row's best logit in units of 
 - min-p keeps `e >= min_p`;
 - the draw is the exponential race, `argmax(-d - log E)` over the kept tokens, which samples them in
   proportion to `e`; `E = -log1p(-v)` with `v` from 32 bits of a SplitMix64 hash of (row seed, token id).
+  Rows with no filter race over `x / T - log E` directly (the same draw without needing the max, so the
+  kernel splits such a row over many blocks).
 
 Rows with temperature <= 0 take the first argmax. The noise of a row depends on its seed alone, so a
 draw is reproducible whatever else is in the batch. The reference computes the same sets with a sort
@@ -96,7 +98,10 @@ def sample_tokens_ref(
         keep &= ~p_on.unsqueeze(1) | (d <= _top_p_ceiling(d, e, keep, top_p))
     m_on = min_p > 0
     keep &= ~m_on.unsqueeze(1) | (e >= min_p.unsqueeze(1))
-    race = torch.where(keep, -d - torch.log(exponential_noise(seeds, vocab)), float("-inf"))
+    log_noise = torch.log(exponential_noise(seeds, vocab))
+    filtered_race = torch.where(keep, -d - log_noise, float("-inf"))
+    temperature_only = ~k_on & ~p_on & ~m_on
+    race = torch.where(temperature_only.unsqueeze(1), x * inv_t.unsqueeze(1) - log_noise, filtered_race)
     return torch.where(sampling, race.argmax(dim=-1), argmax)
 
 

@@ -23,6 +23,9 @@ BF16 = "__nv_bfloat16"
 DTYPES = (FP16, BF16)
 
 
+SAMPLING_KERNELS = ("radix_sampling_kernel", "race_partial_kernel")
+
+
 def _elementwise() -> dict[str, list[str]]:
     variants: dict[str, list[str]] = {
         "ops/kv_cache_write.cuh": [f"voltllm::kv_cache_write_kernel<{t}>" for t in DTYPES],
@@ -43,7 +46,10 @@ def _elementwise() -> dict[str, list[str]]:
             for rows in (1, 2)
             for swiglu in ("false", "true")
         ],
-        "sampling/radix_sampling.cuh": [f"voltllm::radix_sampling_kernel<{t}>" for t in ("float", *DTYPES)],
+        "sampling/radix_sampling.cuh": [
+            *(f"voltllm::{kernel}<{t}>" for kernel in SAMPLING_KERNELS for t in ("float", *DTYPES)),
+            "voltllm::race_merge_kernel",
+        ],
         "ops/qk_norm_rope.cuh": [
             f"voltllm::qk_norm_rope_kernel<{t}, {h}>" for t in DTYPES for h in HEAD_SIZES
         ],
@@ -84,8 +90,10 @@ def _merge(*parts: dict[str, list[str]]) -> dict[str, list[str]]:
 
 def dynamic_smem_probes() -> dict[str, str]:
     """Kernel expression -> a `__device__` constant holding the dynamic shared memory it launches with."""
-    sampling = "voltllm::radix_sampling_smem_bytes"
-    probes = {f"voltllm::radix_sampling_kernel<{t}>": sampling for t in ("float", *DTYPES)}
+    probes = {}
+    for t in ("float", *DTYPES):
+        probes[f"voltllm::radix_sampling_kernel<{t}>"] = "voltllm::radix_sampling_smem_bytes"
+        probes[f"voltllm::race_partial_kernel<{t}>"] = "voltllm::race_smem_bytes_probe"
     for dtype in DTYPES:
         for h in HEAD_SIZES:
             args = f"<{dtype}, {h}>"

@@ -393,6 +393,7 @@ V atomicAdd(V* address, V v) {
   return old;
 }
 inline float __uint2float_rn(unsigned v) { return static_cast<float>(v); }
+inline int __popc(unsigned v) { return __builtin_popcount(v); }
 inline int min(int a, int b) { return a < b ? a : b; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline float __expf(float x) { return std::exp(x); }
