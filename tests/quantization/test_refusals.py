@@ -77,6 +77,7 @@ CONFIG_REFUSALS = [
     ("gptq", {"bits": 2}, "GPTQ with 2 bits is not supported"),
     ("gptq", {"checkpoint_format": "marlin"}, "GPTQ checkpoint_format 'marlin' is not supported"),
     ("gptq", {"lm_head": True}, "quantized lm_head"),
+    ("gptq", {"pack_dtype": "int16"}, "GPTQ pack_dtype 'int16' is not supported"),
     ("gptq", {"dynamic": {"-:.*down_proj": {}}}, "per-module overrides"),
     ("fp8", {"activation_scheme": "static"}, "activation_scheme 'static' quantizes activations"),
     ("fp8", {"fmt": "e5m2"}, "FP8 format 'e5m2' is not supported"),

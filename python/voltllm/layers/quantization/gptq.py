@@ -75,6 +75,8 @@ class GPTQConfig(QuantizationConfig):
             )
         if not isinstance(group_size, int) or (group_size <= 0 and group_size != -1):
             raise ValueError(f"GPTQ group_size {group_size!r} is not supported (positive, or -1 per channel)")
+        if config.get("pack_dtype", "int32") != "int32":
+            raise ValueError(f"GPTQ pack_dtype {config['pack_dtype']!r} is not supported (int32)")
         if config.get("lm_head"):
             raise ValueError("GPTQ with a quantized lm_head is not supported")
         if config.get("dynamic"):

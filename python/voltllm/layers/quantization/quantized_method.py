@@ -20,7 +20,11 @@ from torch import nn
 
 from voltllm.layers.linear_method import LinearMethodBase
 from voltllm.layers.parameter import set_weight_attrs
-from voltllm.layers.quantization.quantized_weight import QuantizedWeight, quantized_matmul_for
+from voltllm.layers.quantization.quantized_weight import (
+    QuantizedMatmul,
+    QuantizedWeight,
+    quantized_matmul_for,
+)
 
 # Dummy weights stay within +-this (dense ones uniform, quantized ones dequantized): small, bounded
 # values keep fp16 activations finite through any depth.
@@ -58,10 +62,19 @@ class QuantizedLinearMethod(LinearMethodBase):
         layer.quantized_matmul = quantized_matmul_for(weight)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        matmul = getattr(layer, "quantized_matmul", None)
-        if matmul is None:
-            raise RuntimeError(f"{layer.prefix}: quantized weights used before process_weights_after_loading")
-        return matmul(x, bias)
+        return _matmul_of(layer)(x, bias)
+
+    def apply_swiglu(
+        self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return _matmul_of(layer).swiglu(x, bias)  # the kernels fold SiLU-and-mul into their epilogue
+
+
+def _matmul_of(layer: nn.Module) -> QuantizedMatmul:
+    matmul = getattr(layer, "quantized_matmul", None)
+    if matmul is None:
+        raise RuntimeError(f"{layer.prefix}: quantized weights used before process_weights_after_loading")
+    return matmul
 
 
 def random_int32_(param: torch.Tensor, generator: torch.Generator) -> None:

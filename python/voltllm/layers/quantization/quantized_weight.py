@@ -29,6 +29,8 @@ from typing import Literal, Protocol
 import torch
 import torch.nn.functional as F
 
+from voltllm.layers.activation import swiglu
+
 QuantKind = Literal["int", "fp8"]
 
 
@@ -102,6 +104,11 @@ class QuantizedMatmul(Protocol):
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor: ...
 
+    def swiglu(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """`silu(gate) * up` of the output's two halves `[gate | up]` (a fused gate/up projection):
+        `[T, out / 2]`, fused into the kernel's epilogue where it has one."""
+        ...
+
 
 class TorchQuantizedMatmul:
     """The reference: dequantize in the activation's dtype, then a torch GEMM (CPU, and GPUs without a
@@ -112,6 +119,9 @@ class TorchQuantizedMatmul:
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return F.linear(x, dequantize(self.weight, x.dtype), bias)
+
+    def swiglu(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return swiglu(self(x, bias))
 
 
 def quantized_matmul_for(weight: QuantizedWeight) -> QuantizedMatmul:
