@@ -35,6 +35,13 @@ void add_rms_norm_gemv(at::Tensor& out, at::Tensor& residual_out, const at::Tens
 void qk_norm_rope_kv_write(at::Tensor& qkv, const at::Tensor& positions, const at::Tensor& cos_sin_cache,
                            const std::optional<at::Tensor>& q_weight, const std::optional<at::Tensor>& k_weight,
                            double eps, int64_t num_heads, at::Tensor& kv_cache, const at::Tensor& slot_mapping);
+void quant_gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& group_params,
+                const std::optional<at::Tensor>& bias, int64_t kind, int64_t group_size, bool swiglu);
+void quant_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& group_params,
+                const std::optional<at::Tensor>& bias, int64_t kind, int64_t group_size, int64_t block_m,
+                int64_t splits);
+void quant_dequantize(at::Tensor& out, const at::Tensor& weight, const at::Tensor& group_params, int64_t kind,
+                      int64_t group_size);
 }  // namespace voltllm
 
 TORCH_LIBRARY(voltllm_C, m) {
@@ -66,6 +73,14 @@ TORCH_LIBRARY(voltllm_C, m) {
   m.def(
       "qk_norm_rope_kv_write(Tensor(a!) qkv, Tensor positions, Tensor cos_sin_cache, Tensor? q_weight, "
       "Tensor? k_weight, float eps, int num_heads, Tensor(b!) kv_cache, Tensor slot_mapping) -> ()");
+  m.def(
+      "quant_gemv(Tensor(a!) out, Tensor x, Tensor weight, Tensor group_params, Tensor? bias, int kind, "
+      "int group_size, bool swiglu) -> ()");
+  m.def(
+      "quant_gemm(Tensor(a!) out, Tensor x, Tensor weight, Tensor group_params, Tensor? bias, int kind, "
+      "int group_size, int block_m, int splits) -> ()");
+  m.def(
+      "quant_dequantize(Tensor(a!) out, Tensor weight, Tensor group_params, int kind, int group_size) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(voltllm_C, CUDA, m) {
@@ -81,4 +96,7 @@ TORCH_LIBRARY_IMPL(voltllm_C, CUDA, m) {
   m.impl("gemv", &voltllm::gemv);
   m.impl("add_rms_norm_gemv", &voltllm::add_rms_norm_gemv);
   m.impl("qk_norm_rope_kv_write", &voltllm::qk_norm_rope_kv_write);
+  m.impl("quant_gemv", &voltllm::quant_gemv);
+  m.impl("quant_gemm", &voltllm::quant_gemm);
+  m.impl("quant_dequantize", &voltllm::quant_dequantize);
 }

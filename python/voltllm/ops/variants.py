@@ -6,10 +6,10 @@ dtypes and head sizes. Sources are keyed by their path from `csrc/`. It imports 
 load it without torch.
 
 Architectures:
-  * sm_70 (Volta): the `ops/` kernels, the prefill row-tile map and the fp16 WMMA attention kernels
-    (paged_decode_wmma, paged_prefill_wmma); the `_mma_sm80` attention kernels too, whose bodies compile to
-    a trap there (the Python layer runs the WMMA prefill on Volta), so that a V100 build of the extension
-    cannot break.
+  * sm_70 (Volta): the `ops/` and `quantization/` kernels, the prefill row-tile map and the fp16 WMMA
+    attention kernels (paged_decode_wmma, paged_prefill_wmma); the `_mma_sm80` attention kernels too,
+    whose bodies compile to a trap there (the Python layer runs the WMMA prefill on Volta), so that a
+    V100 build of the extension cannot break.
   * sm_80: the bf16 WMMA attention kernels (bf16 tensor-core math needs SM80) and every `_mma_sm80`
     attention kernel (mma.sync m16n8k16, ldmatrix, cp.async).
   * sm_90: everything, as the H200 build compiles it.
@@ -57,6 +57,35 @@ def _elementwise() -> dict[str, list[str]]:
     return variants
 
 
+# The packed weight kinds of csrc/quantization/quant_common.cuh (QuantKind), the decode row counts the
+# quantized GEMV is built for, and the row tiles of the quantized WMMA GEMM.
+QUANT_KINDS = {"int4": 0, "int8": 1, "fp8": 2}
+QUANT_GEMV_ROWS = (1, 2, 4, 8)
+QUANT_GEMM_BLOCK_M = (16, 64, 128)
+
+
+def _quantization() -> dict[str, list[str]]:
+    """The weight-only quantized kernels: fp16 activations only, so one list for every architecture."""
+    kinds = QUANT_KINDS.values()
+    return {
+        "quantization/quant_gemv.cuh": [
+            f"voltllm::quant_gemv_kernel<{kind}, {rows}, {swiglu}>"
+            for kind in kinds
+            for rows in QUANT_GEMV_ROWS
+            for swiglu in ("false", "true")
+        ],
+        "quantization/quant_gemm_wmma.cuh": [
+            *(
+                f"voltllm::quant_gemm_wmma_kernel<{kind}, {bm}>"
+                for kind in kinds
+                for bm in QUANT_GEMM_BLOCK_M
+            ),
+            "voltllm::quant_gemm_finalize_kernel",
+            *(f"voltllm::quant_dequantize_kernel<{kind}>" for kind in kinds),
+        ],
+    }
+
+
 def _attention_wmma(dtype: str) -> dict[str, list[str]]:
     return {
         "attention/paged_decode_wmma.cuh": [
@@ -102,12 +131,16 @@ def dynamic_smem_probes() -> dict[str, str]:
             mma_sm80 = f"voltllm::prefill_mma_sm80_smem_bytes<{h}>"
             probes[f"voltllm::paged_prefill_mma_sm80_kernel{args}"] = mma_sm80
             probes[f"voltllm::paged_prefill_wmma_kernel{args}"] = f"voltllm::prefill_wmma_smem_bytes<{h}>"
+    for kind in QUANT_KINDS.values():
+        for bm in QUANT_GEMM_BLOCK_M:
+            args = f"<{kind}, {bm}>"
+            probes[f"voltllm::quant_gemm_wmma_kernel{args}"] = f"voltllm::quant_gemm_wmma_smem_bytes{args}"
     return probes
 
 
 def sm70_variants() -> dict[str, list[str]]:
     """Kernel source -> name expressions that must compile for compute_70 and assemble for sm_70."""
-    return _merge(_elementwise(), _attention_wmma(FP16), _attention_mma_sm80(FP16))
+    return _merge(_elementwise(), _quantization(), _attention_wmma(FP16), _attention_mma_sm80(FP16))
 
 
 def sm80_bf16_variants() -> dict[str, list[str]]:

@@ -25,3 +25,22 @@ inline float __half2float(__half v) {
 inline float2 __half22float2(__half2 v) { return make_float2(__half2float(v.x), __half2float(v.y)); }
 inline __half2 __floats2half2_rn(float a, float b) { return __half2{__float2half_rn(a), __float2half_rn(b)}; }
 inline __half2 __float22half2_rn(float2 v) { return __floats2half2_rn(v.x, v.y); }
+
+// half2 arithmetic (the quantized kernels): computed in fp32/fp64 and rounded once to fp16, as the
+// hardware's HADD2/HMUL2/HFMA2 round.
+inline __half2 __float2half2_rn(float v) { return __half2{__float2half_rn(v), __float2half_rn(v)}; }
+inline __half __hfma_emu(__half a, __half b, __half c) {
+  const double r = static_cast<double>(__half2float(a)) * __half2float(b) + __half2float(c);
+  return __float2half_rn(static_cast<float>(r));
+}
+inline __half2 __hfma2(__half2 a, __half2 b, __half2 c) {
+  return __half2{__hfma_emu(a.x, b.x, c.x), __hfma_emu(a.y, b.y, c.y)};
+}
+inline __half2 __hmul2(__half2 a, __half2 b) {
+  return __half2{__float2half_rn(__half2float(a.x) * __half2float(b.x)),
+                 __float2half_rn(__half2float(a.y) * __half2float(b.y))};
+}
+inline __half2 __hsub2(__half2 a, __half2 b) {
+  return __half2{__float2half_rn(__half2float(a.x) - __half2float(b.x)),
+                 __float2half_rn(__half2float(a.y) - __half2float(b.y))};
+}

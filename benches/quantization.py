@@ -1,0 +1,214 @@
+"""Quantized linear kernels (issue 16) against fp16 on the Llama-3-8B projection shapes, one run.
+
+Tables (every ratio from numbers measured in this run):
+1. GEMV at 1 row for each packed format: bytes the kernel reads (packed codes + group parameters) per
+   second as a fraction of the device copy bandwidth, next to the fp16 GEMV and cuBLAS;
+2. rows 1..8: the GEMV, the WMMA GEMM and cuBLAS fp16 (where the dispatch should switch);
+3. rows 16 and 64: the W4A16 WMMA GEMM (AWQ-style int4, group 128, zero points) against cuBLAS fp16;
+4. rows 2048 (prefill): the WMMA GEMM and the dequantize + cuBLAS path against cuBLAS fp16, as
+   throughput.
+Calls are timed as CUDA-graph replays over enough weight copies to exceed the L2 cache (as
+`benches/gemv.py`), so every call reads its weight from memory.
+
+    python benches/quantization.py [--sweep]   # --sweep: also time the GEMM's k split by hand
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from decode_latency import copy_bandwidth  # noqa: E402
+
+from voltllm.layers.quantization.quantized_weight import QuantizedWeight  # noqa: E402
+from voltllm.ops import quantized_linear as ql  # noqa: E402
+from voltllm.ops.activation import silu_and_mul  # noqa: E402
+from voltllm.ops.linear import gemv  # noqa: E402
+
+LLAMA_SHAPES = {  # name -> (out, in), Llama-3-8B (benches/model_shapes.py LLAMA3_8B)
+    "qkv": (6144, 4096),
+    "o": (4096, 4096),
+    "gate_up": (28672, 4096),
+    "down": (4096, 14336),
+}
+FORMATS = {  # name -> (kind, bits, group size or -1 per channel, zero points, act-order)
+    "AWQ int4 g128": ("int", 4, 128, True, False),
+    "GPTQ int4 g128 act-order": ("int", 4, 128, False, True),
+    "int4 g32": ("int", 4, 32, True, False),
+    "int8 channel": ("int", 8, -1, False, False),
+    "fp8 block 128": ("fp8", 8, 128, False, False),
+}
+W4A16 = "AWQ int4 g128"
+L2_BYTES = 256 * 2**20  # weight copies per timing cover this much, several times the L2
+
+
+def random_weight(fmt: str, out_features: int, in_features: int) -> QuantizedWeight:
+    kind, bits, group, zeros, act_order = FORMATS[fmt]
+    group = in_features if group < 0 else group
+    groups = in_features // group
+    dev = "cuda"
+    if kind == "fp8":
+        codes = (
+            (torch.randn(out_features, in_features, device=dev) * 100)
+            .to(torch.float8_e4m3fn)
+            .view(torch.uint8)
+        )
+        scales = torch.full((out_features, groups), 1e-4, device=dev)
+    else:
+        codes = torch.randint(0, 2**bits, (out_features, in_features), device=dev, dtype=torch.uint8)
+        scales = torch.rand(out_features, groups, device=dev).half() * 0.01
+    zero_points = torch.randint(0, 2**bits, scales.shape, device=dev, dtype=torch.uint8) if zeros else None
+    g_idx = None
+    if act_order:
+        g_idx = (torch.arange(in_features, device=dev) // group)[
+            torch.randperm(in_features, device=dev)
+        ].int()
+    return QuantizedWeight(codes, scales, zero_points, bits, group, kind, g_idx)
+
+
+def packed_copies(fmt: str, out_features: int, in_features: int) -> list[ql.PackedQuantWeight]:
+    first = ql.pack(random_weight(fmt, out_features, in_features))
+    copies = max(1, -(-L2_BYTES // first.nbytes))
+    return [first] + [
+        dataclasses.replace(first, packed=first.packed.clone(), group_params=first.group_params.clone())
+        for _ in range(copies - 1)
+    ]
+
+
+def fp16_copies(out_features: int, in_features: int) -> list[torch.Tensor]:
+    copies = max(1, -(-L2_BYTES // (out_features * in_features * 2)))
+    return [torch.randn(out_features, in_features, device="cuda").half() * 0.02 for _ in range(copies)]
+
+
+def time_us(fn: Callable[[int], object], copies: int, iters: int = 40) -> float:
+    """Median time per call of `fn(i)` over `iters` calls captured in one CUDA graph."""
+    for i in range(3):
+        fn(i % copies)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(iters):
+            fn(i % copies)
+    graph.replay()
+    samples = []
+    for _ in range(7):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / iters)
+    del graph
+    return statistics.median(samples)
+
+
+def cublas(x: torch.Tensor, weight: torch.Tensor, swiglu: bool) -> torch.Tensor:
+    out = F.linear(x, weight)
+    return silu_and_mul(out) if swiglu else out
+
+
+def gemv_table(bandwidth: float) -> None:
+    print("\n### 1. GEMV, 1 row: packed bytes (codes + group parameters) per second / copy bandwidth")
+    print("| format | layer | MB read | quantized GEMV (us) | of copy bw | fp16 GEMV (us) | cuBLAS (us) |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for fmt in FORMATS:
+        total_bytes, total_us = 0, 0.0
+        for name, (n, k) in LLAMA_SHAPES.items():
+            weights, dense = packed_copies(fmt, n, k), fp16_copies(n, k)
+            x = torch.randn(1, k, device="cuda").half()
+            variants = [(name, False)] + ([(name + "+act", True)] if name == "gate_up" else [])
+            for label, swiglu in variants:
+                q_us = time_us(lambda i: ql.quant_gemv(weights[i], x, swiglu=swiglu), len(weights))  # noqa: B023
+                h_us = time_us(lambda i: gemv(x, dense[i], swiglu=swiglu), len(dense))  # noqa: B023
+                c_us = time_us(lambda i: cublas(x, dense[i], swiglu), len(dense))  # noqa: B023
+                nbytes = weights[0].nbytes
+                if not swiglu:
+                    total_bytes, total_us = total_bytes + nbytes, total_us + q_us
+                fraction = nbytes / (q_us * 1e-6) / bandwidth
+                print(
+                    f"| {fmt} | {label} | {nbytes / 1e6:.1f} | {q_us:.1f} | {fraction:.2f} | {h_us:.1f} | "
+                    f"{c_us:.1f} |",
+                    flush=True,
+                )
+        print(f"| {fmt} | **all four** | {total_bytes / 1e6:.1f} | {total_us:.1f} | "
+              f"**{total_bytes / (total_us * 1e-6) / bandwidth:.2f}** | | |", flush=True)  # fmt: skip
+
+
+def few_rows_table() -> None:
+    print(f"\n### 2. {W4A16}, 1-8 rows: GEMV vs WMMA GEMM (block_m 16) vs cuBLAS fp16 (us)")
+    print("| layer | rows | GEMV | WMMA GEMM | cuBLAS fp16 |")
+    print("| --- | --- | --- | --- | --- |")
+    for name in ("o", "gate_up"):
+        n, k = LLAMA_SHAPES[name]
+        weights, dense = packed_copies(W4A16, n, k), fp16_copies(n, k)
+        for rows in (1, 2, 3, 4, 6, 8):
+            x = torch.randn(rows, k, device="cuda").half()
+            g_us = time_us(lambda i: ql.quant_gemv(weights[i], x), len(weights))  # noqa: B023
+            m_us = time_us(lambda i: ql.quant_gemm(weights[i], x, block_m=16), len(weights))  # noqa: B023
+            c_us = time_us(lambda i: F.linear(x, dense[i]), len(dense))  # noqa: B023
+            print(f"| {name} | {rows} | {g_us:.1f} | {m_us:.1f} | {c_us:.1f} |", flush=True)
+
+
+def gemm_table() -> None:
+    print(f"\n### 3-4. {W4A16} GEMM vs cuBLAS fp16 (us; speed-up = cuBLAS time / ours)")
+    print("| layer | rows | WMMA GEMM (chosen) | block_m 16 | block_m 64 | dequant + cuBLAS | cuBLAS fp16 | "
+          "WMMA speed-up | dispatch speed-up |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name, (n, k) in LLAMA_SHAPES.items():
+        weights, dense = packed_copies(W4A16, n, k), fp16_copies(n, k)
+        for rows in (16, 64, 2048):
+            x = torch.randn(rows, k, device="cuda").half()
+            iters = 10 if rows > 64 else 40
+            auto = time_us(lambda i: ql.quant_gemm(weights[i], x), len(weights), iters)  # noqa: B023
+            tiles = [
+                time_us(lambda i: ql.quant_gemm(weights[i], x, block_m=bm), len(weights), iters)  # noqa: B023
+                if rows <= 64 else float("nan")
+                for bm in (16, 64)
+            ]  # fmt: skip
+            dense_us = time_us(lambda i: ql.quant_dense(weights[i], x), len(weights), iters)  # noqa: B023
+            c_us = time_us(lambda i: F.linear(x, dense[i]), len(dense), iters)  # noqa: B023
+            chosen = dense_us if rows >= ql.DENSE_MIN_ROWS else auto
+            times = f"{auto:.1f} | {tiles[0]:.1f} | {tiles[1]:.1f} | {dense_us:.1f} | {c_us:.1f}"
+            print(f"| {name} | {rows} | {times} | {c_us / auto:.2f}x | {c_us / chosen:.2f}x |", flush=True)
+
+
+def split_sweep() -> None:
+    """The WMMA GEMM's k split at 16 and 64 rows (the glue's choice is the default column above)."""
+    print(f"\n### Split-k sweep, {W4A16} WMMA GEMM (us)")
+    splits = (1, 2, 4, 8, 16)
+    print("| layer | rows | block_m | " + " | ".join(f"splits {s}" for s in splits) + " |")
+    print("| --- | --- | --- | " + " | ".join("---" for _ in splits) + " |")
+    for name in ("o", "gate_up"):
+        n, k = LLAMA_SHAPES[name]
+        weights = packed_copies(W4A16, n, k)
+        for rows, block_m in ((16, 16), (64, 64), (64, 16)):
+            x = torch.randn(rows, k, device="cuda").half()
+            times = [
+                time_us(lambda i: ql.quant_gemm(weights[i], x, block_m=block_m, splits=s), len(weights))  # noqa: B023
+                for s in splits
+            ]
+            print(
+                f"| {name} | {rows} | {block_m} | " + " | ".join(f"{t:.1f}" for t in times) + " |", flush=True
+            )
+
+
+def main() -> None:
+    bandwidth = copy_bandwidth()
+    gpu = torch.cuda.get_device_name()
+    print(f"GPU: {gpu}; torch {torch.__version__}; copy bandwidth {bandwidth / 1e9:.0f} GB/s")
+    gemv_table(bandwidth)
+    few_rows_table()
+    gemm_table()
+    if "--sweep" in sys.argv:
+        split_sweep()
+
+
+if __name__ == "__main__":
+    main()

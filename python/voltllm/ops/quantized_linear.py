@@ -1,0 +1,240 @@
+"""Weight-only quantized linear layers on CUDA: the packed layout, the GEMV, the WMMA GEMM and the
+choice between them (the kernels are in `csrc/quantization/`).
+
+`CudaQuantizedMatmul(weight)` packs a `QuantizedWeight` once into the layout the kernels read
+(`quant_common.cuh` describes it: 16-byte chunks of 32 4-bit or 16 8-bit codes per row, one 32-bit
+parameter word per group) and keeps only that: its memory is the packed size (codes at `bits` per weight
+plus 4 bytes per group). Act-order weights (`g_idx`) are packed with their columns sorted by group, so
+that every group is a contiguous run, and `x`'s columns are gathered into the same order at run time.
+
+A call with `rows` rows of x runs
+- `rows <= GEMV_MAX_ROWS`: the GEMV (dequantize in registers, one pass over the packed weight);
+- `rows < DENSE_MIN_ROWS`: the WMMA GEMM (dequantized tiles through shared memory, fp32 accumulation,
+  k split over more blocks when the output has few tiles);
+- larger: the whole weight dequantized to fp16 into a transient buffer, then torch's GEMM: at prefill
+  sizes the GEMM is compute bound, so one extra pass over the weight costs little
+  (`benches/quantization.py` measures all three).
+
+The products equal `F.linear(x, dequantize(weight, float16), bias)` up to the order of the fp32 sums
+(and the GEMV's fp16 products, see `quant_gemv.cuh`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from voltllm.layers.quantization.quantized_weight import QuantizedWeight
+from voltllm.ops._dispatch import kernel_ops
+from voltllm.ops.activation import silu_and_mul
+from voltllm.ops.build import load
+
+# QuantKind in quant_common.cuh (and variants.QUANT_KINDS).
+KIND_INT4, KIND_INT8, KIND_FP8 = 0, 1, 2
+# Most rows the GEMV takes (its kernels are built for 1, 2, 4 and 8).
+GEMV_MAX_ROWS = 8
+# From this many rows the weight is dequantized and multiplied by torch (cuBLAS).
+DENSE_MIN_ROWS = 1024
+# Columns of one k-tile of the GEMM: `in_features` must be a multiple of it.
+K_ALIGN = 64
+
+
+def _kind_of(weight: QuantizedWeight) -> int | None:
+    if weight.kind == "fp8":
+        return KIND_FP8
+    return {4: KIND_INT4, 8: KIND_INT8}.get(weight.bits)
+
+
+def _chunk(kind: int) -> int:
+    """Codes per 16-byte chunk of a packed row."""
+    return 32 if kind == KIND_INT4 else 16
+
+
+def _column_order(weight: QuantizedWeight) -> torch.Tensor | None:
+    """The column permutation that makes act-order groups contiguous (None when they already are), or
+    raises ValueError when the groups cannot be contiguous runs of `group_size` columns."""
+    if weight.g_idx is None:
+        return None
+    g_idx = weight.g_idx.long()
+    in_features = weight.shape[1]
+    num_groups = weight.scales.shape[1]
+    counts = torch.bincount(g_idx, minlength=num_groups)
+    if counts.numel() != num_groups or bool((counts != weight.group_size).any()):
+        raise ValueError("g_idx does not assign group_size columns to every group")
+    if torch.equal(g_idx, torch.arange(in_features, device=g_idx.device) // weight.group_size):
+        return None
+    return torch.argsort(g_idx, stable=True)
+
+
+def unsupported_reason(weight: QuantizedWeight) -> str | None:
+    """Why the kernels cannot run `weight`, or None when they can."""
+    kind = _kind_of(weight)
+    out_features, in_features = weight.shape
+    if kind is None:
+        return f"{weight.bits}-bit {weight.kind} weights have no kernel"
+    if in_features % K_ALIGN:
+        return f"in_features {in_features} is not a multiple of {K_ALIGN}"
+    num_groups = weight.scales.shape[1]
+    if num_groups > 1:
+        chunks, rest = divmod(weight.group_size, _chunk(kind))
+        if rest or chunks & (chunks - 1) or num_groups * weight.group_size != in_features:
+            return f"group size {weight.group_size} is not a power-of-two multiple of {_chunk(kind)}"
+    if weight.g_idx is not None:
+        try:
+            _column_order(weight)
+        except ValueError as err:
+            return str(err)
+    return None
+
+
+def supports(weight: QuantizedWeight) -> bool:
+    """True when the CUDA kernels run `weight` (4-/8-bit int or fp8, `in % 64 == 0`, groups of a
+    power-of-two multiple of 32 (4-bit) / 16 (8-bit) columns or one per row, act-order included)."""
+    return unsupported_reason(weight) is None
+
+
+def _pack_int4(codes: torch.Tensor) -> torch.Tensor:
+    """`[n, k]` 4-bit codes -> `[n, k / 2]` bytes: in each 32-bit word, code 2j at bits 4j and code
+    2j + 1 at bits 16 + 4j (quant_common.cuh), stored little-endian."""
+    n, k = codes.shape
+    c = codes.view(n, k // 8, 4, 2).to(torch.int64)  # [word, j, (even, odd)]
+    shifts = 4 * torch.arange(4, device=codes.device, dtype=torch.int64)
+    words = ((c[..., 0] << shifts) | (c[..., 1] << (shifts + 16))).sum(-1)  # disjoint bits: sum == or
+    byte_shifts = 8 * torch.arange(4, device=codes.device, dtype=torch.int64)
+    return ((words.unsqueeze(-1) >> byte_shifts) & 0xFF).to(torch.uint8).reshape(n, k // 2)
+
+
+def _group_params(weight: QuantizedWeight, kind: int) -> torch.Tensor:
+    """`[n, num_groups]` int32 words: half2 (scale, 1024 + zero) for int kinds, float 256 * scale for fp8."""
+    if kind == KIND_FP8:
+        return (weight.scales.float() * 256.0).contiguous().view(torch.int32)
+    if weight.zeros is None:
+        zeros = torch.full_like(weight.scales, float(2 ** (weight.bits - 1)), dtype=torch.float16)
+    else:
+        zeros = weight.zeros.to(torch.float16)
+    biased = (zeros.float() + 1024.0).to(torch.float16)  # exact: 1024 + a code below 256
+    scale_bits = weight.scales.to(torch.float16).view(torch.int16).to(torch.int32) & 0xFFFF
+    zero_bits = biased.view(torch.int16).to(torch.int32) & 0xFFFF
+    return (scale_bits | (zero_bits << 16)).contiguous()
+
+
+@dataclass
+class PackedQuantWeight:
+    """A `QuantizedWeight` in the kernels' layout."""
+
+    packed: torch.Tensor  # uint8 [n, k * bits / 8]
+    group_params: torch.Tensor  # int32 [n, num_groups]
+    column_order: torch.Tensor | None  # int64 [k]: x's columns in the packed order, or None
+    kind: int
+    group_size: int
+    shape: tuple[int, int]  # (out, in)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the kernels read per pass: packed codes and group parameters."""
+        return self.packed.numel() + self.group_params.numel() * 4
+
+
+def pack(weight: QuantizedWeight) -> PackedQuantWeight:
+    """`weight` in the kernels' layout (raises ValueError when `supports(weight)` is False)."""
+    reason = unsupported_reason(weight)
+    if reason is not None:
+        raise ValueError(f"no quantized kernel for this weight: {reason}")
+    kind = _kind_of(weight)
+    assert kind is not None
+    order = _column_order(weight)
+    codes = weight.codes if order is None else weight.codes[:, order]
+    packed = _pack_int4(codes) if kind == KIND_INT4 else codes.contiguous()
+    return PackedQuantWeight(
+        packed=packed,
+        group_params=_group_params(weight, kind),
+        column_order=order,
+        kind=kind,
+        group_size=weight.group_size,
+        shape=weight.shape,
+    )
+
+
+def _gather_columns(x: torch.Tensor, order: torch.Tensor | None) -> torch.Tensor:
+    if order is None and x.stride(-1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0:
+        return x
+    return (x if order is None else x.index_select(1, order)).contiguous()
+
+
+def quant_gemv(
+    weight: PackedQuantWeight, x: torch.Tensor, bias: torch.Tensor | None = None, swiglu: bool = False
+) -> torch.Tensor:
+    """`x @ W^T + bias` for 1..GEMV_MAX_ROWS rows (`silu(gate) * up` of its halves with `swiglu`)."""
+    x = _gather_columns(x, weight.column_order)
+    width = weight.shape[0] // 2 if swiglu else weight.shape[0]
+    out = torch.empty(x.shape[0], width, dtype=torch.float16, device=x.device)
+    kernel_ops().quant_gemv(
+        out, x, weight.packed, weight.group_params, bias, weight.kind, weight.group_size, swiglu
+    )
+    return out
+
+
+def quant_gemm(
+    weight: PackedQuantWeight,
+    x: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    block_m: int = 0,
+    splits: int = 0,
+) -> torch.Tensor:
+    """`x @ W^T + bias` on the WMMA GEMM; `block_m` (16, 64, 128) and `splits` of k, 0 = chosen by size."""
+    x = _gather_columns(x, weight.column_order)
+    out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float16, device=x.device)
+    kernel_ops().quant_gemm(
+        out, x, weight.packed, weight.group_params, bias, weight.kind, weight.group_size, block_m, splits
+    )
+    return out
+
+
+def dequantize_packed(weight: PackedQuantWeight) -> torch.Tensor:
+    """The dense fp16 `[out, in]` weight, columns in the packed order (the reference's values)."""
+    out = torch.empty(weight.shape, dtype=torch.float16, device=weight.packed.device)
+    kernel_ops().quant_dequantize(out, weight.packed, weight.group_params, weight.kind, weight.group_size)
+    return out
+
+
+def quant_dense(weight: PackedQuantWeight, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`x @ W^T + bias` through a transient fp16 copy of the weight and torch's GEMM."""
+    x = _gather_columns(x, weight.column_order)
+    return torch.nn.functional.linear(x, dequantize_packed(weight), bias)
+
+
+class CudaQuantizedMatmul:
+    """`x @ W^T + bias` for one packed weight, choosing the kernel by the number of rows.
+
+    Holds only the packed form: the caller should drop its `QuantizedWeight` after building this.
+    """
+
+    def __init__(self, weight: QuantizedWeight) -> None:
+        if not weight.codes.is_cuda:
+            raise ValueError("CudaQuantizedMatmul needs a weight on a CUDA device")
+        load()  # the kernels, built on first use
+        self.weight = pack(weight)
+
+    def _check(self, x: torch.Tensor) -> None:
+        if x.dtype != torch.float16:
+            raise TypeError(f"the quantized kernels take float16 activations, got {x.dtype}")
+        if x.dim() != 2 or x.shape[1] != self.weight.shape[1]:
+            raise ValueError(f"x {tuple(x.shape)} does not match a [rows, {self.weight.shape[1]}] input")
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        self._check(x)
+        rows = x.shape[0]
+        if rows <= GEMV_MAX_ROWS:
+            return quant_gemv(self.weight, x, bias)
+        if rows < DENSE_MIN_ROWS:
+            return quant_gemm(self.weight, x, bias)
+        return quant_dense(self.weight, x, bias)
+
+    def swiglu(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """`silu(gate) * up` of a fused gate/up projection `[gate; up]`: `[rows, out / 2]`. Decode rows
+        take the GEMV with the activation in its epilogue."""
+        self._check(x)
+        if x.shape[0] <= GEMV_MAX_ROWS:
+            return quant_gemv(self.weight, x, bias, swiglu=True)
+        return silu_and_mul(self(x, bias))

@@ -1,0 +1,160 @@
+"""The quantized kernels on a GPU against `dequantize` then an fp32 product: every kind, bit width, group
+size and act-order, the GEMV at 1..8 rows (plain and SwiGLU), the WMMA GEMM at every row tile with and
+without split k, the dense path, the row-count dispatch of `CudaQuantizedMatmul`, CUDA-graph capture,
+the packed memory size and the errors. Inputs are fresh random draws every run (the seed is printed)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from quant_cases import CASES, QuantCase, make_weight
+
+from voltllm.layers.quantization.quantized_weight import QuantizedWeight, dequantize, quantized_matmul_for
+from voltllm.ops import quantized_linear as ql
+
+cuda = pytest.mark.gpu
+SEED = int.from_bytes(os.urandom(4), "little")
+
+
+def _generator(*key: object) -> torch.Generator:
+    seed = (SEED + hash(key)) % 2**31
+    print(f"seed {seed} for {key}")  # shown on failure
+    return torch.Generator().manual_seed(seed)
+
+
+def _reference(weight: QuantizedWeight, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    dense = dequantize(weight, torch.float16).float()
+    return F.linear(x.float(), dense, None if bias is None else bias.float())
+
+
+def _close(out: torch.Tensor, ref: torch.Tensor) -> None:
+    # fp16 output rounding plus the GEMV's fp16 products (runs of 8), relative to the output's scale.
+    torch.testing.assert_close(out.float(), ref, atol=3e-3 * float(ref.abs().max()) + 1e-3, rtol=0)
+
+
+def _inputs(case: QuantCase, rows: int, n: int, k: int, key: object):
+    gen = _generator(case.name, rows, n, k, key)
+    weight = make_weight(case, n, k, gen, device="cuda")
+    x = torch.randn(rows, k, generator=gen).to(torch.float16).cuda()
+    bias = torch.randn(n, generator=gen).to(torch.float16).cuda()
+    return weight, x, bias
+
+
+@cuda
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("rows", range(1, 9))
+def test_gemv_every_kind_and_row_count(case: QuantCase, rows: int):
+    weight, x, bias = _inputs(case, rows, 1000, 1024, "gemv")
+    packed = ql.pack(weight)
+    _close(ql.quant_gemv(packed, x, bias), _reference(weight, x, bias))
+    _close(ql.quant_gemv(packed, x), _reference(weight, x, None))
+
+
+@cuda
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("rows", [1, 2, 5, 8])
+def test_gemv_swiglu_epilogue(case: QuantCase, rows: int):
+    weight, x, bias = _inputs(case, rows, 2 * 384, 512, "swiglu")
+    out = ql.quant_gemv(ql.pack(weight), x, bias, swiglu=True)
+    gate, up = _reference(weight, x, bias).to(torch.float16).float().chunk(2, dim=-1)
+    _close(out, F.silu(gate) * up)
+
+
+@cuda
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("rows", [9, 16, 64, 100, 2048])
+def test_gemm_every_kind_and_tile(case: QuantCase, rows: int):
+    weight, x, bias = _inputs(case, rows, 392, 1024, "gemm")  # n: a partial 128-column tile
+    packed = ql.pack(weight)
+    ref = _reference(weight, x, bias)
+    for block_m in (16, 64, 128):
+        for splits in (1, 0, 3):  # one split, the size-based choice, an uneven split of 16 k-tiles
+            _close(ql.quant_gemm(packed, x, bias, block_m=block_m, splits=splits), ref)
+    _close(ql.quant_dense(packed, x, bias), ref)
+
+
+@cuda
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_dequantize_kernel_is_the_definition(case: QuantCase):
+    weight, _, _ = _inputs(case, 1, 256, 2048, "dequantize")
+    packed = ql.pack(weight)
+    expected = dequantize(weight, torch.float16)
+    if packed.column_order is not None:
+        expected = expected[:, packed.column_order]
+    assert torch.equal(ql.dequantize_packed(packed), expected)
+
+
+@cuda
+@pytest.mark.parametrize("rows", [1, 3, 8, 16, 64, 1024, 2048])
+def test_matmul_dispatch_on_llama_shapes(rows: int):
+    """`quantized_matmul_for` on CUDA picks the kernels, at Llama-3-8B projection shapes (o, down)."""
+    for n, k in [(4096, 4096), (4096, 14336)]:
+        weight, x, bias = _inputs(QuantCase("int", 4, 128), rows, n, k, "dispatch")
+        matmul = quantized_matmul_for(weight)
+        assert isinstance(matmul, ql.CudaQuantizedMatmul)
+        _close(matmul(x, bias), _reference(weight, x, bias))
+
+
+@cuda
+def test_swiglu_method_above_gemv_rows():
+    weight, x, bias = _inputs(QuantCase("int", 4, 64), 40, 2 * 512, 1024, "swiglu-gemm")
+    gate, up = _reference(weight, x, bias).to(torch.float16).float().chunk(2, dim=-1)
+    _close(ql.CudaQuantizedMatmul(weight).swiglu(x, bias), F.silu(gate) * up)
+
+
+@cuda
+@pytest.mark.parametrize("rows", [1, 4, 16])
+def test_cuda_graph_replays_fresh_inputs(rows: int):
+    """Decode batches run in captured CUDA graphs: the kernels (and the split-k workspace) capture and a
+    replay with new x gives the new product (no host syncs, no stale buffers)."""
+    weight, x, bias = _inputs(QuantCase("int", 4, 128, act_order=True), rows, 2048, 1024, "graph")
+    matmul = ql.CudaQuantizedMatmul(weight)
+    static_x = x.clone()
+    matmul(static_x, bias)  # warm-up (kernel build, allocator)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = matmul(static_x, bias)
+    for _ in range(2):
+        fresh = torch.randn(x.shape, device="cuda").half()
+        static_x.copy_(fresh)
+        graph.replay()
+        _close(static_out, _reference(weight, fresh, bias))
+
+
+@cuda
+def test_memory_ends_at_the_packed_size():
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    weight, _, _ = _inputs(QuantCase("int", 4, 128), 1, 4096, 4096, "memory")
+    matmul = ql.CudaQuantizedMatmul(weight)
+    del weight
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated() - before
+    packed_bytes = 4096 * 4096 // 2 + 4096 * 32 * 4
+    assert matmul.weight.nbytes == packed_bytes
+    assert held <= packed_bytes + 2**20, f"{held} bytes held for a {packed_bytes}-byte packed weight"
+
+
+@cuda
+def test_bad_input_is_refused_with_its_reason():
+    weight, x, _ = _inputs(QuantCase("int", 4, 128), 2, 256, 512, "errors")
+    matmul = ql.CudaQuantizedMatmul(weight)
+    with pytest.raises(TypeError, match="float16 activations"):
+        matmul(x.to(torch.bfloat16))
+    with pytest.raises(ValueError, match="does not match"):
+        matmul(x[:, :256])
+    odd = make_weight(QuantCase("int", 4, 32), 64, 96, torch.Generator().manual_seed(0), device="cuda")
+    assert not ql.supports(odd) and "multiple of 64" in ql.unsupported_reason(odd)
+    assert type(quantized_matmul_for(odd)).__name__ == "TorchQuantizedMatmul"
+    small_groups = make_weight(
+        QuantCase("int", 4, 16), 64, 128, torch.Generator().manual_seed(0), device="cuda"
+    )
+    assert "group size 16" in ql.unsupported_reason(small_groups)
+    with pytest.raises(ValueError, match="group size 16"):
+        ql.pack(small_groups)
+    with pytest.raises(RuntimeError, match="1 to 8 rows"):
+        ql.quant_gemv(matmul.weight, torch.randn(9, 512, device="cuda").half())
