@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -203,11 +204,18 @@ def main() -> None:
     bandwidth = copy_bandwidth()
     gpu = torch.cuda.get_device_name()
     print(f"GPU: {gpu}; torch {torch.__version__}; copy bandwidth {bandwidth / 1e9:.0f} GB/s")
-    gemv_table(bandwidth)
-    few_rows_table()
-    gemm_table()
+    tables = [lambda: gemv_table(bandwidth), few_rows_table, gemm_table]
     if "--sweep" in sys.argv:
-        split_sweep()
+        tables.append(split_sweep)
+    failed = False
+    for table in tables:
+        try:  # one table's failure is reported, and the others still run
+            table()
+        except Exception:  # noqa: BLE001
+            traceback.print_exc()
+            failed = True
+    if failed:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from voltllm.layers.quantization.quantized_weight import QuantizedWeight
-from voltllm.ops._dispatch import kernel_ops
+from voltllm.ops._dispatch import kernel_ops as _kernel_ops
 from voltllm.ops.activation import silu_and_mul
 from voltllm.ops.build import load
 
@@ -154,6 +154,12 @@ def pack(weight: QuantizedWeight) -> PackedQuantWeight:
         group_size=weight.group_size,
         shape=weight.shape,
     )
+
+
+def kernel_ops() -> torch._ops._OpNamespace:
+    """The extension's ops, built and loaded on first use."""
+    load()
+    return _kernel_ops()
 
 
 def _gather_columns(x: torch.Tensor, order: torch.Tensor | None) -> torch.Tensor:
