@@ -52,6 +52,18 @@ __device__ __forceinline__ unsigned bits_of_half2(__half2 h) {
   return b.u;
 }
 
+// (a & MASK) | OR in one LOP3: written as C, the compiler spends an AND and an OR on two immediates.
+template <unsigned MASK, unsigned OR>
+__device__ __forceinline__ unsigned and_or(unsigned a) {
+#ifdef VOLTLLM_EMULATE
+  return (a & MASK) | OR;
+#else
+  unsigned r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(r) : "r"(a), "n"(MASK), "n"(OR));  // 0xea: (a & b) | c
+  return r;
+#endif
+}
+
 // One (row, group)'s parameters, unpacked once per chunk.
 template <int KIND>
 struct GroupParams {
@@ -66,8 +78,8 @@ __device__ __forceinline__ GroupParams<KIND> unpack_group_params(unsigned word) 
   if constexpr (KIND == kQuantFp8) {
     g.scale = __uint_as_float(word);
   } else {
-    g.scale2 = half2_of_bits((word & 0xffffu) | (word << 16));
-    g.zero2 = half2_of_bits((word >> 16) | (word & 0xffff0000u));
+    g.scale2 = half2_of_bits(__byte_perm(word, 0u, 0x1010u));  // low half in both halves
+    g.zero2 = half2_of_bits(__byte_perm(word, 0u, 0x3232u));   // high half in both halves
   }
   return g;
 }
@@ -81,7 +93,7 @@ __device__ __forceinline__ GroupParams<KIND> unpack_group_params(unsigned word) 
 template <int KIND>
 __device__ __forceinline__ unsigned code_pair_bits(unsigned word, int j) {
   if constexpr (KIND == kQuantInt4) {
-    return ((word >> (4 * j)) & 0x000f000fu) | 0x64006400u;
+    return and_or<0x000f000fu, 0x64006400u>(word >> (4 * j));
   } else if constexpr (KIND == kQuantInt8) {
     return __byte_perm(word, 0x64646464u, j == 0 ? 0x4140u : 0x4342u);
   } else {

@@ -6,8 +6,9 @@
 // A thread block computes a BM x 128 tile of out over a range of k (its split). Per 64-column k-tile it
 // loads the x tile and the packed weight tile into registers, dequantizes the weight codes to fp16 (the
 // same rounding as the reference) and stores both into shared memory, then its 8 warps run WMMA on
-// them. Two shared-memory stages, fed by a register prefetch (the next tile's global loads are issued
-// before this tile's MMAs, and stored after them), so one barrier per k-tile suffices.
+// them. Two shared-memory stages, fed by a ring of k-tiles in registers (up to 4 tiles' global loads
+// in flight; each is stored into the free stage after the MMAs of the tile before it), so one barrier
+// per k-tile suffices.
 // Small m leaves few output tiles, so the host splits k over gridDim.z: each split then adds its fp32
 // partial tile into a zeroed fp32 buffer (atomics), and quant_gemm_finalize_kernel adds the bias and
 // rounds to fp16. quant_dequantize_kernel writes the whole fp16 weight, for a GEMM library to use at
@@ -58,6 +59,8 @@ struct QuantGemmTraits {
   static constexpr int kChunksPerRow = kBlockK / kChunk;      // packed chunks of one weight row per k-tile
   static constexpr int kWLoads = kBlockN * kChunksPerRow / kThreads;  // per thread per k-tile
   static constexpr int kXLoads = (BM * kBlockK / 8 + kThreads - 1) / kThreads;
+  // k-tiles in flight in registers: deep where the block computes little per tile.
+  static constexpr int kPrefetch = BM == 16 ? 4 : BM == 64 ? 2 : 1;
   static_assert(kWarpM % 16 == 0 && kWarpN % 16 == 0, "warp tiles are whole fragments");
   static_assert(kBlockN * kChunksPerRow % kThreads == 0, "every thread loads the same number of chunks");
   static_assert(kSmemBytes <= 96 * 1024, "Volta's shared memory");
@@ -160,34 +163,50 @@ __global__ void __launch_bounds__(256) quant_gemm_wmma_kernel(QuantGemmParams p)
 #pragma unroll
     for (int j = 0; j < Tr::kFragsN; ++j) wmma::fill_fragment(acc[i][j], 0.f);
 
-  QuantGemmTileRegs<KIND, BM> regs;
-  load_gemm_tile<KIND, BM>(p, m0, n0, kt_begin, regs);
-  store_gemm_tile<KIND, BM>(regs, stages);
+  // A ring of kPrefetch k-tiles in registers: ring slot r holds the tiles t with t % kPrefetch == r,
+  // loaded kPrefetch tiles ahead of their use, so that kPrefetch tiles' global loads are in flight
+  // while a tile is multiplied (at a few rows of x the block does little else than wait for memory).
+  constexpr int kPrefetch = Tr::kPrefetch;
+  const int num_tiles = kt_end - kt_begin;
+  QuantGemmTileRegs<KIND, BM> ring[kPrefetch];
+#pragma unroll
+  for (int r = 0; r < kPrefetch; ++r)
+    if (r < num_tiles) load_gemm_tile<KIND, BM>(p, m0, n0, kt_begin + r, ring[r]);
+  store_gemm_tile<KIND, BM>(ring[0], stages);
+  if (kPrefetch < num_tiles) load_gemm_tile<KIND, BM>(p, m0, n0, kt_begin + kPrefetch, ring[0]);
   __syncthreads();
-  for (int kt = kt_begin; kt < kt_end; ++kt) {
-    const int stage = (kt - kt_begin) & 1;
-    const bool more = kt + 1 < kt_end;
-    if (more) load_gemm_tile<KIND, BM>(p, m0, n0, kt + 1, regs);  // in flight during the MMAs
-    const __half* x_s = stages + stage * Tr::kStageHalves;
-    const __half* w_s = x_s + BM * Tr::kLd;
+  for (int t0 = 0; t0 < num_tiles; t0 += kPrefetch) {
 #pragma unroll
-    for (int kk = 0; kk < Tr::kBlockK; kk += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a[Tr::kFragsM];
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b[Tr::kFragsN];
+    for (int d = 0; d < kPrefetch; ++d) {
+      const int t = t0 + d;  // the tile multiplied now, from stage t & 1
+      if (t >= num_tiles) break;
+      const __half* x_s = stages + (t & 1) * Tr::kStageHalves;
+      const __half* w_s = x_s + BM * Tr::kLd;
 #pragma unroll
-      for (int i = 0; i < Tr::kFragsM; ++i)
-        wmma::load_matrix_sync(a[i], x_s + (warp_m * Tr::kWarpM + 16 * i) * Tr::kLd + kk, Tr::kLd);
+      for (int kk = 0; kk < Tr::kBlockK; kk += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a[Tr::kFragsM];
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b[Tr::kFragsN];
 #pragma unroll
-      for (int j = 0; j < Tr::kFragsN; ++j)
-        wmma::load_matrix_sync(b[j], w_s + (warp_n * Tr::kWarpN + 16 * j) * Tr::kLd + kk, Tr::kLd);
+        for (int i = 0; i < Tr::kFragsM; ++i)
+          wmma::load_matrix_sync(a[i], x_s + (warp_m * Tr::kWarpM + 16 * i) * Tr::kLd + kk, Tr::kLd);
 #pragma unroll
-      for (int i = 0; i < Tr::kFragsM; ++i)
+        for (int j = 0; j < Tr::kFragsN; ++j)
+          wmma::load_matrix_sync(b[j], w_s + (warp_n * Tr::kWarpN + 16 * j) * Tr::kLd + kk, Tr::kLd);
 #pragma unroll
-        for (int j = 0; j < Tr::kFragsN; ++j) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
+        for (int i = 0; i < Tr::kFragsM; ++i)
+#pragma unroll
+          for (int j = 0; j < Tr::kFragsN; ++j) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
+      }
+      // Tile t + 1 (ring slot (d + 1) % kPrefetch) into the other stage, last read in the previous
+      // iteration, before the barrier that ended it; then that slot takes tile t + 1 + kPrefetch.
+      const int next = (d + 1) % kPrefetch;
+      if (t + 1 < num_tiles) {
+        store_gemm_tile<KIND, BM>(ring[next], stages + ((t + 1) & 1) * Tr::kStageHalves);
+        if (t + 1 + kPrefetch < num_tiles)
+          load_gemm_tile<KIND, BM>(p, m0, n0, kt_begin + t + 1 + kPrefetch, ring[next]);
+      }
+      __syncthreads();
     }
-    // The other stage was last read in the previous iteration, before the barrier that ended it.
-    if (more) store_gemm_tile<KIND, BM>(regs, stages + (stage ^ 1) * Tr::kStageHalves);
-    __syncthreads();
   }
 
   // Epilogue: each warp stages one 16x16 fp32 tile at a time in its own scratch (the stages are free:

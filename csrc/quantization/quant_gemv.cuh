@@ -10,9 +10,10 @@
 //
 // Arithmetic, per chunk and row: the chunk's weights are dequantized to fp16 exactly as the reference
 // rounds them (int: (code - zero) * scale; fp8: the exact value / 256, its scale applied afterwards),
-// multiplied with x in fp16 pairs (HFMA2) over runs of 8 products, and each run is converted to fp32
-// and added to the fp32 accumulator (fp8: times its fp32 scale). So products are fp16 and at most 8 are
-// summed in fp16; everything beyond is fp32. Two weight rows per warp halve the x traffic from L1,
+// multiplied with x in fp16 pairs (HFMA2) over runs of 8 products (4-bit: 16, in two accumulators of
+// 8 per fp16 half), and each run is converted to fp32 and added to the fp32 accumulator (fp8: times
+// its fp32 scale). So products are fp16 and at most 8 are summed per fp16 value; everything beyond is
+// fp32. Two weight rows per warp halve the x traffic from L1,
 // which is what bounds the kernel from two rows on (x is re-read by every warp).
 #pragma once
 
@@ -62,7 +63,7 @@ template <int KIND>
 __device__ __forceinline__ float chunk_dot(const uint4& raw, const GroupParams<KIND>& g,
                                            const uint4 (&x_chunk)[QuantTraits<KIND>::kChunk / 8], float acc) {
   constexpr int kPairs = QuantTraits<KIND>::kPairsPerWord;
-  constexpr int kWordsPerRun = 4 / kPairs;  // 8 products = 4 pairs: one 4-bit word, two 8-bit words
+  constexpr int kWordsPerRun = 4 / kPairs;  // 8 products = 4 pairs: two 8-bit words
   const unsigned words[4] = {raw.x, raw.y, raw.z, raw.w};
   float chunk_sum = 0.f;
 #pragma unroll
@@ -79,6 +80,34 @@ __device__ __forceinline__ float chunk_dot(const uint4& raw, const GroupParams<K
   }
   if constexpr (KIND == kQuantFp8) return fmaf(chunk_sum, g.scale, acc);
   return acc + chunk_sum;
+}
+
+// The 4-bit form, with fewer integer instructions: pairs 0 and 2 of a word are the nibbles at bits 0-3
+// (and 16-19) of the word and of the word >> 8, pairs 1 and 3 those at bits 4-7, which OR'd into
+// 1024's exponent give 1024 + 16 code: subtracting 1024 + 16 zero and scaling yields 16 times the
+// weight, exactly (a power of two). Those products go to a second accumulator, scaled by 1/16 in fp32.
+// Each accumulator sums 8 products per fp16 half over the chunk's 4 words.
+template <>
+__device__ __forceinline__ float chunk_dot<kQuantInt4>(const uint4& raw, const GroupParams<kQuantInt4>& g,
+                                                       const uint4 (&x_chunk)[4], float acc) {
+  const unsigned words[4] = {raw.x, raw.y, raw.z, raw.w};
+  // 1024 + 16 zero = 16 (1024 + zero) - 15360, exact in fp16.
+  const __half2 zero16 = __hfma2(g.zero2, __float2half2_rn(16.f), __float2half2_rn(-15360.f));
+  __half2 sum_lo = __float2half2_rn(0.f), sum_hi = __float2half2_rn(0.f);
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    const unsigned xw[4] = {x_chunk[w].x, x_chunk[w].y, x_chunk[w].z, x_chunk[w].w};
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const unsigned word = half == 0 ? words[w] : words[w] >> 8;
+      const __half2 lo = half2_of_bits(and_or<0x000f000fu, 0x64006400u>(word));  // pair 2 half
+      const __half2 hi = half2_of_bits(and_or<0x00f000f0u, 0x64006400u>(word));  // pair 2 half + 1, x16
+      sum_lo = __hfma2(__hmul2(__hsub2(lo, g.zero2), g.scale2), half2_of_bits(xw[2 * half]), sum_lo);
+      sum_hi = __hfma2(__hmul2(__hsub2(hi, zero16), g.scale2), half2_of_bits(xw[2 * half + 1]), sum_hi);
+    }
+  }
+  const float2 lo = __half22float2(sum_lo), hi = __half22float2(sum_hi);
+  return acc + (lo.x + lo.y) + 0.0625f * (hi.x + hi.y);
 }
 
 // grid: ceil(n / quant_gemv_features_per_block<SWIGLU>()), block: 32 * kQuantGemvWarps.

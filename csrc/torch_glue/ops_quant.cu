@@ -182,9 +182,11 @@ void quant_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, 
   const int64_t k_tiles = shape.k / 64;
   const int64_t tiles = ((n + 127) / 128) * ((m + block_m - 1) / block_m);
   if (splits == 0) {
-    // Split k until the grid has about two waves of blocks, keeping at least 4 k-tiles per split.
+    // Split k only while the output tiles leave SMs idle: about one block per SM, at least 8 k-tiles
+    // per split (benches/quantization.py's sweep: more splits than that cost more in the fp32
+    // atomics and the extra kernels than they gain).
     const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-    splits = std::max<int64_t>(1, std::min<int64_t>((2 * sms + tiles - 1) / tiles, k_tiles / 4));
+    splits = tiles >= sms ? 1 : std::max<int64_t>(1, std::min<int64_t>((sms + tiles - 1) / tiles, k_tiles / 8));
   }
   splits = std::min(splits, k_tiles);
   const int64_t per_split = (k_tiles + splits - 1) / splits;

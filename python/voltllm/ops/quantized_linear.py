@@ -8,7 +8,7 @@ plus 4 bytes per group). Act-order weights (`g_idx`) are packed with their colum
 that every group is a contiguous run, and `x`'s columns are gathered into the same order at run time.
 
 A call with `rows` rows of x runs
-- `rows <= GEMV_MAX_ROWS`: the GEMV (dequantize in registers, one pass over the packed weight);
+- `rows <= GEMV_DISPATCH_MAX_ROWS`: the GEMV (dequantize in registers, one pass over the packed weight);
 - `rows < DENSE_MIN_ROWS`: the WMMA GEMM (dequantized tiles through shared memory, fp32 accumulation,
   k split over more blocks when the output has few tiles);
 - larger: the whole weight dequantized to fp16 into a transient buffer, then torch's GEMM: at prefill
@@ -32,10 +32,15 @@ from voltllm.ops.build import load
 
 # QuantKind in quant_common.cuh (and variants.QUANT_KINDS).
 KIND_INT4, KIND_INT8, KIND_FP8 = 0, 1, 2
-# Most rows the GEMV takes (its kernels are built for 1, 2, 4 and 8).
+# Most rows the GEMV kernels take (built for 1, 2, 4 and 8 rows).
 GEMV_MAX_ROWS = 8
-# From this many rows the weight is dequantized and multiplied by torch (cuBLAS).
-DENSE_MIN_ROWS = 1024
+# Most rows `CudaQuantizedMatmul` sends to the GEMV: from 6 rows the WMMA GEMM was faster on the
+# Llama-3-8B shapes (benches/quantization.py table 2, H200).
+GEMV_DISPATCH_MAX_ROWS = 4
+# From this many rows the weight is dequantized and multiplied by torch (cuBLAS): on the H200 the WMMA
+# GEMM reaches about a quarter of cuBLAS's fp16 throughput at 2,048 rows, the dequantize + cuBLAS path
+# 0.8-0.9x (benches/quantization.py tables 3-4).
+DENSE_MIN_ROWS = 128
 # Columns of one k-tile of the GEMM: `in_features` must be a multiple of it.
 K_ALIGN = 64
 
@@ -231,7 +236,7 @@ class CudaQuantizedMatmul:
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         self._check(x)
         rows = x.shape[0]
-        if rows <= GEMV_MAX_ROWS:
+        if rows <= GEMV_DISPATCH_MAX_ROWS:
             return quant_gemv(self.weight, x, bias)
         if rows < DENSE_MIN_ROWS:
             return quant_gemm(self.weight, x, bias)
@@ -241,6 +246,6 @@ class CudaQuantizedMatmul:
         """`silu(gate) * up` of a fused gate/up projection `[gate; up]`: `[rows, out / 2]`. Decode rows
         take the GEMV with the activation in its epilogue."""
         self._check(x)
-        if x.shape[0] <= GEMV_MAX_ROWS:
+        if x.shape[0] <= GEMV_DISPATCH_MAX_ROWS:
             return quant_gemv(self.weight, x, bias, swiglu=True)
         return silu_and_mul(self(x, bias))
