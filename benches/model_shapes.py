@@ -41,6 +41,17 @@ TINY = {
     "max_position_embeddings": 4096,
 }
 
+# Qwen/Qwen3-32B config.json (architecture fields only).
+QWEN3_32B = {
+    **QWEN3_0_6B,
+    "hidden_size": 5120,
+    "intermediate_size": 25600,
+    "num_hidden_layers": 64,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "tie_word_embeddings": False,
+}
+
 # meta-llama/Meta-Llama-3-8B config.json (architecture fields only).
 LLAMA3_8B = {
     "architectures": ["LlamaForCausalLM"],

@@ -6,18 +6,25 @@ Tables (every ratio from numbers measured in this run):
 2. rows 1..8: the GEMV, the WMMA GEMM and cuBLAS fp16 (where the dispatch should switch);
 3. rows 16 and 64: the W4A16 WMMA GEMM (AWQ-style int4, group 128, zero points) against cuBLAS fp16;
 4. rows 2048 (prefill): the WMMA GEMM and the dequantize + cuBLAS path against cuBLAS fp16, as
-   throughput.
+   throughput;
+5. (`--engine`) end to end, dummy AWQ weights (4-bit, group 128, zero points): Llama-3-8B batch-1
+   decode against the fp16 model and against its own floor (bytes a token reads / copy bandwidth), and a
+   Qwen3-32B-shape model's weight memory and batch-1 decode.
 Calls are timed as CUDA-graph replays over enough weight copies to exceed the L2 cache (as
 `benches/gemv.py`), so every call reads its weight from memory.
 
-    python benches/quantization.py [--sweep]   # --sweep: also time the GEMM's k split by hand
+    python benches/quantization.py [--sweep] [--engine] [--engine-only]
+    # --sweep: also time the GEMM's k split by hand; --engine: also the end-to-end decode table
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import statistics
 import sys
+import tempfile
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -119,16 +126,23 @@ def gemv_table(bandwidth: float) -> None:
     print("\n### 1. GEMV, 1 row: packed bytes (codes + group parameters) per second / copy bandwidth")
     print("| format | layer | MB read | quantized GEMV (us) | of copy bw | fp16 GEMV (us) | cuBLAS (us) |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
+    fp16_us: dict[tuple[str, bool], tuple[float, float]] = {}  # the fp16 columns, timed once per layer
+    for name, (n, k) in LLAMA_SHAPES.items():
+        dense = fp16_copies(n, k)
+        x = torch.randn(1, k, device="cuda").half()
+        for swiglu in (False, True) if name == "gate_up" else (False,):
+            h_us = time_us(lambda i: gemv(x, dense[i], swiglu=swiglu), len(dense))  # noqa: B023
+            c_us = time_us(lambda i: cublas(x, dense[i], swiglu), len(dense))  # noqa: B023
+            fp16_us[name, swiglu] = h_us, c_us
     for fmt in FORMATS:
         total_bytes, total_us = 0, 0.0
         for name, (n, k) in LLAMA_SHAPES.items():
-            weights, dense = packed_copies(fmt, n, k), fp16_copies(n, k)
+            weights = packed_copies(fmt, n, k)
             x = torch.randn(1, k, device="cuda").half()
             variants = [(name, False)] + ([(name + "+act", True)] if name == "gate_up" else [])
             for label, swiglu in variants:
                 q_us = time_us(lambda i: ql.quant_gemv(weights[i], x, swiglu=swiglu), len(weights))  # noqa: B023
-                h_us = time_us(lambda i: gemv(x, dense[i], swiglu=swiglu), len(dense))  # noqa: B023
-                c_us = time_us(lambda i: cublas(x, dense[i], swiglu), len(dense))  # noqa: B023
+                h_us, c_us = fp16_us[name, swiglu]
                 nbytes = weights[0].nbytes
                 if not swiglu:
                     total_bytes, total_us = total_bytes + nbytes, total_us + q_us
@@ -149,7 +163,7 @@ def few_rows_table() -> None:
     for name in ("o", "gate_up"):
         n, k = LLAMA_SHAPES[name]
         weights, dense = packed_copies(W4A16, n, k), fp16_copies(n, k)
-        for rows in (1, 2, 3, 4, 6, 8):
+        for rows in (1, 2, 4, 6, 8):
             x = torch.randn(rows, k, device="cuda").half()
             g_us = time_us(lambda i: ql.quant_gemv(weights[i], x), len(weights))  # noqa: B023
             m_us = time_us(lambda i: ql.quant_gemm(weights[i], x, block_m=16), len(weights))  # noqa: B023
@@ -200,6 +214,74 @@ def split_sweep() -> None:
             )
 
 
+AWQ_CONFIG = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}
+
+
+def bytes_per_token(model: torch.nn.Module) -> tuple[int, int]:
+    """(bytes the weights take, bytes a batch-1 decode step reads): parameters and buffers, the packed
+    quantized weights, and of the input embedding only one row per token."""
+    held = read = 0
+    for name, p in [*model.named_parameters(), *model.named_buffers()]:
+        nbytes = p.numel() * p.element_size()
+        held += nbytes
+        read += p[0].numel() * p.element_size() if "embed_tokens" in name else nbytes
+    for module in model.modules():
+        matmul = getattr(module, "quantized_matmul", None)
+        packed = getattr(matmul, "weight", None)
+        if isinstance(packed, ql.PackedQuantWeight):
+            held, read = held + packed.nbytes, read + packed.nbytes
+    return held, read
+
+
+def decode_row(label: str, config: dict, bandwidth: float, device: str = "cuda") -> dict:
+    from types import SimpleNamespace
+
+    from decode_latency import decode_steps
+
+    from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+    from voltllm.engine.llm_engine import LLMEngine
+
+    torch.cuda.empty_cache()
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "config.json").write_text(json.dumps(config))
+        start = time.perf_counter()
+        engine = LLMEngine(
+            EngineConfig(
+                model=ModelConfig(model=tmp, load_format="dummy", dtype="float16", max_model_len=4096),
+                cache=CacheConfig(num_kv_blocks=512),
+                scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=4096),
+                device=device,
+            )
+        )
+        load_s = time.perf_counter() - start
+    args = SimpleNamespace(temperature=0.0, top_p=1.0)
+    decode_steps(engine, 128, 8, args)  # warm-up
+    times, _ = decode_steps(engine, 128, 64, args)
+    step = statistics.median(times)
+    held, read = bytes_per_token(engine.core.runner.model)
+    floor = read / bandwidth
+    print(
+        f"| {label} | {held / 1e9:.2f} | {load_s:.0f} | {step * 1e3:.2f} | {1 / step:.0f} | "
+        f"{floor * 1e3:.2f} | {floor / step:.2f} |",
+        flush=True,
+    )
+    del engine
+    torch.cuda.empty_cache()
+    return {"tok_s": 1 / step}
+
+
+def engine_table(bandwidth: float) -> None:
+    from model_shapes import LLAMA3_8B, QWEN3_32B
+
+    print("\n### 5. End to end, batch-1 decode (dummy weights, CUDA graphs, 128-token prompt)")
+    print("| model | weights (GB) | load (s) | step (ms) | tok/s | floor (ms) | floor / step |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    fp16 = decode_row("Llama-3-8B fp16", LLAMA3_8B, bandwidth)
+    awq = decode_row("Llama-3-8B AWQ", {**LLAMA3_8B, "quantization_config": AWQ_CONFIG}, bandwidth)
+    print(f"AWQ / fp16 tokens/s: **{awq['tok_s'] / fp16['tok_s']:.2f}x**", flush=True)
+    decode_row("Qwen3-32B AWQ", {**QWEN3_32B, "quantization_config": AWQ_CONFIG}, bandwidth)
+
+
 def main() -> None:
     bandwidth = copy_bandwidth()
     gpu = torch.cuda.get_device_name()
@@ -207,6 +289,10 @@ def main() -> None:
     tables = [lambda: gemv_table(bandwidth), few_rows_table, gemm_table]
     if "--sweep" in sys.argv:
         tables.append(split_sweep)
+    if "--engine" in sys.argv:
+        tables.append(lambda: engine_table(bandwidth))
+    if "--engine-only" in sys.argv:
+        tables = [lambda: engine_table(bandwidth)]
     failed = False
     for table in tables:
         try:  # one table's failure is reported, and the others still run
