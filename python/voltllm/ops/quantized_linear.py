@@ -34,12 +34,14 @@ from voltllm.ops.build import load
 KIND_INT4, KIND_INT8, KIND_FP8 = 0, 1, 2
 # Most rows the GEMV kernels take (built for 1, 2, 4 and 8 rows).
 GEMV_MAX_ROWS = 8
-# Most rows `CudaQuantizedMatmul` sends to the GEMV: from 6 rows the WMMA GEMM was faster on the
-# Llama-3-8B shapes (benches/quantization.py table 2, H200).
-GEMV_DISPATCH_MAX_ROWS = 4
-# From this many rows the weight is dequantized and multiplied by torch (cuBLAS): on the H200 the WMMA
-# GEMM reaches about a quarter of cuBLAS's fp16 throughput at 2,048 rows, the dequantize + cuBLAS path
-# 0.8-0.9x (benches/quantization.py tables 3-4).
+# Most rows `CudaQuantizedMatmul` sends to the GEMV. H200, AWQ int4 (benches/quantization.py table 2):
+# at 4 rows the WMMA GEMM wins on Llama-3-8B's gate_up (56 vs 77 us) and nearly ties on o (18 vs 18);
+# at 2 rows the GEMV wins on both (8 vs 18, 41 vs 55).
+GEMV_DISPATCH_MAX_ROWS = 3
+# From this many rows the weight is dequantized and multiplied by torch (cuBLAS). H200 (tables 3-4):
+# at 2,048 rows the WMMA GEMM reaches 0.27-0.31x of cuBLAS fp16, the dequantize + cuBLAS path
+# 0.81-0.92x; at 64 rows the WMMA GEMM wins on gate_up and down, the dense path on qkv and o. The
+# crossover between was not measured.
 DENSE_MIN_ROWS = 128
 # Columns of one k-tile of the GEMM: `in_features` must be a multiple of it.
 K_ALIGN = 64

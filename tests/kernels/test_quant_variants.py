@@ -1,0 +1,46 @@
+"""The quantized kernels' instantiations agree in the three places that name them: the sm_70 gate's list
+(`voltllm/ops/variants.py`), the torch glue's dispatch (`csrc/torch_glue/ops_quant.cu`) and the Python
+face's kind numbers (`voltllm/ops/quantized_linear.py`, `QuantKind` in quant_common.cuh)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from voltllm.ops import quantized_linear, variants
+
+CSRC = Path(__file__).resolve().parents[2] / "csrc"
+
+
+def _function(text: str, signature: str) -> str:
+    body = text[text.index(signature) :]
+    return body[: body.index("\n}\n")]
+
+
+def test_glue_dispatches_what_the_gate_checks() -> None:
+    glue = (CSRC / "torch_glue" / "ops_quant.cu").read_text()
+    rows = _function(glue, "void dispatch_gemv_rows")
+    assert (
+        tuple(int(r) for r in re.findall(r"integral_constant<int, (\d+)>", rows)) == variants.QUANT_GEMV_ROWS
+    )
+    block_m = _function(glue, "void dispatch_block_m")
+    assert tuple(int(b) for b in re.findall(r"case (\d+):", block_m)) == variants.QUANT_GEMM_BLOCK_M
+    kinds = _function(glue, "void dispatch_quant_kind")
+    assert re.findall(r"case (kQuant\w+):", kinds) == ["kQuantInt4", "kQuantInt8", "kQuantFp8"]
+
+
+def test_kind_numbers_are_one_definition() -> None:
+    header = (CSRC / "quantization" / "quant_common.cuh").read_text()
+    numbers = dict(re.findall(r"(kQuant\w+) = (\d+),", header))
+    assert numbers == {"kQuantInt4": "0", "kQuantInt8": "1", "kQuantFp8": "2"}
+    python = {
+        "int4": quantized_linear.KIND_INT4,
+        "int8": quantized_linear.KIND_INT8,
+        "fp8": quantized_linear.KIND_FP8,
+    }
+    assert python == variants.QUANT_KINDS
+    assert (
+        quantized_linear.GEMV_DISPATCH_MAX_ROWS
+        <= quantized_linear.GEMV_MAX_ROWS
+        == max(variants.QUANT_GEMV_ROWS)
+    )
