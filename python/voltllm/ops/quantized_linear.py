@@ -22,13 +22,16 @@ The products equal `F.linear(x, dequantize(weight, float16), bias)` up to the or
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from voltllm.layers.quantization.quantized_weight import QuantizedWeight
 from voltllm.ops._dispatch import kernel_ops as _kernel_ops
 from voltllm.ops.activation import silu_and_mul
 from voltllm.ops.build import load
+
+if TYPE_CHECKING:  # the seam's type only: ops sit below layers and take the weight as it comes
+    from voltllm.layers.quantization.quantized_weight import QuantizedWeight
 
 # QuantKind in quant_common.cuh (and variants.QUANT_KINDS).
 KIND_INT4, KIND_INT8, KIND_FP8 = 0, 1, 2
