@@ -12,13 +12,16 @@
 //! runtime, stops on a [`ShutdownHandle`]), and [`Server`] for callers that need the bound address
 //! before serving. See `docs/server.md`.
 
+pub mod assistant;
 pub mod error;
 pub mod generate;
 pub mod metrics;
 pub mod openai;
+pub mod reasoning;
 pub mod routes;
 pub mod server;
 pub mod state;
+pub mod tools;
 
 pub use error::{ApiError, ServerError};
 pub use server::{
