@@ -1,5 +1,5 @@
-"""The quantization tests reuse the tiny Hugging Face checkpoints of tests/models and the `voltllm serve`
-helpers of tests/entrypoints."""
+"""The quantization tests reuse the tiny Hugging Face checkpoints of tests/models, the `voltllm serve`
+helpers of tests/entrypoints and the benchmarks' model shapes (benches/model_shapes.py)."""
 
 import sys
 from pathlib import Path
@@ -7,6 +7,7 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS / "models"))
 sys.path.insert(0, str(TESTS / "entrypoints"))
+sys.path.insert(0, str(TESTS.parent / "benches"))
 
 
 import pytest  # noqa: E402

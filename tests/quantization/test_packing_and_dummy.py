@@ -9,14 +9,18 @@ from pathlib import Path
 import pytest
 import torch
 from checkpoints import AWQ_PACK_ORDER, Format, build_model, pack_along, quantization_config, write_config
+from model_shapes import QWEN3_32B
 from paged_batch import PagedBatch
+from transformers import Qwen3Config
 
 from voltllm.config import ModelConfig
 from voltllm.layers.attention import get_attention_backend
+from voltllm.layers.quantization import get_quantization_config
 from voltllm.layers.quantization.packing import AWQ_REVERSE_ORDER, unpack_int32
 from voltllm.layers.quantization.quantized_method import DUMMY_WEIGHT_RANGE, QuantizedLinearMethod
 from voltllm.layers.quantization.quantized_weight import dequantize
 from voltllm.loader.loader import load_model
+from voltllm.models import DecoderForCausalLM
 
 # (bits, packed dim, AutoAWQ order): GPTQ packs along 0 (qweight) and 1 (qzeros), compressed-tensors
 # along 1 (weight_packed) and 0 (weight_zero_point), AWQ along 1 in its interleaved order.
@@ -79,3 +83,30 @@ def test_dummy_quantized_weights_are_converted_bounded_and_deterministic(name: s
     with torch.inference_mode():
         logits = model.compute_logits(model(torch.arange(6), torch.arange(6), metadata, kv_caches))
     assert torch.isfinite(logits).all()
+
+
+def _weight_bytes_on_meta(shape: dict, quantization_config: dict | None) -> int:
+    """Bytes of a model's parameters as built (before any conversion), on the meta device."""
+    config = Qwen3Config(**{k: v for k, v in shape.items() if k not in ("architectures", "model_type")})
+    config.architectures = shape["architectures"]
+    if quantization_config is not None:
+        config.quantization_config = quantization_config
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float16)
+    try:
+        with torch.device("meta"):
+            model = DecoderForCausalLM(
+                config, get_attention_backend("torch", "cpu"), quant_config=get_quantization_config(config)
+            )
+    finally:
+        torch.set_default_dtype(previous)
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def test_a_qwen3_32b_shape_awq_model_is_built_at_its_packed_size() -> None:
+    """The checkpoint-layout parameters a Qwen3-32B-shape AWQ model is built with (all it holds before
+    the layer-by-layer conversion) fit the issue's 20 GB: no fp16 copy of a quantized weight."""
+    awq = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}
+    quantized, dense = _weight_bytes_on_meta(QWEN3_32B, awq), _weight_bytes_on_meta(QWEN3_32B, None)
+    assert dense > 60e9  # 32.8B parameters in fp16
+    assert quantized <= 20e9, f"{quantized / 1e9:.2f} GB"
