@@ -105,3 +105,25 @@ def test_detokenizer_stops_on_a_stop_string_split_across_tokens(tokenizer: _core
     assert emitted == "The answer is 42. The "
     kept = _core.Detokenizer(tokenizer, [], stop=["end of"], include_stop_str_in_output=True)
     assert "".join(kept.push(t) for t in ids).endswith("The end of")
+
+
+def test_detokenize_step_batches_sequences_and_stops_mid_step(tokenizer: _core.Tokenizer) -> None:
+    """One call for a whole step's tokens of many sequences gives what per-token pushes give; a
+    sequence whose stop string completes mid-step reports how many of its tokens it took."""
+    texts = ["The answer is 42. The end of the story.", "Plain text without the stop."]
+    ids = [tokenizer.encode(t, False) for t in texts]
+    batched = [_core.Detokenizer(tokenizer, [], stop=["end of"]) for _ in texts]
+    one_by_one = [_core.Detokenizer(tokenizer, [], stop=["end of"]) for _ in texts]
+    got = _core.detokenize_step(batched, ids)
+    for (text, taken), detok, seq_ids in zip(got, one_by_one, ids, strict=True):
+        want, want_taken = "", 0
+        for token_id in seq_ids:
+            if detok.stopped is not None:
+                break
+            want += detok.push(token_id)
+            want_taken += 1
+        assert (text, taken) == (want, want_taken)
+    assert got[0][1] < len(ids[0]) and batched[0].stopped == "end of"
+    assert got[1][1] == len(ids[1]) and batched[1].stopped is None
+    with pytest.raises(ValueError, match="2 detokenizers but 1 token lists"):
+        _core.detokenize_step(batched, ids[:1])

@@ -35,20 +35,21 @@ class _Sequence:
     detokenizer: _core.Detokenizer
     wants_logprobs: bool
 
-    def add(self, out: EngineCoreOutput, tokenizer: _core.Tokenizer) -> bool:
-        """Apply one engine output; True when this sequence just finished on a stop string."""
+    def add(self, out: EngineCoreOutput, text: str, taken: int, tokenizer: _core.Tokenizer) -> bool:
+        """Apply one engine output, whose first `taken` tokens detokenized to `text` (all of them
+        unless a stop string matched: `_core.detokenize_step`); True when this sequence just finished
+        on a stop string."""
         completion = self.output
-        for i, token_id in enumerate(out.new_token_ids):
-            completion.token_ids.append(token_id)
-            completion.text += self.detokenizer.push(token_id)
-            if self.wants_logprobs and out.new_logprobs is not None:
-                lp = out.new_logprobs[i]
+        completion.token_ids.extend(out.new_token_ids[:taken])
+        completion.text += text
+        if self.wants_logprobs and out.new_logprobs is not None:
+            for lp in out.new_logprobs[:taken]:
                 completion.logprobs.append(_logprob_dict(lp.token_ids, lp.logprobs, lp.rank, tokenizer))
                 completion.cumulative_logprob += lp.logprobs[0]
-            if self.detokenizer.stopped is not None:
-                completion.finish_reason = "stop"
-                completion.stop_reason = self.detokenizer.stopped
-                return True
+        if self.detokenizer.stopped is not None:
+            completion.finish_reason = "stop"
+            completion.stop_reason = self.detokenizer.stopped
+            return True
         if out.finish_reason is not None:
             completion.text += self.detokenizer.flush()
             completion.finish_reason = out.finish_reason
@@ -269,11 +270,14 @@ class LLM:
     def _drive(self, live: dict[str, tuple[RequestOutput, _Sequence]], bar: tqdm) -> None:
         pending = Counter(id(result) for result, _ in live.values())  # sequences still running per prompt
         while live:
-            for out in self.engine.step():
-                if out.request_id not in live:
-                    continue  # e.g. the abort notice of a sequence already stopped by a stop string
+            # e.g. the abort notice of a sequence already stopped by a stop string is not live
+            outs = [out for out in self.engine.step() if out.request_id in live]
+            texts = _core.detokenize_step(
+                [live[out.request_id][1].detokenizer for out in outs], [out.new_token_ids for out in outs]
+            )  # one call into the text layer per step, not one per token
+            for out, (text, taken) in zip(outs, texts, strict=True):
                 result, seq = live[out.request_id]
-                stopped = seq.add(out, self.tokenizer)
+                stopped = seq.add(out, text, taken, self.tokenizer)
                 if stopped:
                     self.engine.abort_requests([out.request_id])
                 if seq.output.finish_reason is None:

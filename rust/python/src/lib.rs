@@ -14,6 +14,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<text::Tokenizer>()?;
     m.add_class::<text::ChatTemplate>()?;
     m.add_class::<text::Detokenizer>()?;
+    m.add_function(wrap_pyfunction!(text::detokenize_step, m)?)?;
     m.add_function(wrap_pyfunction!(serve::serve, m)?)?;
     m.add_function(wrap_pyfunction!(serve::bench_main, m)?)?;
     Ok(())

@@ -229,6 +229,19 @@ impl Detokenizer {
         Ok(update.emit)
     }
 
+    /// Add several generated tokens, stopping at the first that completes a stop string; returns the
+    /// newly final text and how many of the tokens were taken (all of them unless a stop matched).
+    fn push_many(&mut self, token_ids: Vec<u32>) -> PyResult<(String, usize)> {
+        let mut text = String::new();
+        for (taken, &token_id) in token_ids.iter().enumerate() {
+            if self.stopped.is_some() {
+                return Ok((text, taken));
+            }
+            text.push_str(&self.push(token_id)?);
+        }
+        Ok((text, token_ids.len()))
+    }
+
     /// End of the sequence: the text still held back (incomplete characters, partial stop strings).
     fn flush(&mut self) -> PyResult<String> {
         if self.stopped.is_some() {
@@ -248,4 +261,25 @@ impl Detokenizer {
     fn stopped(&self) -> Option<String> {
         self.stopped.clone()
     }
+}
+
+/// One engine step's detokenization for many sequences in one call: `push_many` of each
+/// detokenizer's new tokens. Returns, per sequence, the newly final text and how many tokens it took.
+#[pyfunction]
+pub fn detokenize_step(
+    mut detokenizers: Vec<PyRefMut<'_, Detokenizer>>,
+    token_ids: Vec<Vec<u32>>,
+) -> PyResult<Vec<(String, usize)>> {
+    if detokenizers.len() != token_ids.len() {
+        return Err(value_error(format!(
+            "detokenize_step: {} detokenizers but {} token lists",
+            detokenizers.len(),
+            token_ids.len()
+        )));
+    }
+    detokenizers
+        .iter_mut()
+        .zip(token_ids)
+        .map(|(detokenizer, ids)| detokenizer.push_many(ids))
+        .collect()
 }
