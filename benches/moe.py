@@ -8,15 +8,19 @@ each ratio measured in this run.
    the same weights (transformers' formulation: one GEMM pair per expert that got tokens), swapped in
    through the FusedMoE weight-method seam; the loop syncs with the host, so that engine runs eager.
 3. Offline throughput on nano-vllm's workload (256 sequences, prompt and output lengths uniform in
-   100-1024, greedy, ignore_eos) against transformers' `generate_batch` on the same shapes.
+   100-1024, greedy, ignore_eos) against transformers' `generate_batch` on the same shapes. With
+   `--baseline-layers N` both engines also run the workload on the model cut to its first N layers and
+   the ratio is taken there, like for like (transformers' expert loop takes many minutes at 48 layers);
+   voltllm's full-depth throughput is printed beside it.
+4. `kernels`: one MoE layer's experts (routing included) at 1 to 8,192 tokens by the decode GEMV, the
+   grouped GEMM and the torch grouped form, with the bandwidth of the expert bytes the tokens touch.
 
-    python benches/moe.py                         # H200: all three (the baseline of 3 takes minutes)
+    python benches/moe.py                         # H200: all of them (the baseline of 3 takes minutes)
     python benches/moe.py --only decode step      # skip the offline comparison
+    python benches/moe.py --only offline --baseline-layers 2
     python benches/moe.py --tiny --device cpu --num-seqs 8 --min-len 16 --max-len 64   # smoke test
 
-`--json PATH` writes the rows. Expect the targets (>= 0.6 of the floor, >= 5x the loop, >= 10x
-transformers) only with the SM70 expert kernels (`csrc/moe/`); until then the experts run the torch
-forms of `voltllm.layers.fused_moe.experts_torch`.
+`--json PATH` writes the rows. The targets: >= 0.6 of the floor, >= 5x the loop, >= 10x transformers.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ from voltllm.engine.llm_engine import LLMEngine  # noqa: E402
 from voltllm.layers.activation import silu_and_mul  # noqa: E402
 from voltllm.layers.embedding import VocabParallelEmbedding  # noqa: E402
 from voltllm.layers.fused_moe import FusedMoE, UnquantizedFusedMoEMethod, select_experts  # noqa: E402
+from voltllm.layers.fused_moe.experts_torch import experts_grouped  # noqa: E402
+from voltllm.ops.moe import fused_moe, topk_softmax  # noqa: E402
 from voltllm.protocol import EngineCoreRequest, EngineSamplingParams  # noqa: E402
 
 
@@ -168,17 +174,106 @@ def bench_step(model_dir: Path, args: argparse.Namespace) -> dict:
     }
 
 
-def bench_offline(model_dir: Path, config: dict, args: argparse.Namespace) -> dict:
-    prompts, output_lens = make_workload(args, config["vocab_size"])
+def offline_tok_s(model_dir: Path, args: argparse.Namespace, prompts, output_lens) -> tuple[float, int]:
     engine = build_engine(model_dir, args, max_num_seqs=args.num_seqs, eager=args.enforce_eager)
     t, n = time_offline_run(engine, prompts, output_lens, args.device)
     release(engine)
-    ours = n / t
+    return n / t, n
+
+
+def bench_offline(model_dir: Path, config: dict, args: argparse.Namespace) -> dict:
+    prompts, output_lens = make_workload(args, config["vocab_size"])
+    ours, n = offline_tok_s(model_dir, args, prompts, output_lens)
     row = {"figure": "offline throughput", "voltllm_tok_s": ours, "tokens": n}
-    if not args.skip_baseline:
-        base = transformers_generate_batch(model_dir, args, prompts, output_lens)
-        row.update(transformers_tok_s=base, ratio=ours / base)
+    if args.skip_baseline:
+        return row
+    layers = args.baseline_layers or config["num_hidden_layers"]
+    if layers != config["num_hidden_layers"]:  # like for like: both engines on the cut model
+        model_dir = model_dir / f"layers{layers}"
+        model_dir.mkdir()
+        (model_dir / "config.json").write_text(json.dumps({**config, "num_hidden_layers": layers}))
+        ours, _ = offline_tok_s(model_dir, args, prompts, output_lens)
+        row["voltllm_cut_tok_s"] = ours
+    base = transformers_generate_batch(model_dir, args, prompts, output_lens)
+    row.update(baseline_layers=layers, transformers_tok_s=base, ratio=ours / base)
     return row
+
+
+def graph_time(fn, iters: int = 20) -> float:
+    """Seconds per call of `fn`, replayed from a CUDA graph of `iters` calls (no launch overhead)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(iters):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(5):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / iters)
+    return statistics.median(times)
+
+
+def eager_time(fn, iters: int = 5) -> float:
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / iters
+
+
+def kernel_row(
+    x: torch.Tensor, logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, top_k: int
+) -> dict:
+    """Times of one layer's experts on `x` by each path, with the expert bytes the tokens touch."""
+    weights, ids = topk_softmax(logits, top_k, True)
+    expert_bytes = (w13[0].numel() + w2[0].numel()) * w13.element_size()
+    touched = int(torch.unique(ids).numel())
+    row = {"figure": "kernels", "tokens": x.shape[0], "experts_touched": touched}
+    for name, grouped in (("gemv", False), ("grouped_gemm", True)):
+        if not grouped and x.shape[0] > 1024:
+            continue  # tiles of 8: past this every expert is re-read many times
+
+        def layer(grouped_gemm: bool = grouped) -> torch.Tensor:
+            return fused_moe(x, w13, w2, *topk_softmax(logits, top_k, True), grouped_gemm)
+
+        seconds = graph_time(layer, iters=20 if x.shape[0] <= 256 else 3)
+        row[f"{name}_us"] = seconds * 1e6
+        row[f"{name}_gb_s"] = touched * expert_bytes / seconds / 1e9
+    row["torch_grouped_us"] = 1e6 * eager_time(lambda: experts_grouped(x, w13, w2, weights, ids.long()))
+    return row
+
+
+@torch.inference_mode()
+def bench_kernels(config: dict, args: argparse.Namespace) -> list[dict]:
+    """One layer's experts on the model's expert shape (random weights, fresh routings per size)."""
+    experts, top_k = config["num_experts"], config["num_experts_per_tok"]
+    hidden, inter = config["hidden_size"], config["moe_intermediate_size"]
+    gen = torch.Generator(device="cuda").manual_seed(args.seed)
+    w13 = (torch.randn(experts, 2 * inter, hidden, device="cuda", generator=gen) * 0.02).half()
+    w2 = (torch.randn(experts, hidden, inter, device="cuda", generator=gen) * 0.02).half()
+    rows = []
+    for tokens in args.kernel_tokens:
+        x = torch.randn(tokens, hidden, device="cuda", generator=gen).half()
+        logits = torch.randn(tokens, experts, device="cuda", generator=gen).half()
+        rows.append(row := kernel_row(x, logits, w13, w2, top_k))
+        print(
+            f"kernels: {tokens:>5} tokens, {row['experts_touched']:>3} experts: "
+            + ", ".join(f"{k} {v:.1f}" for k, v in row.items() if k.endswith(("_us", "_gb_s"))),
+            flush=True,
+        )
+    return rows
 
 
 def transformers_generate_batch(model_dir: Path, args, prompts, output_lens) -> float:
@@ -207,7 +302,10 @@ def transformers_generate_batch(model_dir: Path, args, prompts, output_lens) -> 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument(
-        "--only", nargs="+", choices=["decode", "step", "offline"], default=["decode", "step", "offline"]
+        "--only",
+        nargs="+",
+        choices=["kernels", "decode", "step", "offline"],
+        default=["kernels", "decode", "step", "offline"],
     )
     p.add_argument("--tiny", action="store_true", help="a 4-layer Qwen3-MoE instead of the 30B-A3B shape")
     p.add_argument("--device", default="cuda")
@@ -220,6 +318,12 @@ def main() -> None:
     p.add_argument("--num-kv-blocks", type=int, default=None)
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for voltllm's rows")
     p.add_argument("--skip-baseline", action="store_true", help="no transformers run in the offline figure")
+    p.add_argument(
+        "--baseline-layers", type=int, default=None, help="run the offline ratio on the first N layers"
+    )
+    p.add_argument(
+        "--kernel-tokens", type=int, nargs="+", default=[1, 8, 64, 256, 1024, 8192], help="kernel sizes"
+    )
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     if args.device == "cpu" and args.num_kv_blocks is None:
@@ -234,6 +338,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp)
         (model_dir / "config.json").write_text(json.dumps(config))
+        if "kernels" in args.only and device.type == "cuda":
+            rows.extend(bench_kernels(config, args))
         if "decode" in args.only:
             rows.append(r := bench_decode(model_dir, args, bandwidth))
             print(
@@ -252,6 +358,9 @@ def main() -> None:
             rows.append(r := bench_offline(model_dir, config, args))
             line = f"offline: voltllm {r['voltllm_tok_s']:.1f} tok/s ({r['tokens']} tokens)"
             if "ratio" in r:
+                if "voltllm_cut_tok_s" in r:
+                    cut = r["voltllm_cut_tok_s"]
+                    line += f"; first {r['baseline_layers']} layers: voltllm {cut:.1f} tok/s"
                 line += (
                     f", transformers generate_batch {r['transformers_tok_s']:.1f} tok/s: {r['ratio']:.2f}x"
                 )

@@ -276,6 +276,7 @@ template <class T> T __shfl_down_sync(unsigned, T, unsigned, int = 32);
 int __all_sync(unsigned, int);
 int __any_sync(unsigned, int);
 unsigned __ballot_sync(unsigned, int);
+template <class T> T atomicAdd(T*, T);
 [[noreturn]] void __trap();
 float __int_as_float(int);
 struct __half2;

@@ -42,6 +42,15 @@ void quant_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, 
                 int64_t splits);
 void quant_dequantize(at::Tensor& out, const at::Tensor& weight, const at::Tensor& group_params, int64_t kind,
                       int64_t group_size);
+void moe_topk_softmax(at::Tensor& topk_weights, at::Tensor& topk_ids, const at::Tensor& router_logits,
+                      bool renormalize);
+void moe_align(at::Tensor& sorted_pair_ids, at::Tensor& tile_experts, at::Tensor& num_tiles,
+               const at::Tensor& topk_ids, int64_t num_experts, int64_t tile_rows);
+int64_t moe_tile_rows(bool grouped_gemm);
+void moe_experts(at::Tensor& out, const at::Tensor& a, const at::Tensor& weight, const at::Tensor& sorted_pair_ids,
+                 const at::Tensor& tile_experts, const at::Tensor& num_tiles, const at::Tensor& topk_weights,
+                 int64_t top_k, bool gated, bool grouped_gemm);
+void moe_combine(at::Tensor& out, const at::Tensor& y, int64_t top_k);
 }  // namespace voltllm
 
 TORCH_LIBRARY(voltllm_C, m) {
@@ -81,6 +90,15 @@ TORCH_LIBRARY(voltllm_C, m) {
       "int group_size, int block_m, int splits) -> ()");
   m.def(
       "quant_dequantize(Tensor(a!) out, Tensor weight, Tensor group_params, int kind, int group_size) -> ()");
+  m.def("moe_topk_softmax(Tensor(a!) topk_weights, Tensor(b!) topk_ids, Tensor router_logits, bool renormalize) -> ()");
+  m.def(
+      "moe_align(Tensor(a!) sorted_pair_ids, Tensor(b!) tile_experts, Tensor(c!) num_tiles, Tensor topk_ids, "
+      "int num_experts, int tile_rows) -> ()");
+  m.def("moe_tile_rows(bool grouped_gemm) -> int", &voltllm::moe_tile_rows);
+  m.def(
+      "moe_experts(Tensor(a!) out, Tensor a, Tensor weight, Tensor sorted_pair_ids, Tensor tile_experts, "
+      "Tensor num_tiles, Tensor topk_weights, int top_k, bool gated, bool grouped_gemm) -> ()");
+  m.def("moe_combine(Tensor(a!) out, Tensor y, int top_k) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(voltllm_C, CUDA, m) {
@@ -99,4 +117,8 @@ TORCH_LIBRARY_IMPL(voltllm_C, CUDA, m) {
   m.impl("quant_gemv", &voltllm::quant_gemv);
   m.impl("quant_gemm", &voltllm::quant_gemm);
   m.impl("quant_dequantize", &voltllm::quant_dequantize);
+  m.impl("moe_topk_softmax", &voltllm::moe_topk_softmax);
+  m.impl("moe_align", &voltllm::moe_align);
+  m.impl("moe_experts", &voltllm::moe_experts);
+  m.impl("moe_combine", &voltllm::moe_combine);
 }

@@ -40,6 +40,7 @@ SOURCES = (
     "torch_glue/ops_decode_attention.cu",
     "torch_glue/ops_prefill_attention.cu",
     "torch_glue/ops_linear.cu",
+    "torch_glue/ops_moe.cu",
     "torch_glue/ops_quant.cu",
     "torch_glue/ops_sampling.cu",
     "torch_glue/torch_bindings.cpp",

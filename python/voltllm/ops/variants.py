@@ -10,8 +10,9 @@ Architectures:
     attention kernels (paged_decode_wmma, paged_prefill_wmma); the `_mma_sm80` attention kernels too,
     whose bodies compile to a trap there (the Python layer runs the WMMA prefill on Volta), so that a
     V100 build of the extension cannot break.
-  * sm_80: the bf16 WMMA attention kernels (bf16 tensor-core math needs SM80) and every `_mma_sm80`
-    attention kernel (mma.sync m16n8k16, ldmatrix, cp.async).
+  * sm_70 also: the expert kernels (`moe/`), the grouped GEMM in fp16.
+  * sm_80: the bf16 WMMA attention kernels and the bf16 grouped expert GEMM (bf16 tensor-core math
+    needs SM80), and every `_mma_sm80` attention kernel (mma.sync m16n8k16, ldmatrix, cp.async).
   * sm_90: everything, as the H200 build compiles it.
 """
 
@@ -109,6 +110,27 @@ def _attention_mma_sm80(dtype: str) -> dict[str, list[str]]:
     }
 
 
+def _moe() -> dict[str, list[str]]:
+    """The expert kernels on CUDA cores: routing, the decode GEMV and the combine, every dtype."""
+    return {
+        "moe/topk_softmax.cuh": [f"voltllm::moe_topk_softmax_kernel<{t}>" for t in DTYPES],
+        "moe/align.cuh": ["voltllm::moe_align_kernel"],
+        "moe/expert_gemv.cuh": [
+            f"voltllm::moe_expert_gemv_kernel<{t}, {gated}>" for t in DTYPES for gated in ("true", "false")
+        ],
+        "moe/combine.cuh": [f"voltllm::moe_combine_kernel<{t}>" for t in DTYPES],
+    }
+
+
+def _moe_gemm_wmma(dtype: str) -> dict[str, list[str]]:
+    """The experts' tensor-core grouped GEMM, gated (gate/up + SwiGLU) and down."""
+    return {
+        "moe/grouped_gemm_wmma.cuh": [
+            f"voltllm::moe_grouped_gemm_wmma_kernel<{dtype}, {gated}>" for gated in ("true", "false")
+        ]
+    }
+
+
 def _merge(*parts: dict[str, list[str]]) -> dict[str, list[str]]:
     merged: dict[str, list[str]] = {}
     for part in parts:
@@ -131,21 +153,33 @@ def dynamic_smem_probes() -> dict[str, str]:
             mma_sm80 = f"voltllm::prefill_mma_sm80_smem_bytes<{h}>"
             probes[f"voltllm::paged_prefill_mma_sm80_kernel{args}"] = mma_sm80
             probes[f"voltllm::paged_prefill_wmma_kernel{args}"] = f"voltllm::prefill_wmma_smem_bytes<{h}>"
+        for gated in ("true", "false"):
+            gemm = f"voltllm::moe_grouped_gemm_wmma_kernel<{dtype}, {gated}>"
+            probes[gemm] = f"voltllm::moe_gemm_wmma_smem_bytes<{gated}>"
     for kind in QUANT_KINDS.values():
         for bm in QUANT_GEMM_BLOCK_M:
             args = f"<{kind}, {bm}>"
             probes[f"voltllm::quant_gemm_wmma_kernel{args}"] = f"voltllm::quant_gemm_wmma_smem_bytes{args}"
+    probes["voltllm::moe_align_kernel"] = "voltllm::moe_align_max_smem_bytes"
     return probes
 
 
 def sm70_variants() -> dict[str, list[str]]:
     """Kernel source -> name expressions that must compile for compute_70 and assemble for sm_70."""
-    return _merge(_elementwise(), _quantization(), _attention_wmma(FP16), _attention_mma_sm80(FP16))
+    return _merge(
+        _elementwise(),
+        _quantization(),
+        _attention_wmma(FP16),
+        _attention_mma_sm80(FP16),
+        _moe(),
+        _moe_gemm_wmma(FP16),
+    )
 
 
 def sm80_bf16_variants() -> dict[str, list[str]]:
-    """The bf16 WMMA attention variants (decode, prefill), shipped for SM80 and newer only."""
-    return _attention_wmma(BF16)
+    """The bf16 WMMA variants (decode and prefill attention, the experts' grouped GEMM), shipped for SM80
+    and newer only."""
+    return _merge(_attention_wmma(BF16), _moe_gemm_wmma(BF16))
 
 
 def sm80_variants() -> dict[str, list[str]]:

@@ -1,5 +1,5 @@
-"""The experts in plain torch: the CPU path, the oracle for the CUDA kernels, and the GPU fallback
-until they exist.
+"""The experts in plain torch: the CPU path, the oracle for the CUDA kernels (`voltllm.ops.moe`), and
+the GPU path for the shapes those kernels do not take.
 
 Every form computes, for each token t and each of its k chosen experts e with weight w,
     out[t] += w * down_e(silu(gate_e(x[t])) * up_e(x[t]))
@@ -16,7 +16,8 @@ see the routing:
 - `experts_dense`: every expert on every token, the routing applied as a `[T, E]` combine matrix. No
   host sync; reads every expert once, which is what a large decode batch touches anyway.
 
-`fused_experts` picks one; the CUDA kernels (`csrc/moe/`, not yet written) will replace them on a GPU.
+`fused_experts` picks one; on a GPU the expert kernels (`csrc/moe/`, `voltllm.ops.moe.fused_moe`) run
+instead wherever they apply.
 """
 
 from __future__ import annotations

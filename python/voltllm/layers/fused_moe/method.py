@@ -25,6 +25,7 @@ from voltllm.layers.fused_moe.experts_torch import fused_experts
 from voltllm.layers.fused_moe.router import select_experts
 from voltllm.layers.parameter import set_weight_attrs
 from voltllm.layers.quantization import QuantizationConfig
+from voltllm.ops.moe import fused_moe, fused_moe_applies, topk_softmax
 
 
 class FusedMoEMethodBase(ABC):
@@ -58,7 +59,9 @@ class FusedMoEMethodBase(ABC):
 
 class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
     """Dense experts in the model's dtype: `w13_weight [E, 2 * I, H]` (each expert's gate rows, then its
-    up rows) and `w2_weight [E, H, I]`, computed by the torch forms of `experts_torch`."""
+    up rows) and `w2_weight [E, H, I]`, computed by the expert kernels on CUDA (`voltllm.ops.moe`:
+    fused routing, the decode GEMV or the grouped GEMM, no host sync) and by the torch forms of
+    `experts_torch` elsewhere (and for shapes the kernels do not take)."""
 
     def create_weights(
         self,
@@ -77,8 +80,12 @@ class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
         layer.register_parameter("w2_weight", w2)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        w13, w2 = layer.w13_weight, layer.w2_weight
+        if fused_moe_applies(x, w13, w2, layer.top_k):
+            topk_weights, topk_ids = topk_softmax(router_logits, layer.top_k, layer.renormalize)
+            return fused_moe(x, w13, w2, topk_weights, topk_ids.to(torch.int32))
         topk_weights, topk_ids = select_experts(router_logits, layer.top_k, layer.renormalize)
-        return fused_experts(x, layer.w13_weight, layer.w2_weight, topk_weights, topk_ids)
+        return fused_experts(x, w13, w2, topk_weights, topk_ids)
 
 
 def fused_moe_method_for(

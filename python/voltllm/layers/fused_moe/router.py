@@ -2,12 +2,15 @@
 
 Computed in fp32 whatever the model's dtype, as transformers does (Qwen2-MoE, Qwen3-MoE, Mixtral):
 `softmax(logits.float())`, `topk`, then divided by the sum of the k chosen probabilities where the model
-renormalises (Qwen's `norm_topk_prob`; Mixtral always). The weights stay fp32 into the weighted sum.
+renormalises (Qwen's `norm_topk_prob`; Mixtral always). The weights stay fp32 into the weighted sum. The
+definition lives beside its fused kernel, `voltllm.ops.moe.topk_softmax_ref`.
 """
 
 from __future__ import annotations
 
 import torch
+
+from voltllm.ops.moe import topk_softmax_ref
 
 
 def select_experts(
@@ -16,9 +19,5 @@ def select_experts(
     renormalize: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`(topk_weights fp32 [T, top_k], topk_ids int64 [T, top_k])`, each row's experts by falling
-    probability."""
-    probs = torch.softmax(router_logits.float(), dim=-1)
-    topk_weights, topk_ids = torch.topk(probs, top_k, dim=-1)
-    if renormalize:
-        topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
-    return topk_weights, topk_ids
+    probability, in plain torch (the CPU path and the torch forms of the experts)."""
+    return topk_softmax_ref(router_logits, top_k, renormalize)
