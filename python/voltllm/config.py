@@ -83,6 +83,7 @@ class EngineConfig:
     device: str = "auto"  # "auto": cuda when available, else cpu
     attention_backend: str = "auto"  # "auto": sm70 kernels on CUDA, torch reference on CPU
     enforce_eager: bool = False  # no CUDA graphs
+    # Ranks the model is sharded over, one process each; this one is rank 0 (`engine.tensor_parallel`).
     tensor_parallel_size: int = 1
     # torch's intra-op threads on the CPU; None leaves torch's default. An engine process beside a
     # front end does better with one core left free: on a busy CPU each parallel op otherwise waits
@@ -90,5 +91,8 @@ class EngineConfig:
     cpu_threads: int | None = None
 
     def __post_init__(self) -> None:
+        tp = self.tensor_parallel_size
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            raise ValueError(f"tensor_parallel_size must be an integer >= 1, got {tp!r}")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ValueError(f"cpu_threads must be >= 1, got {self.cpu_threads}")

@@ -117,9 +117,15 @@ def save_tiny_model(
     return config
 
 
-def save_plain_model(arch: str, out_dir: Path, seed: int = 0) -> tuple[Path, torch.nn.Module]:
-    """Write a random `PLAIN_CONFIGS[arch]` checkpoint to `out_dir`; returns it and the model (fp32, eval)."""
-    model = _seeded_model(PLAIN_CONFIGS[arch](), seed).eval()
+def save_plain_model(
+    arch: str, out_dir: Path, seed: int = 0, **overrides: object
+) -> tuple[Path, torch.nn.Module]:
+    """Write a random `PLAIN_CONFIGS[arch]` checkpoint (with `overrides` of its config fields) to
+    `out_dir`; returns it and the model (fp32, eval)."""
+    config = PLAIN_CONFIGS[arch]()
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    model = _seeded_model(config, seed).eval()
     model.save_pretrained(out_dir)
     return out_dir, model
 

@@ -81,7 +81,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     """The `EngineConfig` these flags describe. Invalid values raise `ValueError` naming the field."""
     if args.tensor_parallel_size != 1:
-        raise ValueError("tensor_parallel_size > 1 is not supported yet; use 1")
+        raise ValueError(
+            "--tensor-parallel-size > 1 is not supported on the command line yet "
+            "(LLM(tensor_parallel_size=N) is); use 1"
+        )
     return EngineConfig(
         model=ModelConfig(
             model=args.model,

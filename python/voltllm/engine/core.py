@@ -100,21 +100,72 @@ def settle_garbage_collector(freeze: bool) -> None:
         gc.freeze()
 
 
+def engine_max_model_len(config: EngineConfig, loaded: Any) -> int:
+    """The model's context length, capped by the configured one."""
+    max_model_len = int(loaded.max_model_len)
+    if config.model.max_model_len is not None:
+        max_model_len = min(max_model_len, config.model.max_model_len)
+    return max_model_len
+
+
+def build_model_runner(
+    config: EngineConfig, loaded: Any, device: torch.device, samples: bool = True
+) -> ModelRunner:
+    """The runner of `loaded` under `config` (one per tensor-parallel rank; `samples` on rank 0)."""
+    sched = config.scheduler
+    return ModelRunner(
+        loaded.model,
+        device=device,
+        dtype=loaded.dtype,
+        vocab_size=int(loaded.vocab_size),
+        eos_token_ids=tuple(int(t) for t in loaded.eos_token_ids),
+        block_size=config.cache.block_size,
+        max_model_len=engine_max_model_len(config, loaded),
+        max_num_batched_tokens=sched.max_num_batched_tokens,
+        max_num_seqs=sched.max_num_seqs,
+        seed=config.model.seed,
+        enforce_eager=config.enforce_eager,
+        samples=samples,
+    )
+
+
+def load_engine_model(config: EngineConfig, device: torch.device) -> Any:
+    """Load the model `config` names onto `device` (this rank's shard under tensor parallelism)."""
+    from voltllm.layers.attention import AttentionBackend
+    from voltllm.layers.attention.selector import get_attention_backend
+    from voltllm.loader import load_model
+    from voltllm.models.decoder import head_size_of
+
+    dtype = resolve_dtype(config.model.dtype, device)
+    torch.manual_seed(config.model.seed)  # dummy weights and anything else random at load time
+
+    def choose_backend(hf_config: Any) -> AttentionBackend:
+        return get_attention_backend(config.attention_backend, device, head_size_of(hf_config))
+
+    return load_model(config.model, device, dtype, choose_backend)
+
+
 class EngineCore:
     """One engine: `add_request` / `abort_requests` between steps, `step()` to advance every request."""
 
-    def __init__(self, config: EngineConfig, loaded: Any, device: torch.device, engine_index: int = 0):
+    def __init__(
+        self,
+        config: EngineConfig,
+        loaded: Any,
+        device: torch.device,
+        engine_index: int = 0,
+        runner: Any = None,
+    ):
         """`loaded` is a `voltllm.loader.LoadedModel` (model, model_dir, max_model_len, vocab_size,
-        eos_token_ids, dtype), or anything with those attributes."""
+        eos_token_ids, dtype), or anything with those attributes. `runner` replaces the
+        `build_model_runner` one (the tensor-parallel driver, which runs it on every rank)."""
         self.config = config
         self.engine_index = engine_index
         self.model_dir = Path(loaded.model_dir)
         self.vocab_size = int(loaded.vocab_size)
         self.eos_token_ids = tuple(int(t) for t in loaded.eos_token_ids)
         self.dtype: torch.dtype = loaded.dtype
-        max_model_len = int(loaded.max_model_len)
-        if config.model.max_model_len is not None:
-            max_model_len = min(max_model_len, config.model.max_model_len)
+        max_model_len = engine_max_model_len(config, loaded)
         sched = config.scheduler
         if not sched.enable_chunked_prefill and sched.max_num_batched_tokens < max_model_len:
             raise ValueError(
@@ -122,19 +173,7 @@ class EngineCore:
                 f">= max_model_len ({max_model_len}), or long prompts could never be scheduled"
             )
         block_size = config.cache.block_size
-        self.runner = ModelRunner(
-            loaded.model,
-            device=device,
-            dtype=self.dtype,
-            vocab_size=self.vocab_size,
-            eos_token_ids=self.eos_token_ids,
-            block_size=block_size,
-            max_model_len=max_model_len,
-            max_num_batched_tokens=sched.max_num_batched_tokens,
-            max_num_seqs=sched.max_num_seqs,
-            seed=config.model.seed,
-            enforce_eager=config.enforce_eager,
-        )
+        self.runner = runner if runner is not None else build_model_runner(config, loaded, device)
         num_blocks = self.runner.determine_num_blocks(config.cache)
         if num_blocks * block_size < max_model_len:
             # A lone request must always fit, or preemption could not make progress.
@@ -158,23 +197,23 @@ class EngineCore:
 
     @classmethod
     def from_config(cls, config: EngineConfig, engine_index: int = 0) -> EngineCore:
-        """Load the model named by `config` and build an engine around it."""
-        from voltllm.layers.attention import AttentionBackend
-        from voltllm.layers.attention.selector import get_attention_backend
-        from voltllm.loader import load_model
-        from voltllm.models.decoder import head_size_of
+        """Load the model named by `config` and build an engine around it; at
+        `tensor_parallel_size > 1` this process is rank 0 and the other ranks start or join
+        (`engine.tensor_parallel`)."""
+        if config.tensor_parallel_size > 1:
+            from voltllm.engine.tensor_parallel import start_tensor_parallel_engine
 
+            return start_tensor_parallel_engine(cls, config, engine_index)
         device = resolve_device(config.device)
         if config.cpu_threads is not None:
             torch.set_num_threads(config.cpu_threads)
-        dtype = resolve_dtype(config.model.dtype, device)
-        torch.manual_seed(config.model.seed)  # dummy weights and anything else random at load time
+        return cls(config, load_engine_model(config, device), device, engine_index)
 
-        def choose_backend(hf_config: Any) -> AttentionBackend:
-            return get_attention_backend(config.attention_backend, device, head_size_of(hf_config))
-
-        loaded = load_model(config.model, device, dtype, choose_backend)
-        return cls(config, loaded, device, engine_index)
+    def shutdown(self) -> None:
+        """Stop the other tensor-parallel ranks, if any (the engine cannot step afterwards)."""
+        shutdown = getattr(self.runner, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
 
     # ----- requests ------------------------------------------------------------------------------
 

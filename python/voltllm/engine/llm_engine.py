@@ -33,6 +33,10 @@ class LLMEngine:
     def eos_token_ids(self) -> tuple[int, ...]:
         return self.core.eos_token_ids
 
+    def shutdown(self) -> None:
+        """Stop the other tensor-parallel ranks, if any."""
+        self.core.shutdown()
+
     def add_request(self, request: EngineCoreRequest) -> None:
         """Queue a request; an invalid one comes back from `step()` finished with "error"."""
         self.core.add_request(request)

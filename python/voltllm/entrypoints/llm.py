@@ -76,6 +76,8 @@ class LLM:
     """Offline batch generation on one model.
 
     `LLM()` loads the embedded default model (SmolLM2-135M-Instruct). Arguments follow vLLM's `LLM`.
+    `tensor_parallel_size=N` shards the model over N ranks: this process is rank 0 and starts the
+    others as worker processes (or meets them through torchrun's variables: `docs/parallel.md`).
     """
 
     def __init__(
@@ -96,8 +98,6 @@ class LLM:
         enable_prefix_caching: bool = True,
         device: str = "auto",
     ) -> None:
-        if tensor_parallel_size != 1:
-            raise ValueError("tensor_parallel_size > 1 is not supported yet; use 1")
         config = EngineConfig(
             model=ModelConfig(
                 model=model,
@@ -134,6 +134,11 @@ class LLM:
         self.tokenizer = _core.Tokenizer.from_model_dir(model_dir)
         self.chat_template = _core.ChatTemplate.from_model_dir(model_dir)
         self._request_counter = itertools.count()
+
+    def shutdown(self) -> None:
+        """Stop the engine's other tensor-parallel ranks now (dropping the `LLM` also does); no
+        generation afterwards."""
+        self.engine.shutdown()
 
     def get_tokenizer(self) -> _core.Tokenizer:
         return self.tokenizer

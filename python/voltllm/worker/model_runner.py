@@ -87,8 +87,12 @@ class ModelRunner:
         max_num_seqs: int,
         seed: int = 0,
         enforce_eager: bool = True,
+        samples: bool = True,
     ) -> None:
-        """`enforce_eager=False` lets `capture_cuda_graphs` capture decode steps (CUDA only)."""
+        """`enforce_eager=False` lets `capture_cuda_graphs` capture decode steps (CUDA only).
+        `samples=False` is a tensor-parallel rank other than 0: it computes the logits (their gather
+        is a collective every rank joins) but samples nothing, and learns the step's tokens from
+        rank 0 through `apply_sampled` before its next step."""
         self.model = model
         self.device = device
         self.dtype = dtype
@@ -102,6 +106,11 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0
         self.enforce_eager = enforce_eager
+        self.samples = samples
+        # The last step's sampled ids in sampling order (None: it sampled nothing), for the other ranks.
+        self.last_sampled: np.ndarray | None = None
+        # Without sampling: the (rows, ends) of the last step's sampling sequences, awaiting their ids.
+        self._awaiting_ids: tuple[np.ndarray, np.ndarray] | None = None
         # Built by `initialize_kv_cache`, sized by the KV cache and max_model_len:
         self.block_table: BlockTable | None = None
         self.arrays: RequestArrays | None = None
@@ -212,6 +221,9 @@ class ModelRunner:
         """Run one scheduler plan: update request states, compute, sample. Timings in `last_timings`."""
         timings = self.last_timings = StepTimings()
         t0 = time.perf_counter()
+        self.last_sampled = None
+        if self._awaiting_ids is not None:
+            raise RuntimeError("a rank that does not sample needs the last step's ids (apply_sampled) first")
         self._update_states(plan)
         if plan.is_empty:
             return ModelRunnerOutput()
@@ -231,22 +243,41 @@ class ModelRunner:
                 rows = hidden if inputs.logits_indices is None else hidden[inputs.logits_indices]
                 logits = self.model.compute_logits(rows)
         t2 = time.perf_counter()
-        if num_sampling:
+        if num_sampling and self.samples:
             sampled, out = self._sample(logits, inputs)
             self.buffers.device_synced()  # the sampled ids are on the host: the step has run
         else:
             sampled, out = None, ModelRunnerOutput([None] * len(inputs.rows))
         t3 = time.perf_counter()
-        arrays = self.arrays
-        arrays.num_computed[inputs.rows] = inputs.ends
+        self.arrays.num_computed[inputs.rows] = inputs.ends
         if sampled is not None:
-            rows, ends = inputs.sampling_rows, inputs.sampling_ends
-            arrays.token_ids[rows, ends] = sampled
-            arrays.num_tokens[rows] = ends + 1
+            self._record_sampled(inputs.sampling_rows, inputs.sampling_ends, sampled)
+            self.last_sampled = sampled
+        elif num_sampling:
+            self._awaiting_ids = (inputs.sampling_rows, inputs.sampling_ends)
         t4 = time.perf_counter()
         timings.prepare_s, timings.forward_s = t1 - t0, t2 - t1
         timings.sync_s, timings.post_s = t3 - t2, t4 - t3
         return out
+
+    def apply_sampled(self, token_ids: np.ndarray | None) -> None:
+        """Give a rank that does not sample the ids rank 0 sampled in its last step (its
+        `last_sampled`); None when that step sampled nothing."""
+        if self._awaiting_ids is None:
+            if token_ids is not None:
+                raise RuntimeError(f"{len(token_ids)} sampled ids arrived for a step that sampled nothing")
+            return
+        rows, ends = self._awaiting_ids
+        if token_ids is None or len(token_ids) != len(rows):
+            got = 0 if token_ids is None else len(token_ids)
+            raise RuntimeError(f"the last step sampled {len(rows)} sequences but {got} ids arrived")
+        self._record_sampled(rows, ends, token_ids)
+        self._awaiting_ids = None
+
+    def _record_sampled(self, rows: np.ndarray, ends: np.ndarray, token_ids: np.ndarray) -> None:
+        """Append each sampling sequence's new token to its request row."""
+        self.arrays.token_ids[rows, ends] = token_ids
+        self.arrays.num_tokens[rows] = ends + 1
 
     def _sample(self, logits: torch.Tensor, inputs: StepInputs) -> tuple[np.ndarray, ModelRunnerOutput]:
         """The step's sampled tokens in sampling order, and the runner output (in batch order)."""
