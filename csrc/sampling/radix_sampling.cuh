@@ -33,7 +33,7 @@ namespace voltllm {
 
 constexpr int kSampleBins = 2048;                     // 11-bit digits
 constexpr int kSampleThreads = 1024;                  // radix_sampling_kernel's block (a power of two, 32..1024)
-constexpr int kSampleCandidates = 3072;               // top-p candidates gathered in shared memory
+constexpr int kSampleCandidates = 8192;               // top-p candidates gathered in shared memory
 constexpr float kSampleMassScale = 1099511627776.0f;  // 2^40: e in (0, 1] as a fixed-point integer (exact)
 constexpr int kRaceSplit = 4096;                      // tokens per block of the temperature-only race
 constexpr int kRaceThreads = 256;
@@ -194,6 +194,30 @@ struct CandidateTokens {
   __device__ int token(int i) const { return tokens[i]; }
 };
 
+constexpr unsigned kNoBin = 0xffffffffu;
+
+// Adds each lane's weight `w` to bin `bin` of the histogram (kNoBin: nothing). Called by whole warps.
+// When every lane with a bin has the same one (a flat row puts nearly every token in one bin of the
+// first digit), the warp sums first and one lane adds: 32 atomics on one address would serialize.
+template <bool MASS>
+__device__ __forceinline__ void add_to_histogram(unsigned bin, unsigned long long w, SampleShared& s) {
+  const unsigned with_bin = __ballot_sync(0xffffffffu, bin != kNoBin);
+  if (with_bin == 0u) return;
+  const unsigned peers = __match_any_sync(0xffffffffu, bin);
+  if (__all_sync(0xffffffffu, bin == kNoBin || peers == with_bin)) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) w += __shfl_xor_sync(0xffffffffu, w, o);
+    if ((threadIdx.x & 31) != __ffs(with_bin) - 1) return;
+  } else if (bin == kNoBin) {
+    return;
+  }
+  if constexpr (MASS) {
+    atomicAdd(&s.hist.mass[bin], w);
+  } else {
+    atomicAdd(&s.hist.count[bin], static_cast<unsigned>(w));
+  }
+}
+
 // The smallest key K among `tokens` with key <= `ceiling` such that the weight of {key <= K} reaches
 // `target` (counts when !MASS, fixed-point masses when MASS). Three passes, one per digit, most
 // significant first.
@@ -208,16 +232,19 @@ __device__ unsigned radix_select(const Tokens& tokens, unsigned ceiling, unsigne
     const unsigned digit_mask = level == 2 ? 0x3ffu : 0x7ffu;
     for (int b = threadIdx.x; b < kSampleBins; b += blockDim.x) s.hist.mass[b] = 0;
     __syncthreads();
-    for (int i = threadIdx.x; i < tokens.size(); i += blockDim.x) {
-      const float d = tokens.d(i);
-      const unsigned key = __float_as_uint(d);
-      if (key > ceiling || (key & prefix_mask) != prefix) continue;
-      const unsigned bin = (key >> shift) & digit_mask;
-      if constexpr (MASS) {
-        atomicAdd(&s.hist.mass[bin], fixed_mass(d));
-      } else {
-        atomicAdd(&s.hist.count[bin], 1u);
+    for (int base = 0; base < tokens.size(); base += blockDim.x) {  // warp-uniform: add_to_histogram
+      const int i = base + threadIdx.x;
+      unsigned bin = kNoBin;
+      unsigned long long w = 0;
+      if (i < tokens.size()) {
+        const float d = tokens.d(i);
+        const unsigned key = __float_as_uint(d);
+        if (key <= ceiling && (key & prefix_mask) == prefix) {
+          bin = (key >> shift) & digit_mask;
+          w = MASS ? fixed_mass(d) : 1;
+        }
       }
+      add_to_histogram<MASS>(bin, w, s);
     }
     __syncthreads();
     // Each thread owns a run of consecutive bins; a scan over the runs finds the bin where the weight
@@ -364,19 +391,21 @@ __global__ void __launch_bounds__(kSampleThreads) radix_sampling_kernel(SamplePa
   if (threadIdx.x == 0) p.out[r] = sampled;
 }
 
-// Temperature-only rows, first half: block (split, row) races its kRaceSplit tokens over x / T and
-// writes its winner. Launch: grid (race_splits, rows), kRaceThreads threads, race_smem_bytes().
+// Temperature-only rows, first half: block (row, split) races its kRaceSplit tokens over x / T and
+// writes its winner. Launch: grid (rows, race_splits) (rows on x: up to 2^31 - 1 of them),
+// kRaceThreads threads, race_smem_bytes().
 template <typename T>
 __global__ void __launch_bounds__(kRaceThreads) race_partial_kernel(SampleParams p) {
   begin_dependent_grid();
-  const int r = blockIdx.y;
+  const int r = blockIdx.x;
+  const int split = blockIdx.y;
   if (!temperature_only(p, r)) return;
   VOLTLLM_DYNAMIC_SMEM(smem_raw);
   RaceShared& s = *reinterpret_cast<RaceShared*>(smem_raw);
   const T* row = static_cast<const T*>(p.logits) + static_cast<long long>(r) * p.logits_stride;
   const float inv_t = 1.f / p.temperature[r];
   const unsigned long long seed = p.seeds[r];
-  const int begin = blockIdx.x * kRaceSplit;
+  const int begin = split * kRaceSplit;
   const int end = min(p.vocab, begin + kRaceSplit);
   float score = neg_inf();
   int index = begin;
@@ -389,8 +418,8 @@ __global__ void __launch_bounds__(kRaceThreads) race_partial_kernel(SampleParams
   }
   index = block_argmax(score, index, s.score, s.index);
   if (threadIdx.x == 0) {
-    p.race_score[r * p.race_splits + blockIdx.x] = score;
-    p.race_index[r * p.race_splits + blockIdx.x] = index;
+    p.race_score[static_cast<long long>(r) * p.race_splits + split] = score;
+    p.race_index[static_cast<long long>(r) * p.race_splits + split] = index;
   }
 }
 
@@ -403,8 +432,8 @@ __global__ void __launch_bounds__(32) race_merge_kernel(SampleParams p) {
   float score = neg_inf();
   int index = 0;
   for (int split = threadIdx.x; split < p.race_splits; split += 32) {
-    const float v = p.race_score[r * p.race_splits + split];
-    const int i = p.race_index[r * p.race_splits + split];
+    const float v = p.race_score[static_cast<long long>(r) * p.race_splits + split];
+    const int i = p.race_index[static_cast<long long>(r) * p.race_splits + split];
     if (v > score || (v == score && i < index)) {
       score = v;
       index = i;

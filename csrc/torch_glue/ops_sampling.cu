@@ -50,8 +50,9 @@ void radix_sampling(at::Tensor& out, const at::Tensor& logits, const at::Tensor&
   // Each kernel skips the rows that are not its own.
   auto run = [&](auto t) {
     using T = decltype(t);
-    launch(race_partial_kernel<T>, dim3(p.race_splits, rows), kRaceThreads, race_smem_bytes(), stream, p);
+    launch(race_partial_kernel<T>, dim3(rows, p.race_splits), kRaceThreads, race_smem_bytes(), stream, p);
     launch(race_merge_kernel, rows, 32, 0, stream, p);
+    set_smem(radix_sampling_kernel<T>, static_cast<int>(sample_smem_bytes()));  // above 48 KB: opt in
     launch(radix_sampling_kernel<T>, rows, kSampleThreads, sample_smem_bytes(), stream, p);
   };
   if (logits.scalar_type() == at::kFloat) {

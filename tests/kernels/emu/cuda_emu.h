@@ -361,6 +361,15 @@ inline unsigned __ballot_sync(unsigned mask, int pred) {
     return r;
   });
 }
+inline unsigned __match_any_sync(unsigned mask, unsigned v) {
+  emu::check_full(mask);
+  return emu::exchange(v, [&](const unsigned* all) {
+    unsigned r = 0;
+    for (int l = 0; l < 32; ++l) r |= all[l] == v ? (1u << l) : 0u;
+    return r;
+  });
+}
+inline int __ffs(unsigned v) { return __builtin_ffs(static_cast<int>(v)); }
 inline int __all_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) == 0xffffffffu; }
 inline int __any_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) != 0u; }
 [[noreturn]] inline void __trap() { emu::fail("__trap()"); }

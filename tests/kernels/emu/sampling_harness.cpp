@@ -21,7 +21,7 @@ void emu_radix_sampling(int dtype, long long* out, const void* logits, long long
   auto run = [&](auto t) {
     using T = decltype(t);
     // The glue's order: the split race (both halves), then the filtered rows.
-    emu::launch(dim3(splits, rows), dim3(threads < 256 ? threads : 256), voltllm::race_smem_bytes(),
+    emu::launch(dim3(rows, splits), dim3(threads < 256 ? threads : 256), voltllm::race_smem_bytes(),
                 [&] { voltllm::race_partial_kernel<T>(p); }, seed);
     emu::launch(dim3(rows), dim3(32), 0, [&] { voltllm::race_merge_kernel(p); }, seed);
     emu::launch(dim3(rows), dim3(threads), voltllm::sample_smem_bytes(), [&] { voltllm::radix_sampling_kernel<T>(p); },
