@@ -138,8 +138,9 @@ def decode_step_times(engine: LLMEngine, batch: int, prompt_len: int, tokens: in
     return times[-(tokens - 1) :]
 
 
-def release(engine: LLMEngine | None) -> None:
-    del engine
+def release_gpu_memory() -> None:
+    """Give the memory of engines the caller has dropped (`del engine` first) back to the device, so the
+    next engine's KV-cache sizing sees it free."""
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -150,7 +151,8 @@ def bench_decode(model_dir: Path, args: argparse.Namespace, bandwidth: float) ->
     decode_step_times(engine, 1, 128, 8)  # warm-up
     step = statistics.median(decode_step_times(engine, 1, 128, args.tokens))
     floor = touched_bytes(engine.core.runner.model) / bandwidth
-    release(engine)
+    del engine
+    release_gpu_memory()
     return {"figure": "batch-1 decode", "step_ms": step * 1e3, "floor_ms": floor * 1e3, "ratio": floor / step}
 
 
@@ -164,7 +166,8 @@ def bench_step(model_dir: Path, args: argparse.Namespace) -> dict:
                     module.moe_method = PerExpertLoopMethod()
         decode_step_times(engine, 64, 128, 4)  # warm-up
         steps[name] = statistics.median(decode_step_times(engine, 64, 128, args.tokens // 4 + 2))
-        release(engine)
+        del engine
+        release_gpu_memory()
     ours, loop = steps["voltllm"], steps["per-expert loop"]
     return {
         "figure": "batch-64 decode step",
@@ -177,7 +180,8 @@ def bench_step(model_dir: Path, args: argparse.Namespace) -> dict:
 def offline_tok_s(model_dir: Path, args: argparse.Namespace, prompts, output_lens) -> tuple[float, int]:
     engine = build_engine(model_dir, args, max_num_seqs=args.num_seqs, eager=args.enforce_eager)
     t, n = time_offline_run(engine, prompts, output_lens, args.device)
-    release(engine)
+    del engine
+    release_gpu_memory()
     return n / t, n
 
 
