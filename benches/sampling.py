@@ -5,10 +5,12 @@ Each row of the table is a batch size and a setting (temperature only; temperatu
 temperature + top-k 50 + top-p 0.95), timed with CUDA events over 50 calls after warm-up (median).
 
     python benches/sampling.py
+    python benches/sampling.py --flat   # nearly equal logits, as dummy weights give
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 
 import torch
@@ -38,11 +40,14 @@ def median_ms(fn, reps: int = 50) -> float:
 
 
 def main() -> None:
-    print(f"GPU: {torch.cuda.get_device_name()}; vocab {VOCAB}; fp32 logits")
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--flat", action="store_true", help="logits of std 0.01 (dummy weights) instead of 4")
+    scale = 0.01 if p.parse_args().flat else 4.0
+    print(f"GPU: {torch.cuda.get_device_name()}; vocab {VOCAB}; fp32 logits of std {scale}")
     print("| batch | sampling | kernel (ms) | torch sort reference (ms) | argmax (ms) | reference / kernel |")
     print("| --- | --- | --- | --- | --- | --- |")
     for rows in (1, 64, 256):
-        logits = torch.randn(rows, VOCAB, device="cuda") * 4
+        logits = torch.randn(rows, VOCAB, device="cuda") * scale
         seeds = random_seeds(rows, torch.device("cuda"))
         for name, (t, k, p) in SETTINGS.items():
             args = (
