@@ -39,7 +39,10 @@ _FLAGS: list[tuple[str, dict[str, Any]]] = [
     ),
     ("--kv-cache-memory-bytes", {"type": int, "default": None, "help": "KV cache size in bytes"}),
     ("--block-size", {"type": int, "default": 16, "help": "tokens per KV block (default: %(default)s)"}),
-    ("--tensor-parallel-size", {"type": int, "default": 1, "help": "GPUs per engine (only 1 today)"}),
+    (
+        "--tensor-parallel-size",
+        {"type": int, "default": 1, "help": "ranks the model is sharded over: a process (and a GPU) each"},
+    ),
     ("--seed", {"type": int, "default": 0, "help": "random seed of the engine (default: %(default)s)"}),
     ("--load-format", {"default": "auto", "choices": LOAD_FORMATS, "help": "how to read the weights"}),
     (
@@ -80,11 +83,6 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     """The `EngineConfig` these flags describe. Invalid values raise `ValueError` naming the field."""
-    if args.tensor_parallel_size != 1:
-        raise ValueError(
-            "--tensor-parallel-size > 1 is not supported on the command line yet "
-            "(LLM(tensor_parallel_size=N) is); use 1"
-        )
     return EngineConfig(
         model=ModelConfig(
             model=args.model,

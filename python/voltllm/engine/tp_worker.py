@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -70,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.parent_pid is not None:
+        # Started by rank 0: a Ctrl-C at the terminal reaches the whole process group, and rank 0
+        # stops this worker itself.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         watch_parent(args.parent_pid)
     rendezvous = Rendezvous.from_env()
     if rendezvous is None or rendezvous.rank == 0:

@@ -28,8 +28,9 @@ def serve(args: argparse.Namespace) -> int:
     input_address = f"ipc://{run_dir}/input"
     output_address = f"ipc://{run_dir}/output"
     if args.cpu_threads is None:
-        # The front end's threads share this machine with the engine: leave them a core.
-        args = argparse.Namespace(**{**vars(args), "cpu_threads": max(1, (os.cpu_count() or 2) - 1)})
+        # The front end's threads share this machine with the engine's ranks: leave them a core.
+        threads = max(1, ((os.cpu_count() or 2) - 1) // args.tensor_parallel_size)
+        args = argparse.Namespace(**{**vars(args), "cpu_threads": threads})
     # The front end appends `--engine-index I` and starts (and restarts) the process itself.
     engine_cmd = [
         sys.executable, "-m", "voltllm.engine.core_proc", *to_argv(args, str(model_dir)),
