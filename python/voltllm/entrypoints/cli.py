@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from voltllm import _core
 from voltllm.engine.args import add_engine_args, engine_config_from_args, to_argv
 
 
@@ -177,6 +178,25 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         help='CORS request headers as a JSON list (default: ["*"])',
     )
     p.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
+    p.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help='parse the model\'s own tool calls for tool_choice "auto" (needs --tool-call-parser); without'
+        ' it, a request with tools and tool_choice "auto" gets 400',
+    )
+    p.add_argument(
+        "--tool-call-parser",
+        default=None,
+        choices=_core.TOOL_CALL_PARSERS,
+        help="the model's tool-call format, for --enable-auto-tool-choice: hermes (Qwen2.5/Qwen3),"
+        " qwen3_coder, llama3_json (Llama 3.1/3.2), mistral, pythonic (Llama 3.2/4)",
+    )
+    p.add_argument(
+        "--reasoning-parser",
+        default=None,
+        choices=_core.REASONING_PARSERS,
+        help="move <think>...</think> text to reasoning_content: qwen3 or deepseek_r1",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -62,6 +62,9 @@ def serve(args: argparse.Namespace) -> int:
             allowed_methods=args.allowed_methods,
             allowed_headers=args.allowed_headers,
             allow_credentials=args.allow_credentials,
+            enable_auto_tool_choice=args.enable_auto_tool_choice,
+            tool_call_parser=args.tool_call_parser,
+            reasoning_parser=args.reasoning_parser,
         )
         return 0
     except (RuntimeError, ValueError) as e:

@@ -17,5 +17,14 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(text::detokenize_step, m)?)?;
     m.add_function(wrap_pyfunction!(serve::serve, m)?)?;
     m.add_function(wrap_pyfunction!(serve::bench_main, m)?)?;
+    // The names `--tool-call-parser` and `--reasoning-parser` accept, defined once (in the server).
+    m.add(
+        "TOOL_CALL_PARSERS",
+        voltllm_server::tools::TOOL_PARSER_NAMES.to_vec(),
+    )?;
+    m.add(
+        "REASONING_PARSERS",
+        voltllm_server::reasoning::REASONING_PARSER_NAMES.to_vec(),
+    )?;
     Ok(())
 }

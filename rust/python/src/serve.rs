@@ -21,7 +21,8 @@ const POLL_SLICE: Duration = Duration::from_millis(100);
 /// restarts one that dies or hangs, up to `max_engine_restarts` times. `engine_pids` (engines the
 /// caller started) are watched from the start, so an engine that dies while loading fails start-up
 /// at once. Raises `RuntimeError` when the server fails (engine death, port in use, engines not
-/// ready). `engine_hang_timeout` 0 turns the hang check off.
+/// ready). `engine_hang_timeout` 0 turns the hang check off. `enable_auto_tool_choice`,
+/// `tool_call_parser` and `reasoning_parser` are vLLM's flags of the same names.
 #[pyfunction]
 #[pyo3(signature = (
     model_dir, engine_input_address, engine_output_address, *, host = "127.0.0.1".to_string(),
@@ -30,7 +31,8 @@ const POLL_SLICE: Duration = Duration::from_millis(100);
     engine_command = Vec::new(), max_engine_restarts = 5, engine_hang_timeout = 30.0,
     shutdown_timeout = 30.0, max_request_body_bytes = 32 << 20,
     allowed_origins = vec!["*".to_string()], allowed_methods = vec!["*".to_string()],
-    allowed_headers = vec!["*".to_string()], allow_credentials = false
+    allowed_headers = vec!["*".to_string()], allow_credentials = false,
+    enable_auto_tool_choice = false, tool_call_parser = None, reasoning_parser = None
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn serve(
@@ -56,6 +58,9 @@ pub fn serve(
     allowed_methods: Vec<String>,
     allowed_headers: Vec<String>,
     allow_credentials: bool,
+    enable_auto_tool_choice: bool,
+    tool_call_parser: Option<String>,
+    reasoning_parser: Option<String>,
 ) -> PyResult<()> {
     let seconds = |name: &str, value: f64, zero_ok: bool| {
         if value.is_finite() && (value > 0.0 || (zero_ok && value == 0.0)) {
@@ -89,6 +94,9 @@ pub fn serve(
     config.allowed_methods = allowed_methods;
     config.allowed_headers = allowed_headers;
     config.allow_credentials = allow_credentials;
+    config.enable_auto_tool_choice = enable_auto_tool_choice;
+    config.tool_call_parser = tool_call_parser;
+    config.reasoning_parser = reasoning_parser;
 
     let shutdown = ShutdownHandle::new();
     let (done_tx, done_rx) = mpsc::channel();

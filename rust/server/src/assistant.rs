@@ -7,8 +7,86 @@
 
 use serde_json::{json, Value as Json};
 
-use crate::reasoning::{ReasoningKind, ReasoningParser};
-use crate::tools::{ParseEvent, ToolCallParser};
+use crate::error::{ApiError, ServerError};
+use crate::reasoning::{ReasoningKind, ReasoningParser, REASONING_PARSER_NAMES};
+use crate::server::ServerConfig;
+use crate::tools::{
+    parser_for, ParseEvent, ToolCallParser, ToolChoice, ToolParserKind, ToolRequest,
+    TOOL_PARSER_NAMES,
+};
+
+/// The server's output-parsing settings (`--enable-auto-tool-choice`, `--tool-call-parser`,
+/// `--reasoning-parser`).
+#[derive(Debug, Clone, Default)]
+pub struct OutputParsing {
+    /// The format parsed for `tool_choice: auto`; `None` unless auto tool choice is enabled.
+    pub auto_tool_parser: Option<ToolParserKind>,
+    pub reasoning: Option<ReasoningKind>,
+}
+
+impl OutputParsing {
+    /// Checks the flags: known names, and auto tool choice only with a parser (as vLLM requires).
+    pub fn from_config(config: &ServerConfig) -> Result<Self, ServerError> {
+        let tool_parser = match &config.tool_call_parser {
+            None => None,
+            Some(name) => Some(ToolParserKind::from_name(name).ok_or_else(|| {
+                ServerError::Config(format!(
+                    "unknown --tool-call-parser {name:?}; choose one of {}",
+                    TOOL_PARSER_NAMES.join(", ")
+                ))
+            })?),
+        };
+        if config.enable_auto_tool_choice && tool_parser.is_none() {
+            return Err(ServerError::Config(
+                "--enable-auto-tool-choice requires --tool-call-parser".into(),
+            ));
+        }
+        let reasoning = match &config.reasoning_parser {
+            None => None,
+            Some(name) => Some(ReasoningKind::from_name(name).ok_or_else(|| {
+                ServerError::Config(format!(
+                    "unknown --reasoning-parser {name:?}; choose one of {}",
+                    REASONING_PARSER_NAMES.join(", ")
+                ))
+            })?),
+        };
+        Ok(Self {
+            auto_tool_parser: tool_parser.filter(|_| config.enable_auto_tool_choice),
+            reasoning,
+        })
+    }
+
+    /// Refuses `tool_choice: auto` with tools when the server parses no tool-call format
+    /// (vLLM's answer: a 400 naming the flags), rather than ignoring the tools.
+    pub fn check(&self, tools: Option<&ToolRequest>) -> Result<(), ApiError> {
+        match tools {
+            Some(t) if t.choice == ToolChoice::Auto && self.auto_tool_parser.is_none() => {
+                Err(ApiError::bad(
+                    "tool_choice",
+                    "\"auto\" tool choice requires --enable-auto-tool-choice and \
+                     --tool-call-parser to be set on the server",
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the output of this request must be decoded with special tokens for its parser.
+    pub fn needs_special_tokens(&self, tools: Option<&ToolRequest>) -> bool {
+        tools.is_some_and(|t| t.choice == ToolChoice::Auto)
+            && self
+                .auto_tool_parser
+                .is_some_and(ToolParserKind::needs_special_tokens)
+    }
+
+    /// A parser for one choice of a request. A forced call's output is the grammar's JSON, with
+    /// no reasoning block, so it skips the reasoning parser.
+    pub fn parser(&self, tools: Option<&ToolRequest>) -> AssistantParser {
+        let forced = tools.is_some_and(|t| t.forced_schema().is_some());
+        let tool_parser = tools.and_then(|t| parser_for(t, self.auto_tool_parser));
+        AssistantParser::new(self.reasoning.filter(|_| !forced), tool_parser)
+    }
+}
 
 /// A piece of a streamed tool call: the first one of a call carries its id and name.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,6 +160,28 @@ impl AssistantMessage {
                 }),
             }
         }
+    }
+
+    /// The chat API's `message`: `content` is `null` when the turn only made calls;
+    /// `reasoning_content` is there when the server parses reasoning.
+    pub fn chat_json(&self, with_reasoning: bool) -> Json {
+        let mut message = json!({"role": "assistant"});
+        message["content"] = if self.content.is_empty() && !self.tool_calls.is_empty() {
+            Json::Null
+        } else {
+            Json::String(self.content.clone())
+        };
+        if with_reasoning {
+            message["reasoning_content"] = if self.reasoning.is_empty() {
+                Json::Null
+            } else {
+                Json::String(self.reasoning.clone())
+            };
+        }
+        if !self.tool_calls.is_empty() {
+            message["tool_calls"] = Json::Array(self.tool_calls_json());
+        }
+        message
     }
 
     /// The chat API's `tool_calls` array.
@@ -174,7 +274,9 @@ impl AssistantParser {
         events.extend(tools.finish());
         self.apply(events, &mut delta);
         if !self.made_calls() {
-            delta.content.push_str(&std::mem::take(&mut self.held_whitespace));
+            delta
+                .content
+                .push_str(&std::mem::take(&mut self.held_whitespace));
         }
         delta
     }
@@ -185,7 +287,9 @@ impl AssistantParser {
                 ParseEvent::Content(text) => {
                     let body = text.trim_end();
                     if !body.is_empty() {
-                        delta.content.push_str(&std::mem::take(&mut self.held_whitespace));
+                        delta
+                            .content
+                            .push_str(&std::mem::take(&mut self.held_whitespace));
                         delta.content.push_str(body);
                     }
                     self.held_whitespace.push_str(&text[body.len()..]);
@@ -245,9 +349,17 @@ mod tests {
             &[text],
         );
         assert_eq!(whole.content, "Checking.");
-        assert!(whole.reasoning.contains("<tool_call>{\"name\": \"no\"}</tool_call>"));
+        assert!(whole
+            .reasoning
+            .contains("<tool_call>{\"name\": \"no\"}</tool_call>"));
         assert_eq!(whole.tool_calls.len(), 1);
-        assert_eq!((whole.tool_calls[0].name.as_str(), whole.tool_calls[0].arguments.as_str()), ("f", "{\"a\":1}"));
+        assert_eq!(
+            (
+                whole.tool_calls[0].name.as_str(),
+                whole.tool_calls[0].arguments.as_str()
+            ),
+            ("f", "{\"a\":1}")
+        );
         assert!(whole.tool_calls[0].id.starts_with("call_"));
         for (k, _) in text.char_indices().skip(1) {
             let mut split = message(
@@ -261,10 +373,48 @@ mod tests {
 
     #[test]
     fn trailing_whitespace_is_content_without_calls() {
-        let m = message(&mut AssistantParser::new(None, hermes()), &["Hi ", "there\n\n"]);
+        let m = message(
+            &mut AssistantParser::new(None, hermes()),
+            &["Hi ", "there\n\n"],
+        );
         assert_eq!(m.content, "Hi there\n\n");
         let m = message(&mut AssistantParser::new(None, None), &["a\n"]);
         assert_eq!(m.content, "a\n");
+    }
+
+    #[test]
+    fn auto_tool_choice_needs_the_flags() {
+        let mut config = ServerConfig::new("m", "ipc://a", "ipc://b");
+        let tools = vec![json!({"type": "function", "function": {"name": "f"}})];
+        let auto = ToolRequest::parse(
+            Some(&tools),
+            None,
+            None,
+            crate::tools::request::ToolShape::Chat,
+        )
+        .unwrap();
+        let off = OutputParsing::from_config(&config).unwrap();
+        let err = off.check(auto.as_ref()).unwrap_err();
+        assert_eq!(err.body()["error"]["param"], "tool_choice");
+        assert!(err.to_string().contains("--enable-auto-tool-choice"));
+        config.enable_auto_tool_choice = true;
+        assert!(
+            OutputParsing::from_config(&config).is_err(),
+            "a parser is required"
+        );
+        config.tool_call_parser = Some("mistral".into());
+        let on = OutputParsing::from_config(&config).unwrap();
+        assert!(on.check(auto.as_ref()).is_ok());
+        assert!(on.needs_special_tokens(auto.as_ref()));
+        config.tool_call_parser = Some("nope".into());
+        assert!(OutputParsing::from_config(&config).is_err());
+        config.tool_call_parser = None;
+        config.enable_auto_tool_choice = false;
+        config.reasoning_parser = Some("qwen3".into());
+        assert_eq!(
+            OutputParsing::from_config(&config).unwrap().reasoning,
+            Some(ReasoningKind::Qwen3)
+        );
     }
 
     #[test]

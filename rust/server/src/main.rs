@@ -70,6 +70,15 @@ struct Args {
     /// CORS: allow credentials.
     #[arg(long)]
     allow_credentials: bool,
+    /// Parse the model's own tool calls for `tool_choice: "auto"` (needs --tool-call-parser).
+    #[arg(long)]
+    enable_auto_tool_choice: bool,
+    /// The model's tool-call format: hermes, qwen3_coder, llama3_json, mistral or pythonic.
+    #[arg(long)]
+    tool_call_parser: Option<String>,
+    /// Split `<think>` reasoning into `reasoning_content`: qwen3 or deepseek_r1.
+    #[arg(long)]
+    reasoning_parser: Option<String>,
 }
 
 /// vLLM takes its CORS lists as JSON (`'["http://a", "http://b"]'`).
@@ -115,6 +124,9 @@ fn main() -> ExitCode {
     config.allowed_methods = methods;
     config.allowed_headers = headers;
     config.allow_credentials = args.allow_credentials;
+    config.enable_auto_tool_choice = args.enable_auto_tool_choice;
+    config.tool_call_parser = args.tool_call_parser;
+    config.reasoning_parser = args.reasoning_parser;
     if args.no_engine_pid_watch {
         config.engine_pid_poll_interval = None;
     }

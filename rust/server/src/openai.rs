@@ -74,6 +74,8 @@ pub struct ChatRequest {
     pub continue_final_message: bool,
     pub chat_template_kwargs: Option<serde_json::Map<String, Json>>,
     pub tools: Option<Vec<Json>>,
+    pub tool_choice: Option<Json>,
+    pub parallel_tool_calls: Option<bool>,
 }
 
 /// `prompt` of a completion: text, texts, token ids, or lists of token ids.
@@ -448,8 +450,14 @@ pub fn normalize_messages(messages: &[Json]) -> Result<Vec<Json>, ApiError> {
             ));
         }
         let mut obj = obj.clone();
+        normalize_tool_fields(i, &mut obj)?;
         match obj.get("content") {
-            None | Some(Json::Null) | Some(Json::String(_)) => {}
+            // A turn that only made tool calls has no content: templates that concatenate
+            // `message.content` need a string (vLLM renders it as "").
+            None | Some(Json::Null) => {
+                obj.insert("content".into(), Json::String(String::new()));
+            }
+            Some(Json::String(_)) => {}
             Some(Json::Array(parts)) => {
                 let mut texts = Vec::with_capacity(parts.len());
                 for part in parts {
@@ -475,6 +483,50 @@ pub fn normalize_messages(messages: &[Json]) -> Result<Vec<Json>, ApiError> {
         out.push(Json::Object(obj));
     }
     Ok(out)
+}
+
+/// An assistant turn's `tool_calls` arguments arrive as JSON text (OpenAI's wire form) but
+/// templates print them with `tojson`, so they are parsed into objects (as vLLM does); a tool
+/// result's `tool_call_id` must be a string.
+fn normalize_tool_fields(
+    i: usize,
+    obj: &mut serde_json::Map<String, Json>,
+) -> Result<(), ApiError> {
+    if let Some(id) = obj.get("tool_call_id") {
+        if !id.is_string() {
+            return Err(ApiError::bad(
+                "messages",
+                format!("messages[{i}].tool_call_id must be a string"),
+            ));
+        }
+    }
+    let Some(calls) = obj.get_mut("tool_calls") else {
+        return Ok(());
+    };
+    let Some(calls) = calls.as_array_mut() else {
+        return Err(ApiError::bad(
+            "messages",
+            format!("messages[{i}].tool_calls must be a list"),
+        ));
+    };
+    for (k, call) in calls.iter_mut().enumerate() {
+        let Some(function) = call.get_mut("function").and_then(Json::as_object_mut) else {
+            return Err(ApiError::bad(
+                "messages",
+                format!("messages[{i}].tool_calls[{k}].function must be an object"),
+            ));
+        };
+        if let Some(Json::String(text)) = function.get("arguments") {
+            let parsed: Json = serde_json::from_str(text).map_err(|e| {
+                ApiError::bad(
+                    "messages",
+                    format!("messages[{i}].tool_calls[{k}].function.arguments is not JSON: {e}"),
+                )
+            })?;
+            function.insert("arguments".into(), parsed);
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -552,6 +604,28 @@ mod tests {
                 .is_err()
         );
         assert!(normalize_messages(&[]).is_err());
+    }
+
+    #[test]
+    fn tool_turns_are_normalized() {
+        let m = normalize_messages(&[
+            json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+                   "function": {"name": "f", "arguments": "{\"a\": [1, 2]}"}}]}),
+            json!({"role": "tool", "tool_call_id": "call_1", "content": "3"}),
+        ])
+        .unwrap();
+        assert_eq!(m[0]["content"], "");
+        assert_eq!(
+            m[0]["tool_calls"][0]["function"]["arguments"],
+            json!({"a": [1, 2]})
+        );
+        assert_eq!(m[1]["tool_call_id"], "call_1");
+        let bad = json!({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{"}}]});
+        assert!(normalize_messages(&[bad]).is_err());
+        assert!(
+            normalize_messages(&[json!({"role": "tool", "tool_call_id": 5, "content": "x"})])
+                .is_err()
+        );
     }
 
     #[test]

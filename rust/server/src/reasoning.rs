@@ -168,7 +168,11 @@ mod tests {
         let want = (reasoning.to_string(), content.to_string());
         assert_eq!(run(kind, &[text]), want, "{kind:?} {text:?}");
         for (k, _) in text.char_indices().skip(1) {
-            assert_eq!(run(kind, &[&text[..k], &text[k..]]), want, "{kind:?} split at {k}");
+            assert_eq!(
+                run(kind, &[&text[..k], &text[k..]]),
+                want,
+                "{kind:?} split at {k}"
+            );
         }
         let chars: Vec<String> = text.chars().map(String::from).collect();
         let chars: Vec<&str> = chars.iter().map(String::as_str).collect();
@@ -185,7 +189,12 @@ mod tests {
             "Hello! How can I help?",
         );
         // enable_thinking=false: the empty block was in the prompt; the output is all content.
-        check(ReasoningKind::Qwen3, "Hello! <think> is a tag.", "", "Hello! <think> is a tag.");
+        check(
+            ReasoningKind::Qwen3,
+            "Hello! <think> is a tag.",
+            "",
+            "Hello! <think> is a tag.",
+        );
         // A tool call inside the reasoning is reasoning text.
         check(
             ReasoningKind::Qwen3,
@@ -194,7 +203,12 @@ mod tests {
             "<tool_call>x</tool_call>",
         );
         // Cut off while thinking: all reasoning.
-        check(ReasoningKind::Qwen3, "<think>\nstill thin", "\nstill thin", "");
+        check(
+            ReasoningKind::Qwen3,
+            "<think>\nstill thin",
+            "\nstill thin",
+            "",
+        );
     }
 
     #[test]
@@ -209,6 +223,11 @@ mod tests {
         // Older R1 checkpoints write the opening tag themselves.
         check(ReasoningKind::DeepSeekR1, "<think>a</think>b", "a", "b");
         // No closing tag: everything is reasoning.
-        check(ReasoningKind::DeepSeekR1, "thinking without end", "thinking without end", "");
+        check(
+            ReasoningKind::DeepSeekR1,
+            "thinking without end",
+            "thinking without end",
+            "",
+        );
     }
 }

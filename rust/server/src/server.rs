@@ -24,6 +24,7 @@ use voltllm_engine_client::{EngineClient, EngineClientConfig, EngineLaunch};
 use axum::serve::ListenerExt as _;
 use futures::{FutureExt as _, StreamExt as _};
 
+use crate::assistant::OutputParsing;
 use crate::error::{ApiError, ServerError};
 use crate::metrics::Metrics;
 use crate::routes;
@@ -73,6 +74,12 @@ pub struct ServerConfig {
     pub allowed_methods: Vec<String>,
     pub allowed_headers: Vec<String>,
     pub allow_credentials: bool,
+    /// `--enable-auto-tool-choice`: parse the model's own tool calls for `tool_choice: auto`.
+    pub enable_auto_tool_choice: bool,
+    /// `--tool-call-parser`: the model's tool-call format (one of `tools::TOOL_PARSER_NAMES`).
+    pub tool_call_parser: Option<String>,
+    /// `--reasoning-parser`: the model's reasoning format (`qwen3` or `deepseek_r1`).
+    pub reasoning_parser: Option<String>,
 }
 
 impl ServerConfig {
@@ -106,6 +113,9 @@ impl ServerConfig {
             allowed_methods: vec!["*".into()],
             allowed_headers: vec!["*".into()],
             allow_credentials: false,
+            enable_auto_tool_choice: false,
+            tool_call_parser: None,
+            reasoning_parser: None,
         }
     }
 }
@@ -281,6 +291,8 @@ pub fn router(state: Arc<AppState>, cors: CorsLayer) -> Router {
         .route("/v1/chat/completions", post(routes::chat::chat_completions))
         .route("/v1/completions", post(routes::completions::completions))
         .route("/v1/models", get(routes::misc::models))
+        .route("/v1/models/{*id}", get(routes::misc::model))
+        .route("/v1/responses", post(routes::responses::responses))
         .route("/version", get(routes::misc::version))
         .route("/tokenize", post(routes::misc::tokenize))
         .route("/detokenize", post(routes::misc::detokenize))
@@ -308,6 +320,7 @@ impl Server {
     /// and chat template, starts the engines when `engine_command` is set, waits for their READY.
     pub async fn start(config: ServerConfig) -> Result<Self, ServerError> {
         let cors = cors_layer(&config)?;
+        let output_parsing = OutputParsing::from_config(&config)?;
         let address = format!("{}:{}", config.host, config.port);
         let listener = tokio::net::TcpListener::bind(&address)
             .await
@@ -386,6 +399,7 @@ impl Server {
             draining: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             idle: Notify::new(),
+            output_parsing,
         });
         Ok(Self {
             listener,

@@ -9,6 +9,7 @@ use voltllm_chat::ChatTemplate;
 use voltllm_engine_client::EngineClient;
 use voltllm_text::Tokenizer;
 
+use crate::assistant::OutputParsing;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 
@@ -41,6 +42,8 @@ pub struct AppState {
     pub in_flight: AtomicUsize,
     /// Notified when `in_flight` drops to zero.
     pub idle: Notify,
+    /// How generated text is split into reasoning, tool calls and content.
+    pub output_parsing: OutputParsing,
 }
 
 impl AppState {

@@ -9,9 +9,12 @@ use serde_json::{json, Value as Json};
 use voltllm_chat::RenderOptions;
 
 use super::{blocking, body_bytes, new_id, sse_frame, sse_response, usage, SharedState};
+use crate::assistant::AssistantMessage;
 use crate::error::ApiError;
 use crate::generate::{self, unix_now, Generation, TokenLogprob};
 use crate::openai::{self, ChatRequest, MAX_LOGPROBS};
+use crate::tools::request::ToolShape;
+use crate::tools::ToolRequest;
 
 /// A streamed chat chunk, serialized without building a JSON tree.
 #[derive(Serialize)]
@@ -36,6 +39,10 @@ struct ChatChoice<'a> {
 struct ChatDelta<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<Json>,
 }
 
 /// OpenAI chat `logprobs.content` entries.
@@ -97,7 +104,22 @@ pub async fn chat_completions(
         (true, n) => Some(n.unwrap_or(0) as u32),
         (false, _) => None,
     };
-    let (mut params, options) = openai::sampling_params(&req.common, logprobs, state.vocab_size)?;
+    let (mut params, mut options) =
+        openai::sampling_params(&req.common, logprobs, state.vocab_size)?;
+    let tools = ToolRequest::parse(
+        req.tools.as_deref(),
+        req.tool_choice.as_ref(),
+        req.parallel_tool_calls,
+        ToolShape::Chat,
+    )?;
+    let parsing = state.output_parsing.clone();
+    parsing.check(tools.as_ref())?;
+    if let Some(schema) = tools.as_ref().and_then(ToolRequest::forced_schema) {
+        params.structured_output = Some(crate::tools::request::json_constraint(&schema));
+    }
+    if req.common.skip_special_tokens.is_none() && parsing.needs_special_tokens(tools.as_ref()) {
+        options.skip_special_tokens = false;
+    }
     // A conversation whose text alone cannot fit is refused before it is copied and rendered.
     let text_bytes: usize = req.messages.iter().map(json_text_bytes).sum();
     state.check_prompt_bytes("messages", text_bytes)?;
@@ -155,7 +177,21 @@ pub async fn chat_completions(
                             "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
                                          "logprobs": null, "finish_reason": null}]}))
             .collect();
+        let mut parsers: Vec<_> = (0..n).map(|_| parsing.parser(tools.as_ref())).collect();
+        let with_reasoning = parsing.reasoning.is_some();
         let chunk = move |d: generate::ChoiceDelta| {
+            let parser = &mut parsers[d.index as usize];
+            let mut part = parser.push(&d.text);
+            let mut finish_reason = d.finish_reason;
+            if finish_reason.is_some() {
+                let rest = parser.finish();
+                part.content.push_str(&rest.content);
+                part.reasoning.push_str(&rest.reasoning);
+                part.tool_calls.extend(rest.tool_calls);
+                if parser.made_calls() && finish_reason == Some("stop") {
+                    finish_reason = Some("tool_calls");
+                }
+            }
             sse_frame(&ChatChunk {
                 id: &id,
                 object: "chat.completion.chunk",
@@ -164,10 +200,13 @@ pub async fn chat_completions(
                 choices: [ChatChoice {
                     index: d.index,
                     delta: ChatDelta {
-                        content: (!d.text.is_empty()).then_some(d.text.as_str()),
+                        content: (!part.content.is_empty()).then_some(part.content.as_str()),
+                        reasoning_content: (with_reasoning && !part.reasoning.is_empty())
+                            .then_some(part.reasoning.as_str()),
+                        tool_calls: part.tool_calls.iter().map(|c| c.to_json()).collect(),
                     },
                     logprobs: logprobs.map(|_| logprobs_json(&d.logprobs)),
-                    finish_reason: d.finish_reason,
+                    finish_reason,
                     stop_reason: d.stop_reason.as_ref(),
                 }],
             })
@@ -185,11 +224,19 @@ pub async fn chat_completions(
         .into_iter()
         .enumerate()
         .map(|(i, c)| {
+            let mut parser = parsing.parser(tools.as_ref());
+            let mut message = AssistantMessage::default();
+            message.extend(parser.push(&c.text));
+            message.extend(parser.finish());
+            let finish_reason = match c.finish_reason {
+                Some("stop") if parser.made_calls() => Some("tool_calls"),
+                other => other,
+            };
             json!({
                 "index": i,
-                "message": {"role": "assistant", "content": c.text},
+                "message": message.chat_json(parsing.reasoning.is_some()),
                 "logprobs": if logprobs.is_some() { logprobs_json(&c.logprobs) } else { Json::Null },
-                "finish_reason": c.finish_reason,
+                "finish_reason": finish_reason,
                 "stop_reason": c.stop_reason,
             })
         })

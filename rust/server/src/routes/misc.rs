@@ -15,18 +15,30 @@ use crate::error::ApiError;
 use crate::generate::unix_now;
 use crate::openai;
 
+/// One served model as `/v1/models` lists it.
+fn model_card(state: &crate::state::AppState, name: &str, created: u64) -> Json {
+    json!({"id": name, "object": "model", "created": created, "owned_by": "voltllm",
+           "root": state.model_root, "parent": null, "max_model_len": state.max_model_len})
+}
+
 /// `GET /v1/models`.
 pub async fn models(state: SharedState) -> JsonResponse<Json> {
     let created = unix_now() as u64;
     let data: Vec<Json> = state
         .served_model_names
         .iter()
-        .map(|name| {
-            json!({"id": name, "object": "model", "created": created, "owned_by": "voltllm",
-                   "root": state.model_root, "parent": null, "max_model_len": state.max_model_len})
-        })
+        .map(|name| model_card(&state, name, created))
         .collect();
     JsonResponse(json!({"object": "list", "data": data}))
+}
+
+/// `GET /v1/models/{id}`: the model card, or a 404 for a name not served here.
+pub async fn model(
+    state: SharedState,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Result<JsonResponse<Json>, ApiError> {
+    state.check_model(Some(&id))?;
+    Ok(JsonResponse(model_card(&state, &id, unix_now() as u64)))
 }
 
 /// `GET /health` (and vLLM's `GET|POST /ping`): 200 while every engine serves; 503 while one

@@ -3,6 +3,7 @@
 pub mod chat;
 pub mod completions;
 pub mod misc;
+pub mod responses;
 
 use std::collections::VecDeque;
 use std::convert::Infallible;

@@ -10,8 +10,13 @@ use super::scanner::{Delimited, WholeOutput};
 use super::{pythonic, ParseEvent, ToolCall, ToolCallParser};
 
 /// The formats `--tool-call-parser` accepts, as vLLM names them.
-pub const TOOL_PARSER_NAMES: [&str; 5] =
-    ["hermes", "qwen3_coder", "llama3_json", "mistral", "pythonic"];
+pub const TOOL_PARSER_NAMES: [&str; 5] = [
+    "hermes",
+    "qwen3_coder",
+    "llama3_json",
+    "mistral",
+    "pythonic",
+];
 
 /// A model family's tool-call format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -182,7 +187,10 @@ fn parse_pythonic(body: &str, _: &ToolSchemas) -> Option<Vec<ToolCall>> {
 fn between<'a>(text: &'a str, open: &str, close: &str) -> Option<(&'a str, &'a str)> {
     let start = text.find(open)? + open.len();
     let len = text[start..].find(close)?;
-    Some((&text[start..start + len], &text[start + len + close.len()..]))
+    Some((
+        &text[start..start + len],
+        &text[start + len + close.len()..],
+    ))
 }
 
 /// A qwen3_coder parameter value as JSON: text for string (or unknown) parameters, else the
@@ -193,7 +201,9 @@ fn coder_value(raw: &str, declared: Option<&str>) -> Json {
     let raw = raw.strip_suffix('\n').unwrap_or(raw);
     match declared {
         None | Some("string") => Json::String(raw.to_string()),
-        Some(_) => serde_json::from_str(raw.trim()).unwrap_or_else(|_| Json::String(raw.to_string())),
+        Some(_) => {
+            serde_json::from_str(raw.trim()).unwrap_or_else(|_| Json::String(raw.to_string()))
+        }
     }
 }
 
@@ -207,7 +217,10 @@ fn parse_qwen3_coder(body: &str, schemas: &ToolSchemas) -> Option<Vec<ToolCall>>
         while let Some((param, after_param)) = between(params, "<parameter=", "</parameter>") {
             let (key, raw) = param.split_once('>')?;
             let key = key.trim();
-            arguments.insert(key.to_string(), coder_value(raw, schemas.param_type(name, key)));
+            arguments.insert(
+                key.to_string(),
+                coder_value(raw, schemas.param_type(name, key)),
+            );
             params = after_param;
         }
         if name.is_empty() || !params.trim().is_empty() {
@@ -281,9 +294,11 @@ mod tests {
     use crate::tools::request::ToolShape;
 
     fn schemas() -> Arc<ToolSchemas> {
-        let tools = vec![json!({"type": "function", "function": {"name": "get_weather", "parameters": {
+        let tools = vec![
+            json!({"type": "function", "function": {"name": "get_weather", "parameters": {
             "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
-            "metric": {"type": "boolean"}, "zip": {"type": "string"}}}}})];
+            "metric": {"type": "boolean"}, "zip": {"type": "string"}}}}}),
+        ];
         Arc::new(
             ToolRequest::parse(Some(&tools), None, None, ToolShape::Chat)
                 .unwrap()
@@ -312,10 +327,17 @@ mod tests {
             .iter()
             .map(|c| (c.name.clone(), serde_json::from_str(&c.arguments).unwrap()))
             .collect();
-        let want: Vec<(String, Json)> = calls.iter().map(|(n, a)| (n.to_string(), a.clone())).collect();
+        let want: Vec<(String, Json)> = calls
+            .iter()
+            .map(|(n, a)| (n.to_string(), a.clone()))
+            .collect();
         assert_eq!(got, want, "{kind:?} calls of {text:?}");
         for (k, _) in text.char_indices().skip(1) {
-            assert_eq!(run(kind, &[&text[..k], &text[k..]]), whole, "{kind:?} split at {k}");
+            assert_eq!(
+                run(kind, &[&text[..k], &text[k..]]),
+                whole,
+                "{kind:?} split at {k}"
+            );
         }
         let chars: Vec<String> = text.chars().map(String::from).collect();
         let chars: Vec<&str> = chars.iter().map(String::as_str).collect();
@@ -343,7 +365,12 @@ mod tests {
             &[("get_weather", json!({"city": "Paris"}))],
         );
         // Text that only looks like markup stays content; so does a malformed block.
-        check(ToolParserKind::Hermes, "a < b and <tool_ stays", "a < b and <tool_ stays", &[]);
+        check(
+            ToolParserKind::Hermes,
+            "a < b and <tool_ stays",
+            "a < b and <tool_ stays",
+            &[],
+        );
         check(
             ToolParserKind::Hermes,
             "x<tool_call>not json</tool_call>y",
@@ -384,8 +411,18 @@ mod tests {
             "",
             &[("get_weather", json!({"city": "Rome", "days": 2}))],
         );
-        check(ToolParserKind::Llama3Json, "The answer is {42}.", "The answer is {42}.", &[]);
-        check(ToolParserKind::Llama3Json, "{\"answer\": 42}", "{\"answer\": 42}", &[]);
+        check(
+            ToolParserKind::Llama3Json,
+            "The answer is {42}.",
+            "The answer is {42}.",
+            &[],
+        );
+        check(
+            ToolParserKind::Llama3Json,
+            "{\"answer\": 42}",
+            "{\"answer\": 42}",
+            &[],
+        );
     }
 
     #[test]
@@ -424,7 +461,12 @@ mod tests {
             "",
             &[("get_weather", json!({"city": "Lima"}))],
         );
-        check(ToolParserKind::Pythonic, "[1] is a citation.", "[1] is a citation.", &[]);
+        check(
+            ToolParserKind::Pythonic,
+            "[1] is a citation.",
+            "[1] is a citation.",
+            &[],
+        );
     }
 
     #[test]
@@ -444,21 +486,39 @@ mod tests {
         events.extend(p.finish());
         assert_eq!(events[0], ParseEvent::CallStart { name: "f".into() });
         let (content, calls) = reassemble(events);
-        assert_eq!((content.as_str(), calls[0].arguments.as_str()), ("", "{\"a\": 1}"));
+        assert_eq!(
+            (content.as_str(), calls[0].arguments.as_str()),
+            ("", "{\"a\": 1}")
+        );
 
-        let required = ToolRequest::parse(Some(&tools), Some(&json!("required")), None, ToolShape::Chat)
-            .unwrap()
-            .unwrap();
+        let required = ToolRequest::parse(
+            Some(&tools),
+            Some(&json!("required")),
+            None,
+            ToolShape::Chat,
+        )
+        .unwrap()
+        .unwrap();
         let mut p = parser_for(&required, None).unwrap();
-        assert!(p.push("[{\"name\": \"f\", \"arguments\": {\"x\": [1]}}]").is_empty());
+        assert!(p
+            .push("[{\"name\": \"f\", \"arguments\": {\"x\": [1]}}]")
+            .is_empty());
         let (_, calls) = reassemble(p.finish());
-        assert_eq!(calls, vec![ToolCall { name: "f".into(), arguments: "{\"x\":[1]}".into() }]);
+        assert_eq!(
+            calls,
+            vec![ToolCall {
+                name: "f".into(),
+                arguments: "{\"x\":[1]}".into()
+            }]
+        );
         // Cut short: the text is content, not lost.
         let mut p = parser_for(&required, None).unwrap();
         p.push("[{\"name\": ");
         assert_eq!(reassemble(p.finish()).0, "[{\"name\": ");
         // auto without a server parser, and none: no parsing.
-        let auto = ToolRequest::parse(Some(&tools), None, None, ToolShape::Chat).unwrap().unwrap();
+        let auto = ToolRequest::parse(Some(&tools), None, None, ToolShape::Chat)
+            .unwrap()
+            .unwrap();
         assert!(parser_for(&auto, None).is_none());
         assert!(parser_for(&auto, Some(ToolParserKind::Hermes)).is_some());
     }

@@ -163,10 +163,9 @@ impl Parser<'_> {
 
     fn number(&mut self) -> Option<Json> {
         let start = self.i;
-        while self
-            .peek()
-            .is_some_and(|c| c.is_ascii_digit() || matches!(c, b'-' | b'+' | b'.' | b'e' | b'E' | b'_'))
-        {
+        while self.peek().is_some_and(|c| {
+            c.is_ascii_digit() || matches!(c, b'-' | b'+' | b'.' | b'e' | b'E' | b'_')
+        }) {
             self.i += 1;
         }
         let literal: String = self.text[start..self.i]
@@ -203,7 +202,10 @@ impl Parser<'_> {
                         'r' => out.push('\r'),
                         '0' => out.push('\0'),
                         'u' => {
-                            let hex: String = (0..4).filter_map(|_| chars.next()).map(|(_, h)| h).collect();
+                            let hex: String = (0..4)
+                                .filter_map(|_| chars.next())
+                                .map(|(_, h)| h)
+                                .collect();
                             out.push(char::from_u32(u32::from_str_radix(&hex, 16).ok()?)?);
                         }
                         '\n' => {}
@@ -228,7 +230,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(calls[0].name, "get_weather");
-        assert_eq!(calls[0].arguments, r#"{"city":"San Francisco","metric":"celsius"}"#);
+        assert_eq!(
+            calls[0].arguments,
+            r#"{"city":"San Francisco","metric":"celsius"}"#
+        );
         assert_eq!(
             calls[1].arguments,
             r#"{"a":-1.5,"b":[1,2],"c":{"k":null},"d":true,"e":[1],"g":"it's \"q\"\n"}"#
@@ -238,7 +243,15 @@ mod tests {
 
     #[test]
     fn not_calls() {
-        for text in ["[1, 2]", "[f(1)]", "[f(a=1)", "f(a=1)", "[f(a=1)] trailing", "[]", "[f(a=x)]"] {
+        for text in [
+            "[1, 2]",
+            "[f(1)]",
+            "[f(a=1)",
+            "f(a=1)",
+            "[f(a=1)] trailing",
+            "[]",
+            "[f(a=x)]",
+        ] {
             assert!(parse_calls(text).is_none(), "{text}");
         }
     }

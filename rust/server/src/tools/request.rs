@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 
 use serde_json::{json, Map, Value as Json};
+use voltllm_protocol::{StructuredOutput, StructuredOutputKind};
 
 use crate::error::ApiError;
 
@@ -82,9 +83,7 @@ fn function_tool(param: &str, fields: &Map<String, Json>) -> Result<FunctionTool
     if !valid_function_name(name) {
         return Err(ApiError::bad(
             param,
-            format!(
-                "{param}.name must be 1-64 letters, digits, '_', '-' or '.', got {name:?}"
-            ),
+            format!("{param}.name must be 1-64 letters, digits, '_', '-' or '.', got {name:?}"),
         ));
     }
     let description = match fields.get("description") {
@@ -106,7 +105,12 @@ fn function_tool(param: &str, fields: &Map<String, Json>) -> Result<FunctionTool
     };
     match fields.get("strict") {
         None | Some(Json::Null) | Some(Json::Bool(_)) => {}
-        Some(_) => return Err(ApiError::bad(param, format!("{param}.strict must be a boolean"))),
+        Some(_) => {
+            return Err(ApiError::bad(
+                param,
+                format!("{param}.strict must be a boolean"),
+            ))
+        }
     }
     Ok(FunctionTool {
         name: name.to_string(),
@@ -139,9 +143,12 @@ fn parse_tool(i: usize, tool: &Json, shape: ToolShape) -> Result<FunctionTool, A
     }
     match shape {
         ToolShape::Chat => {
-            let function = obj.get("function").and_then(Json::as_object).ok_or_else(|| {
-                ApiError::bad(&param, format!("{param}.function must be an object"))
-            })?;
+            let function = obj
+                .get("function")
+                .and_then(Json::as_object)
+                .ok_or_else(|| {
+                    ApiError::bad(&param, format!("{param}.function must be an object"))
+                })?;
             function_tool(&format!("{param}.function"), function)
         }
         ToolShape::Responses => function_tool(&param, obj),
@@ -309,6 +316,14 @@ impl ToolRequest {
     }
 }
 
+/// The engine constraint for a JSON schema.
+pub fn json_constraint(schema: &Json) -> StructuredOutput {
+    StructuredOutput {
+        kind: StructuredOutputKind::Json,
+        spec: schema.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -332,7 +347,9 @@ mod tests {
     fn choices_parse() {
         let r = parse(json!([weather()]), Json::Null).unwrap().unwrap();
         assert_eq!(r.choice, ToolChoice::Auto);
-        let r = parse(json!([weather()]), json!("required")).unwrap().unwrap();
+        let r = parse(json!([weather()]), json!("required"))
+            .unwrap()
+            .unwrap();
         assert_eq!(r.choice, ToolChoice::Required);
         let named = json!({"type": "function", "function": {"name": "get_weather"}});
         let r = parse(json!([weather()]), named).unwrap().unwrap();
@@ -344,9 +361,18 @@ mod tests {
     #[test]
     fn bad_tools_are_400s_naming_the_field() {
         let unknown = json!({"type": "function", "function": {"name": "nope"}});
-        assert_eq!(param_of(parse(json!([weather()]), unknown).unwrap_err()), "tool_choice");
-        assert_eq!(param_of(parse(json!([]), json!("required")).unwrap_err()), "tool_choice");
-        assert_eq!(param_of(parse(json!([weather()]), json!("always")).unwrap_err()), "tool_choice");
+        assert_eq!(
+            param_of(parse(json!([weather()]), unknown).unwrap_err()),
+            "tool_choice"
+        );
+        assert_eq!(
+            param_of(parse(json!([]), json!("required")).unwrap_err()),
+            "tool_choice"
+        );
+        assert_eq!(
+            param_of(parse(json!([weather()]), json!("always")).unwrap_err()),
+            "tool_choice"
+        );
         let bad_schema = json!([{"type": "function", "function": {"name": "f",
             "parameters": {"type": "objekt"}}}]);
         assert_eq!(
@@ -356,14 +382,27 @@ mod tests {
         let bad_pattern = json!([{"type": "function", "function": {"name": "f",
             "parameters": {"type": "object", "properties": {"a": {"type": "string", "pattern": "(("}}}}}]);
         assert!(parse(bad_pattern, Json::Null).is_err());
-        let not_object = json!([{"type": "function", "function": {"name": "f", "parameters": [1]}}]);
+        let not_object =
+            json!([{"type": "function", "function": {"name": "f", "parameters": [1]}}]);
         assert!(parse(not_object, Json::Null).is_err());
-        assert_eq!(param_of(parse(json!([{"type": "retrieval"}]), Json::Null).unwrap_err()), "tools[0]");
         assert_eq!(
-            param_of(parse(json!([{"type": "function", "function": {"name": "a b"}}]), Json::Null).unwrap_err()),
+            param_of(parse(json!([{"type": "retrieval"}]), Json::Null).unwrap_err()),
+            "tools[0]"
+        );
+        assert_eq!(
+            param_of(
+                parse(
+                    json!([{"type": "function", "function": {"name": "a b"}}]),
+                    Json::Null
+                )
+                .unwrap_err()
+            ),
             "tools[0].function"
         );
-        assert_eq!(param_of(parse(json!([weather(), weather()]), Json::Null).unwrap_err()), "tools");
+        assert_eq!(
+            param_of(parse(json!([weather(), weather()]), Json::Null).unwrap_err()),
+            "tools"
+        );
     }
 
     #[test]
@@ -371,9 +410,14 @@ mod tests {
         let tool = json!({"type": "function", "function": {"name": "f", "parameters": {
             "type": "object", "properties": {"p": {"$ref": "#/$defs/P"}}, "$defs": {"P": {"type": "integer"}}}}});
         let tools: Vec<Json> = vec![tool, weather()];
-        let r = ToolRequest::parse(Some(&tools), Some(&json!("required")), Some(false), ToolShape::Chat)
-            .unwrap()
-            .unwrap();
+        let r = ToolRequest::parse(
+            Some(&tools),
+            Some(&json!("required")),
+            Some(false),
+            ToolShape::Chat,
+        )
+        .unwrap()
+        .unwrap();
         let schema = r.forced_schema().unwrap();
         assert_eq!(schema["maxItems"], 1);
         assert_eq!(schema["$defs"]["P"]["type"], "integer");
@@ -382,15 +426,21 @@ mod tests {
         assert!(!validator.is_valid(&json!([{"name": "f", "arguments": {"p": "x"}}])));
         assert!(!validator.is_valid(&json!([{"name": "g", "arguments": {}}])));
         assert!(!validator.is_valid(&json!([])));
-        let parallel = ToolRequest::parse(Some(&tools), Some(&json!("required")), None, ToolShape::Chat)
-            .unwrap()
-            .unwrap();
+        let parallel = ToolRequest::parse(
+            Some(&tools),
+            Some(&json!("required")),
+            None,
+            ToolShape::Chat,
+        )
+        .unwrap()
+        .unwrap();
         assert!(parallel.forced_schema().unwrap().get("maxItems").is_none());
     }
 
     #[test]
     fn responses_shape_is_flat() {
-        let tools = vec![json!({"type": "function", "name": "f", "parameters": {"type": "object"}})];
+        let tools =
+            vec![json!({"type": "function", "name": "f", "parameters": {"type": "object"}})];
         let choice = json!({"type": "function", "name": "f"});
         let r = ToolRequest::parse(Some(&tools), Some(&choice), None, ToolShape::Responses)
             .unwrap()
