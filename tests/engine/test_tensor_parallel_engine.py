@@ -3,7 +3,8 @@ greedy tokens, with rank 0 scheduling and sampling and a worker process holding 
 
 The architectures of `PLAIN_CONFIGS`, between them: one KV head for two ranks (replicated), a
 vocabulary of 321 rows (padded to 322, tied and untied heads), chunked prefill and prefix-cache hits;
-Qwen3's ranks meet as two hosts would (torchrun's variables, the worker started by hand). Also: the
+Qwen3's ranks meet as two hosts would (torchrun's variables, the worker started by hand); a Qwen3-MoE
+shards its experts. Also: the
 workers end with the engine (shutdown, garbage collection, the parent killed), a worker killed
 mid-run is a clear error, and impossible configurations are refused before any process starts.
 """
@@ -23,7 +24,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from tiny_models import engine_prompts, hf_greedy, save_plain_model
+from tiny_models import engine_prompts, hf_greedy, save_moe_model, save_plain_model
 
 from voltllm import LLM, SamplingParams
 from voltllm.config import EngineConfig
@@ -122,6 +123,20 @@ def test_greedy_matches_transformers_and_workers_end(arch: str, overrides: dict,
         llm.shutdown()
     assert wait_until(lambda: not pid_alive(worker)), "the worker outlived its engine"
     assert worker_children() == []
+
+
+def test_moe_experts_shard_through_the_engine(tmp_path: Path) -> None:
+    """Qwen3-MoE (a dense layer, then 8 experts top-2) at tp=2: each rank holds its slice of every
+    expert, the expert outputs are all-reduced."""
+    model_dir = tmp_path / "qwen3_moe"
+    hf_model = save_moe_model("qwen3_moe-e8-top2-norm-step2", model_dir, plain=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(TOKENIZER / name, model_dir / name)
+    llm = start_llm(model_dir)
+    try:
+        assert_greedy_matches(llm, hf_model)
+    finally:
+        llm.shutdown()
 
 
 def test_two_hosts_rendezvous_then_a_dead_worker_is_an_error(
