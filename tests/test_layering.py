@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / "python" / "voltllm"
-LOWER_LAYERS = ("core", "worker", "models", "layers", "ops", "loader")
+LOWER_LAYERS = ("core", "worker", "models", "layers", "ops", "loader", "structured_output")
 HIGHER_LAYERS = ("voltllm.engine", "voltllm.entrypoints")
 
 
@@ -95,6 +95,14 @@ def test_lower_layers_never_import_the_engine_or_the_entrypoints(layer: str) -> 
 
 def test_models_reach_kernels_only_through_layers() -> None:
     assert violations(modules("models"), ("voltllm.ops",)) == []
+
+
+def test_structured_output_sits_on_the_foundation() -> None:
+    """The grammar matchers are shared by the scheduler (`core`) and the runner (`worker`), so the
+    package imports neither, nor the model side: only the wire types."""
+    assert (
+        violations(modules("structured_output"), ("voltllm.core", "voltllm.worker", "voltllm.models")) == []
+    )
 
 
 def test_the_engine_never_imports_the_entrypoints() -> None:

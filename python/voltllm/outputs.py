@@ -16,6 +16,8 @@ class Logprob:
 
 # One entry per generated token: candidate token id -> its Logprob (the sampled token always included).
 SampleLogprobs = list[dict[int, Logprob]]
+# One entry per prompt token, None for the first (nothing precedes it), as vLLM's `PromptLogprobs`.
+PromptLogprobs = list[dict[int, Logprob] | None]
 
 
 @dataclass
@@ -44,3 +46,4 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
     num_cached_tokens: int = 0
+    prompt_logprobs: PromptLogprobs | None = None  # when SamplingParams.prompt_logprobs asked for them

@@ -8,8 +8,10 @@ incoming request, so a bad value sent over the wire fails that request instead o
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from voltllm.protocol import EngineSamplingParams, StructuredOutput, StructuredOutputKind
 
@@ -105,6 +107,50 @@ def _check_structured_output(constraint: StructuredOutput) -> None:
 
 
 @dataclass
+class StructuredOutputsParams:
+    """One constraint on the output, as vLLM's `StructuredOutputsParams` spells it: set exactly one of
+    `json` (a JSON Schema, as a dict or its text), `regex`, `choice` (strings), `grammar` (Lark, or
+    GBNF) or `json_object=True` (any JSON object). Raises `ValueError` otherwise."""
+
+    json: str | dict[str, Any] | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    def __post_init__(self) -> None:
+        given = [name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None]
+        if self.json_object:
+            given.append("json_object")
+        if len(given) != 1:
+            which = ", ".join(given) if given else "none"
+            raise ValueError(
+                "structured_outputs takes exactly one of json, regex, choice, grammar, json_object; "
+                f"got {which}"
+            )
+        self.to_wire()
+
+    def to_wire(self) -> StructuredOutput:
+        """The wire constraint (validated for shape; whether it compiles is the engine's to say)."""
+        if self.json is not None:
+            spec = self.json if isinstance(self.json, str) else json.dumps(self.json)
+            constraint = StructuredOutput(kind=StructuredOutputKind.JSON.value, spec=spec)
+        elif self.regex is not None:
+            constraint = StructuredOutput(kind=StructuredOutputKind.REGEX.value, spec=self.regex)
+        elif self.choice is not None:
+            if isinstance(self.choice, str) or not all(isinstance(c, str) for c in self.choice):
+                raise ValueError(f"structured_outputs.choice must be a list of strings, got {self.choice!r}")
+            spec = json.dumps(self.choice)
+            constraint = StructuredOutput(kind=StructuredOutputKind.CHOICE.value, spec=spec)
+        elif self.grammar is not None:
+            constraint = StructuredOutput(kind=StructuredOutputKind.GRAMMAR.value, spec=self.grammar)
+        else:
+            constraint = StructuredOutput(kind=StructuredOutputKind.JSON_OBJECT.value, spec="")
+        _check_structured_output(constraint)
+        return constraint
+
+
+@dataclass
 class SamplingParams:
     """How to sample one completion. Raises `ValueError` naming the field on an invalid value.
 
@@ -131,6 +177,8 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         _check_int("n", self.n)
@@ -156,6 +204,10 @@ class SamplingParams:
             except (TypeError, ValueError):
                 msg = f"logit_bias must map token ids to numbers, got {self.logit_bias!r}"
                 raise ValueError(msg) from None
+        constraint = self.structured_outputs
+        if constraint is not None and not isinstance(constraint, StructuredOutputsParams):
+            kind = type(constraint).__name__
+            raise ValueError(f"structured_outputs must be a StructuredOutputsParams, got {kind}")
         validate_wire_params(self.to_wire())
 
     def to_wire(self) -> EngineSamplingParams:
@@ -175,4 +227,6 @@ class SamplingParams:
             ignore_eos=self.ignore_eos,
             logprobs=self.logprobs,
             logit_bias=dict(self.logit_bias) if self.logit_bias is not None else None,
+            structured_output=None if self.structured_outputs is None else self.structured_outputs.to_wire(),
+            prompt_logprobs=self.prompt_logprobs,
         )

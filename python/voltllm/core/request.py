@@ -11,8 +11,12 @@ from __future__ import annotations
 import enum
 import itertools
 import time
+from typing import TYPE_CHECKING
 
 from voltllm.protocol import EngineCoreRequest, EngineSamplingParams, FinishReason
+
+if TYPE_CHECKING:
+    from voltllm.structured_output import Grammar
 
 
 class RequestStatus(enum.Enum):
@@ -79,6 +83,8 @@ class Request:
         "scheduled_ts",
         "first_token_ts",
         "stop_token_ids",
+        "grammar",
+        "prompt_logprobs_sent",
     )
 
     def __init__(
@@ -116,6 +122,11 @@ class Request:
         # Stop ids this request honours: EOS (unless ignore_eos) plus the user's stop_token_ids.
         eos = () if sampling_params.ignore_eos else tuple(eos_token_ids)
         self.stop_token_ids = frozenset(eos) | frozenset(sampling_params.stop_token_ids)
+        # The structured-output constraint's matcher (the engine compiles it when it accepts the
+        # request); dropped when the request finishes.
+        self.grammar: Grammar | None = None
+        # Prompt logprobs go out once, with the first sampled token; a resumed request does not resend.
+        self.prompt_logprobs_sent = False
 
     @classmethod
     def from_wire(cls, req: EngineCoreRequest, eos_token_ids: tuple[int, ...]) -> Request:

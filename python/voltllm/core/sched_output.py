@@ -10,10 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from voltllm.protocol import EngineSamplingParams, TokenLogprobs
+
+if TYPE_CHECKING:
+    from voltllm.structured_output import Grammar
 
 
 @dataclass(frozen=True)
@@ -24,6 +28,12 @@ class NewRequestData:
     sampling_params: EngineSamplingParams
     block_ids: tuple[int, ...]
     num_computed_tokens: int  # tokens already in the KV cache (prefix-cache hits)
+    # The request's structured-output matcher, shared with the scheduler's `Request` (the scheduler
+    # advances it, the runner reads its next-token mask); None when unconstrained.
+    grammar: Grammar | None = None
+    # The runner computes the prompt's logprobs (a request that already sent them, resumed after a
+    # preemption, does not).
+    wants_prompt_logprobs: bool = False
 
 
 class CachedRequestData(msgspec.Struct, frozen=True, gc=False):
@@ -62,3 +72,5 @@ class ModelRunnerOutput:
 
     sampled_token_ids: list[int | None] = field(default_factory=list)
     logprobs: list[TokenLogprobs | None] | None = None
+    # request id -> logprobs of prompt positions 1..len-1, for the requests whose prompt ended this step
+    prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)

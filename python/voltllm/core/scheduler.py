@@ -33,6 +33,7 @@ from voltllm.core.sched_output import (
     SchedulerOutput,
 )
 from voltllm.protocol import EngineCoreOutput, FinishReason, SchedulerStats, TokenLogprobs
+from voltllm.structured_output import accept_tokens
 
 _RUNNING = RequestStatus.RUNNING
 
@@ -252,7 +253,7 @@ class Scheduler:
         last; each starts after its longest prefix-cache hit. Returns the budget left."""
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting.peek()
-            hit_blocks, num_hit = self.kv.get_computed_blocks(request)
+            hit_blocks, num_hit = self._prefix_hit(request)
             num_new = request.num_tokens - num_hit
             if not self.config.enable_chunked_prefill and num_new > budget:
                 break
@@ -282,6 +283,7 @@ class Scheduler:
             requests = [self.requests.get(request_id) for request_id in scheduled]
         outputs: list[EngineCoreOutput] = []
         finished: list[Request] = []
+        constrained: list[tuple[Request, int]] = []  # (request, index of its output), unfinished only
         for request, num_tokens, token_id, logprob in zip(
             requests, scheduled.values(), sampled, logprobs, strict=True
         ):
@@ -305,11 +307,46 @@ class Scheduler:
                     finished.append(request)
                     self._release(request, status)
             new_logprobs = None if logprob is None else [logprob]
+            if request.grammar is not None and finish_reason is None:
+                constrained.append((request, len(outputs)))
             outputs.append(self.make_output(request, [token_id], finish_reason, new_logprobs))
+            if runner_output.prompt_logprobs and not request.prompt_logprobs_sent:
+                outputs[-1].prompt_logprobs = runner_output.prompt_logprobs.get(request.request_id)
+                request.prompt_logprobs_sent = outputs[-1].prompt_logprobs is not None
         self.num_generation_tokens += len(outputs)
+        if constrained:
+            self._advance_grammars(constrained, outputs, finished)
         if finished:
             self._remove_from_running(finished)
         return outputs
+
+    def _advance_grammars(
+        self, constrained: list[tuple[Request, int]], outputs: list[EngineCoreOutput], finished: list[Request]
+    ) -> None:
+        """Feed each constrained request's new token to its grammar (the batch at once); a grammar
+        that has ended finishes its request with "stop" (no stop token: `stop_reason` stays None)."""
+        requests = [request for request, _ in constrained]
+        tokens = [request.all_token_ids[-1] for request in requests]
+        accepted = accept_tokens([request.grammar for request in requests], tokens)
+        for (request, index), token_id, ok in zip(constrained, tokens, accepted, strict=True):
+            if ok and not request.grammar.is_terminated:
+                continue
+            output = outputs[index]
+            status = RequestStatus.FINISHED_STOPPED
+            if not ok:  # the mask allowed only what the grammar accepts: an engine bug, not user input
+                status = RequestStatus.FINISHED_ERROR
+                why = request.grammar.error
+                output.error = f"structured_output: the grammar rejected token {token_id}: {why}"
+            output.finish_reason = status.finish_reason.value
+            finished.append(request)
+            self._release(request, status)
+
+    def _prefix_hit(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """The prefix-cache hit a waiting request starts from. A request that wants its prompt's
+        logprobs computes the whole prompt (cached blocks hold no logits), as vLLM does."""
+        if request.sampling_params.prompt_logprobs is not None and not request.prompt_logprobs_sent:
+            return [], 0
+        return self.kv.get_computed_blocks(request)
 
     def make_output(
         self,
@@ -401,6 +438,9 @@ class Scheduler:
             sampling_params=request.sampling_params,
             block_ids=tuple(self.kv.get_block_ids(request.request_id)),
             num_computed_tokens=request.num_computed_tokens,
+            grammar=request.grammar,
+            wants_prompt_logprobs=request.sampling_params.prompt_logprobs is not None
+            and not request.prompt_logprobs_sent,
         )
 
     def _check_stop(self, request: Request, token_id: int) -> RequestStatus | None:
@@ -434,6 +474,7 @@ class Scheduler:
 
     def _release(self, request: Request, status: RequestStatus) -> None:
         request.transition(status)
+        request.grammar = None  # the matcher's memory goes with the request
         self.kv.free(request)
         del self.requests[request.request_id]
         self._finished_req_ids.add(request.request_id)

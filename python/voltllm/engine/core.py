@@ -31,6 +31,7 @@ from voltllm.protocol import (
     SchedulerStats,
 )
 from voltllm.sampling_params import validate_wire_params
+from voltllm.structured_output import StructuredOutputCompiler
 from voltllm.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -192,6 +193,9 @@ class EngineCore:
         kv = KVCacheManager(num_blocks, block_size, config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(sched, kv, max_model_len)
         self._pending: list[EngineCoreOutput] = []  # error / abort notices for the next step
+        self.structured_output = StructuredOutputCompiler(
+            self.model_dir / "tokenizer.json", self.vocab_size, self.eos_token_ids
+        )
         self.last_step_timings = EngineStepTimings()
         settle_garbage_collector(freeze=False)
 
@@ -221,10 +225,14 @@ class EngineCore:
         """Queue a request; an invalid one is answered with an "error" output in the next step."""
         try:
             self._validate(request)
+            constraint = request.sampling_params.structured_output
+            grammar = None if constraint is None else self.structured_output.compile(constraint)
         except ValueError as e:
             self.fail_request(request.request_id, str(e))
             return
-        self.scheduler.add_request(Request.from_wire(request, self.eos_token_ids))
+        engine_request = Request.from_wire(request, self.eos_token_ids)
+        engine_request.grammar = grammar
+        self.scheduler.add_request(engine_request)
 
     def fail_request(self, request_id: str, message: str) -> None:
         """Answer a request the engine could not accept (it holds no resources)."""

@@ -282,6 +282,11 @@ class LLM:
             )  # one call into the text layer per step, not one per token
             for out, (text, taken) in zip(outs, texts, strict=True):
                 result, seq = live[out.request_id]
+                if out.prompt_logprobs is not None and result.prompt_logprobs is None:
+                    result.prompt_logprobs = [None] + [
+                        _logprob_dict(lp.token_ids, lp.logprobs, lp.rank, self.tokenizer)
+                        for lp in out.prompt_logprobs
+                    ]
                 stopped = seq.add(out, text, taken, self.tokenizer)
                 if stopped:
                     self.engine.abort_requests([out.request_id])

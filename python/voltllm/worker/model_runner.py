@@ -22,6 +22,8 @@ import torch
 from voltllm.config import CacheConfig
 from voltllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from voltllm.layers.attention.backend import AttentionMetadata
+from voltllm.protocol import TokenLogprobs
+from voltllm.structured_output import TokenMasks
 from voltllm.worker import kv_cache_sizing
 from voltllm.worker.cuda_graphs import DecodeGraphs, graph_batch_sizes, graph_memory_reserve
 from voltllm.worker.input_builder import InputBuilder, StepInputs
@@ -34,6 +36,8 @@ logger = logging.getLogger(__name__)
 
 # Block-table updates one step can stage with its inputs (more, rare, go in a copy of their own).
 MAX_STAGED_BLOCK_UPDATES = 1 << 16
+# Prompt positions whose logits are computed at once for prompt logprobs ([chunk, vocab] float32).
+PROMPT_LOGPROBS_CHUNK = 512
 
 
 class Model(Protocol):
@@ -103,6 +107,11 @@ class ModelRunner:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         self.requests: dict[str, CachedRequestState] = {}
+        # How many of `requests` have a grammar / are computing prompt logprobs: a step looks for
+        # them only when there are any.
+        self._num_constrained = 0
+        self._num_prompt_logprobs = 0
+        self.masks: TokenMasks | None = None
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0
         self.enforce_eager = enforce_eager
@@ -181,6 +190,7 @@ class ModelRunner:
             min(self.max_num_seqs * max_blocks_per_seq, MAX_STAGED_BLOCK_UPDATES), self.max_num_seqs
         )
         self.buffers = StepBuffers(max_tokens, self.max_num_seqs, max_block_updates, self.device)
+        self.masks = TokenMasks(self.max_num_seqs, self.vocab_size, self.device)
         self.inputs = InputBuilder(
             self.arrays,
             self.block_table,
@@ -229,9 +239,18 @@ class ModelRunner:
             return ModelRunnerOutput()
         req_ids = list(plan.num_scheduled_tokens)
         rows, plain_greedy = self._batch_rows(req_ids)
-        inputs = self.inputs.prepare(plan, req_ids, rows, plain_greedy, self.graphs)
+        scoring_prompt = self._num_prompt_logprobs > 0 and any(
+            self.requests[r].prompt_logprobs is not None for r in req_ids
+        )
+        graphs = None if scoring_prompt else self.graphs  # prompt logprobs need every position's hidden
+        inputs = self.inputs.prepare(plan, req_ids, rows, plain_greedy, graphs)
+        # The masks are filled on the host while the device runs the forward.
+        wants_masks = self._num_constrained and self.samples  # a rank that samples nothing masks nothing
+        masks = self._start_masks(inputs.sampling_req_ids) if wants_masks else None
+        prompt_starts = self.arrays.num_computed[rows].copy() if scoring_prompt else None
         t1 = time.perf_counter()
         num_sampling = len(inputs.sampling_req_ids)
+        prompt_logprobs: dict[str, list[TokenLogprobs]] = {}
         if inputs.graph_size is not None:
             logits = self.graphs.replay(inputs.graph_size)
             if num_sampling != inputs.graph_size:
@@ -240,14 +259,19 @@ class ModelRunner:
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, inputs.metadata, self.kv_caches)
             if num_sampling:
-                rows = hidden if inputs.logits_indices is None else hidden[inputs.logits_indices]
-                logits = self.model.compute_logits(rows)
+                sampling_hidden = hidden if inputs.logits_indices is None else hidden[inputs.logits_indices]
+                logits = self.model.compute_logits(sampling_hidden)
+            if scoring_prompt:
+                prompt_logprobs = self._score_prompts(plan, rows, prompt_starts, hidden)
         t2 = time.perf_counter()
         if num_sampling and self.samples:
+            if masks is not None:
+                self.masks.apply(masks, logits)
             sampled, out = self._sample(logits, inputs)
             self.buffers.device_synced()  # the sampled ids are on the host: the step has run
         else:
             sampled, out = None, ModelRunnerOutput([None] * len(inputs.rows))
+        out.prompt_logprobs = prompt_logprobs
         t3 = time.perf_counter()
         self.arrays.num_computed[inputs.rows] = inputs.ends
         if sampled is not None:
@@ -312,6 +336,47 @@ class ModelRunner:
                 out.logprobs[i] = logprob
         return sampled, out
 
+    def _start_masks(self, sampling_req_ids: list[str]):
+        """Begin filling the next-token masks of this step's constrained requests (None: there are
+        none among those that sample)."""
+        constrained = [
+            (i, state.grammar)
+            for i, request_id in enumerate(sampling_req_ids)
+            if (state := self.requests[request_id]).grammar is not None
+        ]
+        return self.masks.start(constrained) if constrained else None
+
+    def _score_prompts(
+        self, plan: SchedulerOutput, rows: np.ndarray, starts: np.ndarray, hidden: torch.Tensor
+    ) -> dict[str, list[TokenLogprobs]]:
+        """Add this step's prompt positions to each scoring request's prompt logprobs; returns the
+        complete lists of the requests whose prompt ends this step.
+
+        Position p's logits score token p + 1, so a chunk of positions [start, start + n) scores
+        tokens start + 1 .. min(start + n, num_prompt_tokens - 1); hidden: [num_tokens, hidden_size]
+        in batch order."""
+        done: dict[str, list[TokenLogprobs]] = {}
+        offset = 0
+        for (request_id, num_tokens), row, start in zip(
+            plan.num_scheduled_tokens.items(), rows.tolist(), starts.tolist(), strict=True
+        ):
+            state = self.requests[request_id]
+            if state.prompt_logprobs is not None:
+                # One past the last position that scores a prompt token (the last one scores none).
+                end = min(start + num_tokens, state.num_prompt_tokens - 1)
+                for first in range(start, end, PROMPT_LOGPROBS_CHUNK):
+                    last = min(first + PROMPT_LOGPROBS_CHUNK, end)
+                    targets = self.arrays.token_ids[row, first + 1 : last + 1]
+                    positions = hidden[offset + first - start : offset + last - start]
+                    logits = self.model.compute_logits(positions)
+                    num_top = state.sampling_params.prompt_logprobs
+                    state.prompt_logprobs += _token_logprobs(logits, targets, num_top)
+                if start + num_tokens >= state.num_prompt_tokens:
+                    done[request_id], state.prompt_logprobs = state.prompt_logprobs, None
+                    self._num_prompt_logprobs -= 1
+            offset += num_tokens
+        return done
+
     def _update_states(self, plan: SchedulerOutput) -> None:
         if plan.finished_req_ids or plan.scheduled_new_reqs:
             self._last_batch = ([], self._last_batch[1][:0], True)  # ids may now name other rows
@@ -320,6 +385,8 @@ class ModelRunner:
             state = self.requests.pop(request_id, None)
             if state is not None:
                 self.block_table.free_row(state.row)
+                self._num_constrained -= state.grammar is not None
+                self._num_prompt_logprobs -= state.prompt_logprobs is not None
         for new in plan.scheduled_new_reqs:
             row = self.block_table.add_row(new.block_ids)
             self.requests[new.request_id] = CachedRequestState(
@@ -328,7 +395,11 @@ class ModelRunner:
                 sampling_params=new.sampling_params,
                 row=row,
                 num_blocks=len(new.block_ids),
+                grammar=new.grammar,
+                prompt_logprobs=[] if new.wants_prompt_logprobs else None,
             )
+            self._num_constrained += new.grammar is not None
+            self._num_prompt_logprobs += new.wants_prompt_logprobs
             self.arrays.start(
                 row, new.token_ids, new.num_computed_tokens, is_plain_greedy(new.sampling_params)
             )
@@ -352,3 +423,25 @@ class ModelRunner:
             self._last_batch = (req_ids, rows, greedy)
             return rows, greedy
         return last_rows, last_greedy
+
+
+def _token_logprobs(logits: torch.Tensor, targets: np.ndarray, num_top: int) -> list[TokenLogprobs]:
+    """Each row's log-probability of its target token, the target's rank and the top `num_top`
+    alternatives, under the model's own distribution (log_softmax of the raw logits).
+
+    logits: [n, vocab]; targets: [n] token ids."""
+    logprobs = logits.float().log_softmax(dim=-1)
+    target_ids = torch.from_numpy(targets.astype(np.int64)).to(logprobs.device)
+    target_lp = logprobs.gather(1, target_ids.unsqueeze(1))
+    ranks = ((logprobs > target_lp).sum(dim=-1) + 1).tolist()
+    ids, lps = target_ids.tolist(), target_lp.squeeze(1).tolist()
+    if num_top > 0:
+        top_lp, top_ids = logprobs.topk(num_top, dim=-1)
+        top_lp, top_ids = top_lp.tolist(), top_ids.tolist()
+    out = []
+    for i, (token_id, lp, rank) in enumerate(zip(ids, lps, ranks, strict=True)):
+        if num_top > 0:
+            out.append(TokenLogprobs([token_id, *top_ids[i]], [lp, *top_lp[i]], rank))
+        else:
+            out.append(TokenLogprobs([token_id], [lp], rank))
+    return out

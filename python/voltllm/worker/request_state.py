@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from voltllm.protocol import EngineSamplingParams
+from voltllm.protocol import EngineSamplingParams, TokenLogprobs
+from voltllm.structured_output import Grammar
 
 
 @dataclass
@@ -29,6 +30,10 @@ class CachedRequestState:
     # Device tensors the sampling metadata needs every step, built on first use:
     logit_bias: tuple[torch.Tensor, torch.Tensor] | None = None  # (token ids int64, bias float32)
     min_tokens_stop_ids: torch.Tensor | None = None  # EOS (unless ignore_eos) + stop ids, int64
+    grammar: Grammar | None = None  # its structured-output matcher (the scheduler advances it)
+    # While its prompt is being computed, the logprobs of the prompt positions so far; None when not
+    # wanted, or once handed over with its first sampled token.
+    prompt_logprobs: list[TokenLogprobs] | None = None
 
 
 class RequestArrays:

@@ -1,0 +1,60 @@
+"""A constrained request's grammar state: an llguidance matcher, advanced token by token."""
+
+from __future__ import annotations
+
+import functools
+
+import llguidance
+
+
+@functools.cache
+def executor() -> llguidance.LLExecutor:
+    """The process's llguidance thread pool (mask fills and batched token acceptance share it)."""
+    return llguidance.LLExecutor()
+
+
+class Grammar:
+    """The matcher of one request. It lives as long as the request (preemption keeps it: the request
+    keeps its tokens, so the matcher's state stays right) and is dropped when the request finishes."""
+
+    __slots__ = ("matcher",)
+
+    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+        self.matcher = matcher
+
+    def __reduce__(self) -> tuple:
+        """A grammar does not cross processes: the plan a tensor-parallel driver sends its other ranks
+        carries None in its place (those ranks sample nothing, so they need no mask)."""
+        return (_no_grammar, ())
+
+    def accept(self, token_id: int) -> bool:
+        """Advance by one sampled token; False when the grammar rejects it (the matcher is then in
+        its error state)."""
+        return self.matcher.consume_token(token_id)
+
+    def rollback(self, num_tokens: int) -> None:
+        """Forget the last `num_tokens` accepted tokens."""
+        if not self.matcher.rollback(num_tokens):
+            raise RuntimeError(f"grammar cannot roll back {num_tokens} tokens: {self.matcher.get_error()}")
+
+    @property
+    def is_terminated(self) -> bool:
+        """The constraint is complete: no token but EOS may follow (or the matcher failed)."""
+        return self.matcher.is_stopped()
+
+    @property
+    def error(self) -> str:
+        return self.matcher.get_error()
+
+
+def _no_grammar() -> None:
+    return None
+
+
+def accept_tokens(grammars: list[Grammar], token_ids: list[int]) -> list[bool]:
+    """`Grammar.accept` for many requests at once, on llguidance's threads (one step's batch: about
+    five times faster than one by one at batch 64)."""
+    if len(grammars) == 1:
+        return [grammars[0].accept(token_ids[0])]
+    pairs = [(g.matcher, t) for g, t in zip(grammars, token_ids, strict=True)]
+    return executor().consume_token_par(pairs)
