@@ -1,0 +1,78 @@
+"""Token masks and grammars on the default model's tokenizer, without a model: the device-side mask
+matches llguidance's own bitmask bit for bit, on any subset of rows, and the compiler names bad specs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from voltllm.loader.default_model import default_model_dir
+from voltllm.protocol import StructuredOutput
+from voltllm.structured_output import StructuredOutputCompiler, TokenMasks, accept_tokens
+
+VOCAB = 49152
+EOS = 2
+
+
+@pytest.fixture(scope="module")
+def compiler() -> StructuredOutputCompiler:
+    return StructuredOutputCompiler(default_model_dir() / "tokenizer.json", VOCAB, (EOS,))
+
+
+def allowed_ids(compiler: StructuredOutputCompiler, grammar) -> set[int]:
+    """The allowed next tokens as llguidance computes them on its own (one byte per token)."""
+    bias = grammar.matcher.compute_logit_bias()
+    return {i for i, b in enumerate(bias) if b}
+
+
+def test_masks_match_llguidance_on_a_subset_of_rows(compiler) -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    a = compiler.compile(StructuredOutput(kind="json", spec=json.dumps(schema)))
+    b = compiler.compile(StructuredOutput(kind="choice", spec='["yes", "no"]'))
+    tokens = compiler.tokenizer.tokenize_str('{"n":')
+    assert all(accept_tokens([a] * 1, [t])[0] for t in tokens)
+    masks = TokenMasks(max_rows=8, vocab_size=VOCAB, device=torch.device("cpu"))
+    logits = torch.randn(4, VOCAB)
+    original = logits.clone()
+    masks.apply(masks.start([(1, a), (3, b)]), logits)
+    for row, grammar in ((1, a), (3, b)):
+        kept = set(torch.nonzero(torch.isfinite(logits[row])).flatten().tolist())
+        assert kept == allowed_ids(compiler, grammar) and kept
+        assert torch.equal(logits[row][list(kept)], original[row][list(kept)])
+    assert torch.equal(logits[[0, 2]], original[[0, 2]])  # unconstrained rows untouched
+
+
+def test_a_grammar_that_ends_is_terminated(compiler) -> None:
+    g = compiler.compile(StructuredOutput(kind="regex", spec=r"ab\d"))
+    tok = compiler.tokenizer
+    for t in tok.tokenize_str("ab"):
+        assert g.accept(t) and not g.is_terminated
+    assert g.accept(tok.tokenize_str("7")[0]) and g.is_terminated
+    assert allowed_ids(compiler, g) == {EOS}
+
+
+def test_gbnf_is_converted_and_lark_is_read(compiler) -> None:
+    gbnf = compiler.compile(StructuredOutput(kind="grammar", spec='root ::= "yes" | "no"'))
+    lark = compiler.compile(StructuredOutput(kind="grammar", spec='start: "yes" | "no"'))
+    assert allowed_ids(compiler, gbnf) == allowed_ids(compiler, lark)
+
+
+@pytest.mark.parametrize(
+    ("kind", "spec", "message"),
+    [
+        ("json", "{not json", "not JSON"),
+        ("json", '{"type": "frobnicate"}', "frobnicate"),
+        ("json", "[1, 2]", "JSON Schema is an object"),
+        ("regex", "a(b", "unclosed group"),
+        ("choice", "[]", "non-empty array"),
+        ("choice", '"yes"', "non-empty array"),
+        ("grammar", "start: undefined_rule", "undefined_rule"),
+        ("grammar", "root ::= (", "invalid grammar"),
+    ],
+)
+def test_a_spec_that_does_not_compile_names_the_problem(compiler, kind, spec, message) -> None:
+    with pytest.raises(ValueError, match="structured_output") as e:
+        compiler.compile(StructuredOutput(kind=kind, spec=spec))
+    assert message in str(e.value)
