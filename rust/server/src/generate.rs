@@ -33,6 +33,25 @@ pub struct TokenLogprob {
     pub top: Vec<(String, f64)>,
 }
 
+/// One candidate at a prompt position.
+#[derive(Debug, Clone)]
+pub struct PromptCandidate {
+    pub token_id: u32,
+    pub token: String,
+    pub logprob: f64,
+    /// 1 = most likely.
+    pub rank: u32,
+}
+
+/// The prompt's log-probabilities, as the engine sends them once: the first prompt token (which
+/// nothing precedes, so it has no logprob) and, per later prompt position, the prompt's own token
+/// first, then the top alternatives best first.
+#[derive(Debug, Clone, Default)]
+pub struct PromptLogprobs {
+    pub first_token: String,
+    pub positions: Vec<Vec<PromptCandidate>>,
+}
+
 /// What one choice gained since its previous delta.
 #[derive(Debug, Clone, Default)]
 pub struct ChoiceDelta {
@@ -45,6 +64,8 @@ pub struct ChoiceDelta {
     pub finish_reason: Option<&'static str>,
     /// The stop string or stop token id that ended the choice.
     pub stop_reason: Option<Json>,
+    /// On the first delta of a choice whose request asked for prompt logprobs.
+    pub prompt_logprobs: Option<PromptLogprobs>,
 }
 
 /// A validated request, ready to run.
@@ -76,6 +97,7 @@ struct Choice {
     want_logprobs: bool,
     state: Arc<AppState>,
     prompt_len: usize,
+    first_prompt_token: u32,
     arrival: Instant,
     last_output: Option<Instant>,
     /// Tokens of outputs that produced no visible delta yet, added to the next delta's count.
@@ -126,14 +148,53 @@ impl Choice {
         self.stream = None;
     }
 
+    fn token_logprob(&self, id: u32, lp: &voltllm_protocol::Logprob) -> TokenLogprob {
+        TokenLogprob {
+            token: self.token_text(id),
+            logprob: lp.logprobs.first().copied().unwrap_or(f64::NEG_INFINITY),
+            top: lp
+                .token_ids
+                .iter()
+                .zip(&lp.logprobs)
+                .skip(1)
+                .map(|(&t, &l)| (self.token_text(t), l))
+                .collect(),
+        }
+    }
+
+    fn prompt_candidates(&self, lp: &voltllm_protocol::Logprob) -> Vec<PromptCandidate> {
+        lp.token_ids
+            .iter()
+            .zip(&lp.logprobs)
+            .enumerate()
+            .map(|(k, (&token_id, &logprob))| PromptCandidate {
+                token_id,
+                token: self.token_text(token_id),
+                logprob,
+                rank: if k == 0 { lp.rank } else { k as u32 },
+            })
+            .collect()
+    }
+
     /// Turns one engine output into a delta.
     fn process(&mut self, output: EngineCoreOutput) -> Result<ChoiceDelta, ApiError> {
         let tokens = &output.new_token_ids;
+        // An error as a request's first output is the engine refusing it at ADD (docs/protocol.md).
+        let rejected = self.last_output.is_none() && tokens.is_empty();
         self.record_timing(tokens.len());
         let mut delta = ChoiceDelta {
             index: self.index,
             ..Default::default()
         };
+        if let Some(positions) = &output.prompt_logprobs {
+            delta.prompt_logprobs = Some(PromptLogprobs {
+                first_token: self.token_text(self.first_prompt_token),
+                positions: positions
+                    .iter()
+                    .map(|lp| self.prompt_candidates(lp))
+                    .collect(),
+            });
+        }
         // The stop token's text is hidden unless asked for (vLLM's behaviour).
         let hide_last = output.finish_reason == Some(FinishReason::Stop)
             && output.stop_reason.is_some()
@@ -149,17 +210,7 @@ impl Choice {
             delta.num_tokens = k + 1;
             if self.want_logprobs {
                 if let Some(lp) = output.new_logprobs.as_ref().and_then(|l| l.get(k)) {
-                    delta.logprobs.push(TokenLogprob {
-                        token: self.token_text(id),
-                        logprob: lp.logprobs.first().copied().unwrap_or(f64::NEG_INFINITY),
-                        top: lp
-                            .token_ids
-                            .iter()
-                            .zip(&lp.logprobs)
-                            .skip(1)
-                            .map(|(&t, &l)| (self.token_text(t), l))
-                            .collect(),
-                    });
+                    delta.logprobs.push(self.token_logprob(id, lp));
                 }
             }
             if k >= visible {
@@ -203,6 +254,12 @@ impl Choice {
             Some(FinishReason::Error) => {
                 self.finish("error", Some(&output));
                 let why = output.error.unwrap_or_else(|| "unknown error".into());
+                if rejected {
+                    return Err(ApiError::BadRequest {
+                        message: why,
+                        param: None,
+                    });
+                }
                 return Err(ApiError::Engine(format!(
                     "the engine failed the request: {why}"
                 )));
@@ -224,7 +281,10 @@ impl Choice {
             match result {
                 // Nothing visible yet (e.g. half a UTF-8 character): wait for more.
                 Ok(d)
-                    if d.text.is_empty() && d.finish_reason.is_none() && d.logprobs.is_empty() =>
+                    if d.text.is_empty()
+                        && d.finish_reason.is_none()
+                        && d.logprobs.is_empty()
+                        && d.prompt_logprobs.is_none() =>
                 {
                     self.carried_tokens += d.num_tokens;
                     continue;
@@ -307,6 +367,7 @@ pub fn start(state: &Arc<AppState>, generation: Generation) -> Result<DeltaStrea
                 want_logprobs: generation.options.logprobs.is_some(),
                 state: state.clone(),
                 prompt_len: prompt.len(),
+                first_prompt_token: prompt.first().copied().unwrap_or(0),
                 arrival,
                 last_output: None,
                 carried_tokens: 0,
@@ -323,6 +384,28 @@ pub fn start(state: &Arc<AppState>, generation: Generation) -> Result<DeltaStrea
     Ok(stream::select_all(streams).boxed())
 }
 
+/// [`start`], but for a request with a structured-output constraint it waits for the first delta
+/// before returning, so that a constraint the engine could not compile is a 400 and not an error in
+/// the middle of a 200 stream (the engine answers a rejected request at once).
+pub async fn start_checked(
+    state: &Arc<AppState>,
+    generation: Generation,
+) -> Result<DeltaStream, ApiError> {
+    let constrained = generation
+        .params
+        .iter()
+        .any(|p| p.structured_output.is_some());
+    let mut deltas = start(state, generation)?;
+    if !constrained {
+        return Ok(deltas);
+    }
+    match deltas.next().await {
+        None => Ok(deltas),
+        Some(Err(e)) => Err(e),
+        Some(Ok(first)) => Ok(stream::once(async { Ok(first) }).chain(deltas).boxed()),
+    }
+}
+
 /// Everything one choice produced, for non-streaming responses.
 #[derive(Debug, Clone, Default)]
 pub struct CollectedChoice {
@@ -331,6 +414,7 @@ pub struct CollectedChoice {
     pub num_tokens: usize,
     pub finish_reason: Option<&'static str>,
     pub stop_reason: Option<Json>,
+    pub prompt_logprobs: Option<PromptLogprobs>,
 }
 
 /// Drains a delta stream into per-choice results; the first error fails the whole request.
@@ -345,6 +429,9 @@ pub async fn collect(
         c.text.push_str(&delta.text);
         c.logprobs.extend(delta.logprobs);
         c.num_tokens += delta.num_tokens;
+        if delta.prompt_logprobs.is_some() {
+            c.prompt_logprobs = delta.prompt_logprobs;
+        }
         if delta.finish_reason.is_some() {
             c.finish_reason = delta.finish_reason;
             c.stop_reason = delta.stop_reason;

@@ -21,6 +21,7 @@ pub mod reasoning;
 pub mod routes;
 pub mod server;
 pub mod state;
+pub mod structured;
 pub mod tools;
 
 pub use error::{ApiError, ServerError};

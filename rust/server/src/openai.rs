@@ -57,6 +57,9 @@ pub struct CommonParams {
     pub include_stop_str_in_output: bool,
     pub skip_special_tokens: Option<bool>,
     pub priority: Option<i64>,
+    /// `response_format`, `structured_outputs`, `guided_*` and `prompt_logprobs` (`structured.rs`).
+    #[serde(flatten)]
+    pub structured: crate::structured::StructuredFields,
 }
 
 /// `POST /v1/chat/completions` body.
@@ -348,6 +351,7 @@ pub fn sampling_params(
         }
     }
     p.logprobs = logprobs;
+    crate::structured::apply(&common.structured, &mut p)?;
     let n = common.n.unwrap_or(1);
     if !(1..=MAX_N as i64).contains(&n) {
         return Err(ApiError::bad(

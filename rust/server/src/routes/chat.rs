@@ -115,10 +115,18 @@ pub async fn chat_completions(
     let parsing = state.output_parsing.clone();
     parsing.check(tools.as_ref())?;
     if let Some(schema) = tools.as_ref().and_then(ToolRequest::forced_schema) {
-        params.structured_output = Some(crate::tools::request::json_constraint(&schema));
+        let constraint = crate::tools::request::json_constraint(&schema);
+        crate::structured::attach(&mut params, constraint, "tool_choice")?;
     }
     if req.common.skip_special_tokens.is_none() && parsing.needs_special_tokens(tools.as_ref()) {
         options.skip_special_tokens = false;
+    }
+    let prompt_logprobs = params.prompt_logprobs;
+    if prompt_logprobs.is_some() && options.stream {
+        return Err(ApiError::bad(
+            "prompt_logprobs",
+            "prompt_logprobs is not supported with stream on /v1/chat/completions; use stream: false",
+        ));
     }
     // A conversation whose text alone cannot fit is refused before it is copied and rendered.
     let text_bytes: usize = req.messages.iter().map(json_text_bytes).sum();
@@ -160,7 +168,7 @@ pub async fn chat_completions(
     let prompt_len = prompt_ids.len();
     let stream = options.stream;
     let include_usage = options.include_usage;
-    let deltas = generate::start(
+    let deltas = generate::start_checked(
         &state,
         Generation {
             prompts: vec![prompt_ids],
@@ -168,7 +176,8 @@ pub async fn chat_completions(
             options,
             request_id: id.clone(),
         },
-    )?;
+    )
+    .await?;
 
     if stream {
         let (id2, model2) = (id.clone(), model.clone());
@@ -220,6 +229,15 @@ pub async fn chat_completions(
 
     let choices = generate::collect(deltas, n).await?;
     let completion: usize = choices.iter().map(|c| c.num_tokens).sum();
+    // vLLM's extra, at the top level: every choice shares the one prompt.
+    let prompt_logprobs_json = prompt_logprobs.map(|top| {
+        choices
+            .iter()
+            .find_map(|c| c.prompt_logprobs.as_ref())
+            .map_or(Json::Null, |p| {
+                crate::structured::prompt_logprobs_json(p, top)
+            })
+    });
     let choices: Vec<Json> = choices
         .into_iter()
         .enumerate()
@@ -241,13 +259,16 @@ pub async fn chat_completions(
             })
         })
         .collect();
-    Ok(JsonResponse(json!({
+    let mut body = json!({
         "id": id,
         "object": "chat.completion",
         "created": created,
         "model": model,
         "choices": choices,
         "usage": usage(prompt_len, completion),
-    }))
-    .into_response())
+    });
+    if let Some(value) = prompt_logprobs_json {
+        body["prompt_logprobs"] = value;
+    }
+    Ok(JsonResponse(body).into_response())
 }

@@ -4,13 +4,15 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::response::{IntoResponse, Response};
 use axum::Json as JsonResponse;
+use futures::StreamExt;
 use serde::Serialize;
 use serde_json::{json, Map, Value as Json};
 
 use super::{blocking, body_bytes, new_id, sse_frame, sse_response, usage, SharedState};
 use crate::error::ApiError;
-use crate::generate::{self, unix_now, Generation, TokenLogprob};
+use crate::generate::{self, unix_now, Generation, PromptLogprobs, TokenLogprob};
 use crate::openai::{self, CompletionRequest, PromptField};
+use crate::structured;
 
 /// A streamed completions chunk, serialized without building a JSON tree.
 #[derive(Serialize)]
@@ -29,14 +31,44 @@ struct TextChoice<'a> {
     logprobs: Option<Json>,
     finish_reason: Option<&'static str>,
     stop_reason: Option<&'a Json>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_logprobs: Option<Json>,
 }
 
-/// Legacy completions `logprobs` object; `offset` is where this piece of text starts.
-fn logprobs_json(logprobs: &[TokenLogprob], mut offset: usize) -> Json {
+/// Legacy completions `logprobs` object; `offset` is where this piece of text starts. With `echo`,
+/// the prompt's entries come first (`prompt`: the first token's logprob and alternatives are
+/// `null`, as OpenAI's legacy API has them; `top` alternatives per position), offsets from 0.
+fn logprobs_json(
+    prompt: Option<(&PromptLogprobs, u32)>,
+    logprobs: &[TokenLogprob],
+    mut offset: usize,
+) -> Json {
     let mut tokens = Vec::with_capacity(logprobs.len());
     let mut token_logprobs = Vec::with_capacity(logprobs.len());
     let mut top = Vec::with_capacity(logprobs.len());
     let mut offsets = Vec::with_capacity(logprobs.len());
+    if let Some((prompt, n)) = prompt {
+        let mut prompt_offset = 0;
+        tokens.push(json!(prompt.first_token));
+        token_logprobs.push(Json::Null);
+        top.push(Json::Null);
+        offsets.push(json!(0));
+        prompt_offset += prompt.first_token.len();
+        for candidates in &prompt.positions {
+            let Some(own) = candidates.first() else {
+                continue;
+            };
+            tokens.push(json!(own.token));
+            token_logprobs.push(json!(own.logprob));
+            let mut alternatives = Map::new();
+            for c in candidates.iter().skip(1).take(n as usize) {
+                alternatives.insert(c.token.clone(), json!(c.logprob));
+            }
+            top.push(Json::Object(alternatives));
+            offsets.push(json!(prompt_offset));
+            prompt_offset += own.token.len();
+        }
+    }
     for lp in logprobs {
         tokens.push(json!(lp.token));
         token_logprobs.push(json!(lp.logprob));
@@ -70,7 +102,18 @@ pub async fn completions(
         Some(n) => Some(n.min(u32::MAX as i64) as u32),
         None => None,
     };
-    let (base_params, options) = openai::sampling_params(&req.common, logprobs, state.vocab_size)?;
+    let (mut base_params, options) =
+        openai::sampling_params(&req.common, logprobs, state.vocab_size)?;
+    let echo_logprobs = if req.echo { logprobs } else { None };
+    let vllm_prompt_logprobs = base_params.prompt_logprobs;
+    // `echo` with `logprobs`: the prompt's logprobs lead the legacy logprobs object.
+    if let Some(n) = echo_logprobs {
+        base_params.prompt_logprobs = Some(n.max(vllm_prompt_logprobs.unwrap_or(0)));
+    }
+    let requested_max_tokens = req.common.max_tokens.unwrap_or(16);
+    // `max_tokens: 0` with `echo` scores the prompt alone: the engine samples one token (it always
+    // does), which the response leaves out.
+    let score_only = req.echo && requested_max_tokens == 0;
 
     let vocab = state.vocab_size;
     let tokenizer = state.tokenizer.clone();
@@ -125,7 +168,7 @@ pub async fn completions(
     for (ids, _) in &prompts {
         let mut p = base_params.clone();
         p.max_tokens = openai::resolve_max_tokens(
-            Some(req.common.max_tokens.unwrap_or(16)),
+            Some(if score_only { 1 } else { requested_max_tokens }),
             p.min_tokens,
             ids.len(),
             state.max_model_len,
@@ -147,7 +190,7 @@ pub async fn completions(
         .collect();
     let (prompt_ids, _): (Vec<Vec<u32>>, Vec<String>) = prompts.into_iter().unzip();
     let num_choices = prompt_ids.len() * n;
-    let deltas = generate::start(
+    let deltas = generate::start_checked(
         &state,
         Generation {
             prompts: prompt_ids,
@@ -155,7 +198,13 @@ pub async fn completions(
             options,
             request_id: id.clone(),
         },
-    )?;
+    )
+    .await?;
+    let deltas = if score_only {
+        deltas.map(|d| d.map(drop_generated)).boxed()
+    } else {
+        deltas
+    };
 
     let (chunk_id, chunk_model) = (id.clone(), model.clone());
     let head = move |choices: Json| json!({"id": id, "object": "text_completion", "created": created, "model": model, "choices": choices});
@@ -171,7 +220,11 @@ pub async fn completions(
         let mut offsets: Vec<usize> = echoes.iter().map(String::len).collect();
         let chunk = move |d: generate::ChoiceDelta| {
             let i = d.index as usize;
-            let lp = logprobs.map(|_| logprobs_json(&d.logprobs, offsets[i]));
+            let prompt = d.prompt_logprobs.as_ref();
+            let lp = logprobs.map(|_| {
+                let echoed = echo_logprobs.and_then(|n| prompt.map(|p| (p, n)));
+                logprobs_json(echoed, &d.logprobs, offsets[i])
+            });
             offsets[i] += d.text.len();
             sse_frame(&TextChunk {
                 id: &chunk_id,
@@ -184,6 +237,8 @@ pub async fn completions(
                     logprobs: lp,
                     finish_reason: d.finish_reason,
                     stop_reason: d.stop_reason.as_ref(),
+                    prompt_logprobs: vllm_prompt_logprobs
+                        .and_then(|n| prompt.map(|p| structured::prompt_logprobs_json(p, n))),
                 }],
             })
         };
@@ -202,16 +257,36 @@ pub async fn completions(
         .zip(echoes)
         .enumerate()
         .map(|(i, (c, echo))| {
-            json!({
+            let prompt = c.prompt_logprobs.as_ref();
+            let echoed = echo_logprobs.and_then(|n| prompt.map(|p| (p, n)));
+            let mut choice = json!({
                 "index": i,
                 "text": format!("{echo}{}", c.text),
-                "logprobs": logprobs.map(|_| logprobs_json(&c.logprobs, echo.len())),
+                "logprobs": logprobs.map(|_| logprobs_json(echoed, &c.logprobs, echo.len())),
                 "finish_reason": c.finish_reason,
                 "stop_reason": c.stop_reason,
-            })
+            });
+            if let Some(n) = vllm_prompt_logprobs {
+                choice["prompt_logprobs"] =
+                    prompt.map_or(Json::Null, |p| structured::prompt_logprobs_json(p, n));
+            }
+            choice
         })
         .collect();
     let mut body = head(Json::Array(choices));
     body["usage"] = usage(prompt_tokens, completion);
     Ok(JsonResponse(body).into_response())
+}
+
+/// A delta of a score-only request (`echo`, `max_tokens: 0`) without the one token the engine
+/// sampled: no text, no logprobs, no completion tokens, and `length` as the reason it ended.
+fn drop_generated(mut d: generate::ChoiceDelta) -> generate::ChoiceDelta {
+    d.text.clear();
+    d.logprobs.clear();
+    d.num_tokens = 0;
+    if d.finish_reason.is_some() {
+        d.finish_reason = Some("length");
+        d.stop_reason = None;
+    }
+    d
 }
