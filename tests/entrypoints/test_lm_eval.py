@@ -46,6 +46,7 @@ def evaluate(task_dir: Path, model: str, model_args: str) -> tuple[float, list[l
     return results["results"]["voltllm_mc"]["acc,none"], loglikelihoods
 
 
+@pytest.mark.slow
 def test_local_completions_equals_hf(task_dir: Path) -> None:
     model_dir = default_model_dir()
     hf_acc, hf_ll = evaluate(task_dir, "hf", f"pretrained={model_dir},dtype=float32,device=cpu")

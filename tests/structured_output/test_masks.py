@@ -76,3 +76,15 @@ def test_a_spec_that_does_not_compile_names_the_problem(compiler, kind, spec, me
     with pytest.raises(ValueError, match="structured_output") as e:
         compiler.compile(StructuredOutput(kind=kind, spec=spec))
     assert message in str(e.value)
+
+
+def test_a_grammar_does_not_cross_processes(compiler) -> None:
+    """Tensor-parallel ranks get the plan pickled; they sample nothing and get no matcher."""
+    import pickle
+
+    from voltllm.core.sched_output import NewRequestData
+    from voltllm.protocol import EngineSamplingParams
+
+    grammar = compiler.compile(StructuredOutput(kind="regex", spec="a+"))
+    new = NewRequestData("r", (1, 2), 2, EngineSamplingParams(), (0,), 0, grammar=grammar)
+    assert pickle.loads(pickle.dumps(new)).grammar is None
