@@ -24,6 +24,7 @@ from voltllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from voltllm.layers.attention.backend import AttentionMetadata
 from voltllm.protocol import TokenLogprobs
 from voltllm.structured_output import TokenMasks
+from voltllm.structured_output.masks import PendingMasks
 from voltllm.worker import kv_cache_sizing
 from voltllm.worker.cuda_graphs import DecodeGraphs, graph_batch_sizes, graph_memory_reserve
 from voltllm.worker.input_builder import InputBuilder, StepInputs
@@ -336,7 +337,7 @@ class ModelRunner:
                 out.logprobs[i] = logprob
         return sampled, out
 
-    def _start_masks(self, sampling_req_ids: list[str]):
+    def _start_masks(self, sampling_req_ids: list[str]) -> PendingMasks | None:
         """Begin filling the next-token masks of this step's constrained requests (None: there are
         none among those that sample)."""
         constrained = [
