@@ -88,3 +88,18 @@ def test_a_grammar_does_not_cross_processes(compiler) -> None:
     grammar = compiler.compile(StructuredOutput(kind="regex", spec="a+"))
     new = NewRequestData("r", (1, 2), 2, EngineSamplingParams(), (0,), 0, grammar=grammar)
     assert pickle.loads(pickle.dumps(new)).grammar is None
+
+
+def test_the_tensor_parallel_step_command_carries_no_grammar(compiler) -> None:
+    from types import MappingProxyType
+
+    from voltllm.core.sched_output import NewRequestData, SchedulerOutput
+    from voltllm.protocol import EngineSamplingParams
+    from voltllm.worker.tensor_parallel import _STEP_DECODER, encode_step
+
+    grammar = compiler.compile(StructuredOutput(kind="regex", spec="a+"))
+    new = NewRequestData("r", (1, 2), 2, EngineSamplingParams(), (0,), 0, grammar=grammar)
+    plan = SchedulerOutput((new,), (), MappingProxyType({"r": 2}), 2)
+    decoded = _STEP_DECODER.decode(encode_step(plan, None))
+    assert decoded.plan.scheduled_new_reqs[0].grammar is None
+    assert decoded.plan.scheduled_new_reqs[0].request_id == "r"

@@ -10,14 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 import msgspec
 
 from voltllm.protocol import EngineSamplingParams, TokenLogprobs
-
-if TYPE_CHECKING:
-    from voltllm.structured_output import Grammar
 
 
 @dataclass(frozen=True)
@@ -28,9 +25,11 @@ class NewRequestData:
     sampling_params: EngineSamplingParams
     block_ids: tuple[int, ...]
     num_computed_tokens: int  # tokens already in the KV cache (prefix-cache hits)
-    # The request's structured-output matcher, shared with the scheduler's `Request` (the scheduler
-    # advances it, the runner reads its next-token mask); None when unconstrained.
-    grammar: Grammar | None = None
+    # The request's structured-output matcher (a `structured_output.Grammar`), shared with the
+    # scheduler's `Request` (the scheduler advances it, the runner reads its next-token mask); None
+    # when unconstrained. Typed Any: the tensor-parallel step command decodes this struct with msgspec,
+    # and the ranks it goes to (which sample nothing) get None in its place.
+    grammar: Any = None
     # The runner computes the prompt's logprobs (a request that already sent them, resumed after a
     # preemption, does not).
     wants_prompt_logprobs: bool = False

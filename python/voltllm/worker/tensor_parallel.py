@@ -37,6 +37,7 @@ import torch.distributed as dist
 
 from voltllm.config import CacheConfig
 from voltllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from voltllm.structured_output import Grammar
 from voltllm.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -58,6 +59,8 @@ class StepCommand(msgspec.Struct, array_like=True, frozen=True):
 def _encode_hook(obj: Any) -> Any:
     if isinstance(obj, MappingProxyType):  # the plan's read-only view of its batch
         return dict(obj)
+    if isinstance(obj, Grammar):  # a matcher stays with the driver: the other ranks sample nothing
+        return None
     raise NotImplementedError(f"cannot encode {type(obj).__name__} in a step command")
 
 
