@@ -209,7 +209,8 @@ class LLM:
                     if out.request_id != request_id:
                         continue
                     before = len(seq.output.text)
-                    if seq.add(out, self.tokenizer):
+                    text, taken = seq.detokenizer.push_many(out.new_token_ids)
+                    if seq.add(out, text, taken, self.tokenizer):
                         self.engine.abort_requests([request_id])
                     yield seq.output.text[before:]
         finally:
