@@ -820,7 +820,8 @@ pub async fn responses(
         echo,
     };
     let prompt_len = prompt_ids.len();
-    let deltas = generate::start(
+    // Waits for the engine to accept a constraint, so one it cannot compile is a 400.
+    let deltas = generate::start_checked(
         &state,
         Generation {
             prompts: vec![prompt_ids],
@@ -828,7 +829,8 @@ pub async fn responses(
             options,
             request_id: id,
         },
-    )?;
+    )
+    .await?;
     let mut run = Run {
         deltas: Some(deltas),
         parser: parsing.parser(tools.as_ref()),
