@@ -19,6 +19,12 @@ step "system tools"
 if ! command -v tmux >/dev/null && command -v apt-get >/dev/null; then
   (apt-get update -qq && apt-get install -y -qq tmux) || echo "tmux unavailable: its test will skip"
 fi
+# Headless Chromium drives the chat page test (Playwright pointed at Debian's browser, no download).
+# The test fails rather than skips when it is missing here: the page must be checked in CI.
+if ! command -v chromium >/dev/null && command -v apt-get >/dev/null; then
+  (apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium) || echo "chromium unavailable"
+fi
+export VOLTLLM_REQUIRE_BROWSER=1
 
 step "rust: fmt, clippy"
 cargo fmt --all -- --check

@@ -134,6 +134,13 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         help="requests that may wait beyond --max-num-seqs; more get 503 (default: %(default)s)",
     )
     p.add_argument(
+        "--max-pending-outputs",
+        type=int,
+        default=4096,
+        help="outputs held for one request whose client reads too slowly; past it the request is"
+        " dropped with an error instead of stalling the others (default: %(default)s)",
+    )
+    p.add_argument(
         "--max-request-body-bytes",
         type=int,
         default=32 << 20,

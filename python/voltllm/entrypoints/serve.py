@@ -53,6 +53,7 @@ def serve(args: argparse.Namespace) -> int:
             served_model_name=[served_name],
             max_model_len=args.max_model_len,
             max_waiting_requests=args.max_waiting_requests,
+            max_pending_outputs=args.max_pending_outputs,
             engine_command=engine_cmd,
             max_engine_restarts=args.max_engine_restarts,
             engine_hang_timeout=args.engine_hang_timeout,

@@ -195,6 +195,8 @@ struct Inner {
     /// `shutdown_engines` began: deaths are expected and neither restart nor finish the client.
     stopping: AtomicBool,
     restarts: AtomicU64,
+    /// Requests dropped because their reader fell `stream_capacity` outputs behind.
+    overflows: AtomicU64,
     supervisors: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     stop_engines: watch::Sender<Option<Duration>>,
     stream_capacity: usize,
@@ -237,6 +239,7 @@ impl Inner {
                 return;
             };
             if let Err(mpsc::error::TrySendError::Full(_)) = entry.tx.try_send(output) {
+                self.overflows.fetch_add(1, Ordering::Relaxed);
                 let overflow = EngineClientError::Overflow(self.stream_capacity);
                 let _ = entry.closed.set(CloseReason::Failed(overflow));
             }
@@ -256,6 +259,7 @@ impl Inner {
                 // socket; it loses its request instead.
                 tracing::warn!(request_id = %output.request_id, "output stream full, dropping request");
                 if let Some(entry) = self.remove(&output.request_id) {
+                    self.overflows.fetch_add(1, Ordering::Relaxed);
                     let _ = entry
                         .closed
                         .set(CloseReason::Failed(EngineClientError::Overflow(
@@ -488,6 +492,7 @@ impl EngineClient {
             can_restart: AtomicBool::new(config.launch.is_some()),
             stopping: AtomicBool::new(false),
             restarts: AtomicU64::new(0),
+            overflows: AtomicU64::new(0),
             supervisors: Mutex::new(Vec::new()),
             stop_engines,
             stream_capacity: config.stream_capacity.max(1),
@@ -571,6 +576,11 @@ impl EngineClient {
     /// Engine restarts so far (all engines together).
     pub fn num_restarts(&self) -> u64 {
         self.inner.restarts.load(Ordering::SeqCst)
+    }
+
+    /// Requests dropped so far because their reader fell `stream_capacity` outputs behind.
+    pub fn num_overflows(&self) -> u64 {
+        self.inner.overflows.load(Ordering::Relaxed)
     }
 
     /// Stops restarting, asks every launched engine to exit (SIGTERM), and waits for each up to

@@ -27,7 +27,7 @@ const POLL_SLICE: Duration = Duration::from_millis(100);
 #[pyo3(signature = (
     model_dir, engine_input_address, engine_output_address, *, host = "127.0.0.1".to_string(),
     port = 8000, api_key = None, served_model_name = None, num_engines = 1, max_model_len = None,
-    max_waiting_requests = 1024, engine_ready_timeout = 600.0, engine_pids = Vec::new(),
+    max_waiting_requests = 1024, max_pending_outputs = 4096, engine_ready_timeout = 600.0, engine_pids = Vec::new(),
     engine_command = Vec::new(), max_engine_restarts = 5, engine_hang_timeout = 30.0,
     shutdown_timeout = 30.0, max_request_body_bytes = 32 << 20,
     allowed_origins = vec!["*".to_string()], allowed_methods = vec!["*".to_string()],
@@ -47,6 +47,7 @@ pub fn serve(
     num_engines: u32,
     max_model_len: Option<u32>,
     max_waiting_requests: usize,
+    max_pending_outputs: usize,
     engine_ready_timeout: f64,
     engine_pids: Vec<u32>,
     engine_command: Vec<String>,
@@ -83,6 +84,12 @@ pub fn serve(
     config.num_engines = num_engines;
     config.max_model_len = max_model_len;
     config.max_waiting_requests = max_waiting_requests;
+    if max_pending_outputs == 0 {
+        return Err(PyValueError::new_err(
+            "max_pending_outputs must be at least 1",
+        ));
+    }
+    config.max_pending_outputs = max_pending_outputs;
     config.engine_ready_timeout = engine_ready_timeout;
     config.engine_pids = engine_pids;
     config.engine_command = engine_command;

@@ -21,6 +21,7 @@ use voltllm_protocol::{EngineCoreOutput, EngineCoreRequest, FinishReason, Sampli
 use voltllm_text::{IncrementalDetokenizer, StopChecker};
 
 use crate::error::ApiError;
+use crate::metrics::Rejected;
 use crate::openai::OutputOptions;
 use crate::state::AppState;
 
@@ -307,16 +308,30 @@ pub type DeltaStream = BoxStream<'static, Result<ChoiceDelta, ApiError>>;
 /// Fails fast (before anything is sent) when the engines are unhealthy or the waiting queue is
 /// full. Choice `i * n + j` is the `j`-th sample of prompt `i`.
 pub fn start(state: &Arc<AppState>, generation: Generation) -> Result<DeltaStream, ApiError> {
-    if !state.client.is_healthy() {
-        return Err(ApiError::Unavailable("the engine is not healthy".into()));
-    }
     let n = generation.options.n;
     let num_choices = generation.prompts.len() as u32 * n;
+    if num_choices as usize > state.admission_capacity {
+        // Waiting would never help: say so instead of a 503 whose retries all fail.
+        return Err(ApiError::bad(
+            "n",
+            format!(
+                "{num_choices} choices ({} prompt(s) x n = {n}) are more than this server runs \
+                 or queues at once ({})",
+                generation.prompts.len(),
+                state.admission_capacity
+            ),
+        ));
+    }
+    if !state.client.is_healthy() {
+        state.metrics.rejected(Rejected::EngineUnavailable);
+        return Err(ApiError::Unavailable("the engine is not healthy".into()));
+    }
     let permits = state
         .admission
         .clone()
         .try_acquire_many_owned(num_choices)
         .map_err(|_| {
+            state.metrics.rejected(Rejected::Capacity);
             ApiError::Unavailable(
                 "the server is at capacity (too many waiting requests); retry later".into(),
             )

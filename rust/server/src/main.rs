@@ -43,6 +43,10 @@ struct Args {
     /// Engine requests that may wait beyond the engines' max_num_seqs; more get 503.
     #[arg(long, default_value_t = 1024)]
     max_waiting_requests: usize,
+    /// Outputs held for one request whose client reads too slowly; past it the request is dropped
+    /// with an error instead of stalling the others.
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..))]
+    max_pending_outputs: u64,
     #[arg(long, default_value_t = 32 << 20)]
     max_request_body_bytes: usize,
     /// Seconds to wait for every engine's READY.
@@ -101,6 +105,7 @@ fn main() -> ExitCode {
     config.num_engines = args.num_engines;
     config.max_model_len = args.max_model_len;
     config.max_waiting_requests = args.max_waiting_requests;
+    config.max_pending_outputs = args.max_pending_outputs as usize;
     config.max_request_body_bytes = args.max_request_body_bytes;
     config.engine_ready_timeout = Duration::from_secs_f64(args.engine_ready_timeout.max(0.0));
     config.engine_hang_timeout = (args.engine_hang_timeout > 0.0)

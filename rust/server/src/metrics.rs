@@ -3,8 +3,14 @@
 //! Request-level metrics (tokens, latencies, finished requests) are recorded by the front end as
 //! outputs stream through it. Scheduler state (running, waiting, KV usage, prefix cache,
 //! preemptions) is what the engines last reported and is read at scrape time by a collector.
+//!
+//! Every bound the server enforces has a metric beside its flag, under `voltllm:` names (vLLM has
+//! no such bounds): the admission capacity and what is admitted now (`--max-waiting-requests`),
+//! requests turned away by reason, requests dropped for reading too slowly
+//! (`--max-pending-outputs`), and engine restarts (`--max-engine-restarts`).
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -13,12 +19,44 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use tokio::sync::Semaphore;
 use voltllm_engine_client::EngineClient;
 
 /// Label set of `vllm:request_success`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FinishedLabels {
     pub finished_reason: String,
+}
+
+/// Label set of `voltllm:requests_rejected`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RejectedLabels {
+    pub reason: &'static str,
+}
+
+/// Why a request was turned away before it reached an engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rejected {
+    /// The admission capacity was in use (503).
+    Capacity,
+    /// An engine was restarting or dead (503).
+    EngineUnavailable,
+    /// The server was draining for shutdown (503).
+    Draining,
+    /// The body was over `--max-request-body-bytes` (413).
+    BodyTooLarge,
+}
+
+impl Rejected {
+    /// The `reason` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Capacity => "capacity",
+            Self::EngineUnavailable => "engine_unavailable",
+            Self::Draining => "draining",
+            Self::BodyTooLarge => "body_too_large",
+        }
+    }
 }
 
 /// Front-end-recorded metrics; cloning shares the underlying values.
@@ -31,6 +69,7 @@ pub struct Metrics {
     pub inter_token_latency: Histogram,
     pub e2e_request_latency: Histogram,
     pub request_queue_time: Histogram,
+    pub requests_rejected: Family<RejectedLabels, Counter>,
 }
 
 const LATENCY_BUCKETS: [f64; 19] = [
@@ -46,9 +85,15 @@ const E2E_BUCKETS: [f64; 16] = [
 ];
 
 impl Metrics {
-    /// Creates the metrics and registers them, plus the engine-stats collector, in a registry
-    /// whose every sample carries `model_name`.
-    pub fn new(model_name: &str, client: EngineClient) -> (Self, Registry) {
+    /// Creates the metrics and registers them, plus the collector of the engines' stats and the
+    /// server's bounds (`admission` holds `capacity` permits), in a registry whose every sample
+    /// carries `model_name`.
+    pub fn new(
+        model_name: &str,
+        client: EngineClient,
+        admission: Arc<Semaphore>,
+        capacity: usize,
+    ) -> (Self, Registry) {
         let mut registry = Registry::with_labels(
             [(
                 Cow::Borrowed("model_name"),
@@ -64,6 +109,7 @@ impl Metrics {
             inter_token_latency: Histogram::new(ITL_BUCKETS),
             e2e_request_latency: Histogram::new(E2E_BUCKETS),
             request_queue_time: Histogram::new(E2E_BUCKETS),
+            requests_rejected: Family::default(),
         };
         registry.register(
             "vllm:prompt_tokens",
@@ -100,8 +146,26 @@ impl Metrics {
             "Histogram of time spent in WAITING phase for request",
             m.request_queue_time.clone(),
         );
-        registry.register_collector(Box::new(EngineStatsCollector { client }));
+        registry.register(
+            "voltllm:requests_rejected",
+            "Requests turned away before reaching an engine, by reason",
+            m.requests_rejected.clone(),
+        );
+        registry.register_collector(Box::new(StatsCollector {
+            client,
+            admission,
+            capacity,
+        }));
         (m, registry)
+    }
+
+    /// Counts one request turned away.
+    pub fn rejected(&self, reason: Rejected) {
+        self.requests_rejected
+            .get_or_create(&RejectedLabels {
+                reason: reason.label(),
+            })
+            .inc();
     }
 
     /// Counts one finished choice.
@@ -114,14 +178,17 @@ impl Metrics {
     }
 }
 
-/// Sums the engines' last scheduler stats at scrape time.
-struct EngineStatsCollector {
+/// At scrape time: sums the engines' last scheduler stats, reads the admission semaphore and the
+/// engine client's counters.
+struct StatsCollector {
     client: EngineClient,
+    admission: Arc<Semaphore>,
+    capacity: usize,
 }
 
-impl std::fmt::Debug for EngineStatsCollector {
+impl std::fmt::Debug for StatsCollector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("EngineStatsCollector")
+        f.write_str("StatsCollector")
     }
 }
 
@@ -143,7 +210,7 @@ fn counter(
     metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
 }
 
-impl Collector for EngineStatsCollector {
+impl Collector for StatsCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let stats: Vec<_> = self
             .client
@@ -194,6 +261,31 @@ impl Collector for EngineStatsCollector {
             "vllm:num_preemptions",
             "Cumulative number of preemptions from the engine",
             sum(|s| s.num_preemptions),
+        )?;
+        gauge(
+            e,
+            "voltllm:request_capacity",
+            "Engine requests that may be running or waiting at once (engines' max_num_seqs + --max-waiting-requests)",
+            self.capacity as i64,
+        )?;
+        gauge(
+            e,
+            "voltllm:requests_admitted",
+            "Engine requests admitted now (running or waiting)",
+            self.capacity
+                .saturating_sub(self.admission.available_permits()) as i64,
+        )?;
+        counter(
+            e,
+            "voltllm:requests_dropped_slow_reader",
+            "Requests dropped because their client fell --max-pending-outputs outputs behind",
+            self.client.num_overflows(),
+        )?;
+        counter(
+            e,
+            "voltllm:engine_restarts",
+            "Engine restarts (bounded by --max-engine-restarts)",
+            self.client.num_restarts(),
         )?;
         Ok(())
     }

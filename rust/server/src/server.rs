@@ -26,7 +26,7 @@ use futures::{FutureExt as _, StreamExt as _};
 
 use crate::assistant::OutputParsing;
 use crate::error::{ApiError, ServerError};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Rejected};
 use crate::routes;
 use crate::state::AppState;
 
@@ -50,6 +50,9 @@ pub struct ServerConfig {
     pub max_model_len: Option<u32>,
     /// Engine requests allowed to wait beyond what the engines run at once; past it, 503.
     pub max_waiting_requests: usize,
+    /// Outputs buffered for one request whose client reads slower than the engine writes; past
+    /// it the request is dropped (its stream ends with an error) rather than stall the others.
+    pub max_pending_outputs: usize,
     pub max_request_body_bytes: usize,
     pub engine_ready_timeout: Duration,
     /// `None` disables the pid watch (engines on another host).
@@ -100,6 +103,7 @@ impl ServerConfig {
             num_engines: 1,
             max_model_len: None,
             max_waiting_requests: 1024,
+            max_pending_outputs: 4096,
             max_request_body_bytes: 32 << 20,
             engine_ready_timeout: Duration::from_secs(600),
             engine_pid_poll_interval: Some(Duration::from_millis(500)),
@@ -176,6 +180,7 @@ fn release_memory() {
 /// Turns requests away while draining, and counts the ones let in until their body is sent.
 async fn admit(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if state.draining.load(Ordering::SeqCst) {
+        state.metrics.rejected(Rejected::Draining);
         return ApiError::Draining.into_response();
     }
     let large = req
@@ -284,7 +289,8 @@ async fn not_found(req: Request) -> ApiError {
 /// The router. Layer order matters (the last added runs first): CORS answers a browser's
 /// preflight before routing or authentication see it; the body limit applies to every route;
 /// authentication, then the drain gate, wrap only the API routes, so `/health` and `/ping` stay
-/// open to load balancers and tell them when the server drains.
+/// open to load balancers and tell them when the server drains, and the chat page (`/`, which
+/// asks the person for the key) loads without one.
 pub fn router(state: Arc<AppState>, cors: CorsLayer) -> Router {
     let max_body = state.max_body_bytes;
     let api = Router::new()
@@ -308,6 +314,7 @@ pub fn router(state: Arc<AppState>, cors: CorsLayer) -> Router {
             "/ping",
             get(routes::misc::health).post(routes::misc::health),
         )
+        .merge(routes::page::router())
         .merge(api)
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(max_body))
@@ -345,6 +352,7 @@ impl Server {
         engine_config.pid_poll_interval = config.engine_pid_poll_interval;
         engine_config.startup_pids = config.engine_pids.clone();
         engine_config.hang_timeout = config.engine_hang_timeout;
+        engine_config.stream_capacity = config.max_pending_outputs;
         if !config.engine_command.is_empty() {
             let mut launch = EngineLaunch::new(config.engine_command.clone());
             launch.max_restarts = config.max_engine_restarts;
@@ -379,7 +387,15 @@ impl Server {
         } else {
             config.served_model_name.clone()
         };
-        let (metrics, registry) = Metrics::new(&served_model_names[0], client.clone());
+        let admission_capacity =
+            (running + config.max_waiting_requests).min(Semaphore::MAX_PERMITS);
+        let admission = Arc::new(Semaphore::new(admission_capacity));
+        let (metrics, registry) = Metrics::new(
+            &served_model_names[0],
+            client.clone(),
+            admission.clone(),
+            admission_capacity,
+        );
         let state = Arc::new(AppState {
             client: client.clone(),
             tokenizer,
@@ -389,9 +405,8 @@ impl Server {
             max_model_len,
             max_token_bytes,
             vocab_size: engine_vocab,
-            admission: Arc::new(Semaphore::new(
-                (running + config.max_waiting_requests).min(Semaphore::MAX_PERMITS),
-            )),
+            admission,
+            admission_capacity,
             metrics,
             registry,
             api_key: config.api_key.clone(),

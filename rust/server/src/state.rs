@@ -32,6 +32,8 @@ pub struct AppState {
     pub vocab_size: u32,
     /// One permit per engine request that may be running or waiting; none left means 503.
     pub admission: Arc<Semaphore>,
+    /// The permits `admission` started with: the most engine requests one request may ask for.
+    pub admission_capacity: usize,
     pub metrics: Metrics,
     pub registry: Registry,
     pub api_key: Option<String>,

@@ -3,6 +3,7 @@
 pub mod chat;
 pub mod completions;
 pub mod misc;
+pub mod page;
 pub mod responses;
 
 use std::collections::VecDeque;
@@ -18,6 +19,7 @@ use serde_json::{json, Value as Json};
 
 use crate::error::ApiError;
 use crate::generate::{ChoiceDelta, DeltaStream};
+use crate::metrics::Rejected;
 use crate::state::AppState;
 
 /// The body bytes, or the error the client should see (413 past the size limit).
@@ -27,6 +29,7 @@ pub fn body_bytes(
 ) -> Result<Bytes, ApiError> {
     body.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            state.metrics.rejected(Rejected::BodyTooLarge);
             ApiError::PayloadTooLarge(state.max_body_bytes)
         } else {
             ApiError::BadRequest {
