@@ -176,8 +176,9 @@ def test_workers_exit_when_the_engine_process_is_killed(tmp_path: Path) -> None:
         time.sleep(600)
         """
     )
-    env = {**os.environ, "PYTHONPATH": str(PYTHON_DIR)}
-    parent = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True)
+    # The child imports voltllm as this process does (the installed wheel in CI, PYTHONPATH in a dev
+    # tree): forcing the source tree would miss the built voltllm._core.
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         assert parent.stdout.readline().strip() == "ready"
         workers = [
