@@ -11,11 +11,15 @@ temperature + top-k 50 + top-p 0.95), timed with CUDA events over 50 calls after
 from __future__ import annotations
 
 import argparse
-import statistics
+import sys
+from pathlib import Path
 
 import torch
 
-from voltllm.ops.sampling import random_seeds, sample_tokens, sample_tokens_ref
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kernels import time_ms  # noqa: E402
+
+from voltllm.ops.sampling import random_seeds, sample_tokens, sample_tokens_ref  # noqa: E402
 
 VOCAB = 151_936
 SETTINGS = {  # name -> (temperature, top_k, top_p)
@@ -26,17 +30,8 @@ SETTINGS = {  # name -> (temperature, top_k, top_p)
 
 
 def median_ms(fn, reps: int = 50) -> float:
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    """Median time of single calls of `fn` (kernels.time_ms, one call per CUDA-event sample)."""
+    return time_ms(lambda i: fn(), iters=1, repeats=reps, warmup=5)
 
 
 def main() -> None:
