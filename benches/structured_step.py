@@ -10,6 +10,16 @@ table gives each workload's median step time over `--rounds` rounds and the rati
 constrained step fills its masks in a thread while the forward runs (CUDA graphs in both workloads)
 and applies them to the logits on the device.
 
+Where the constrained step's extra time goes: a second table splits the median step of each workload
+into the engine's own timings (`EngineStepTimings`: schedule, the runner's prepare / forward enqueue /
+sync / post, the scheduler's update, outputs) and the constrained path's parts, measured by wrappers
+this script puts around them: the mask fill in its thread, the runner's wait for that fill once the
+logits exist, the bitmask upload + apply (host launch time and CUDA-event device time) and the grammar
+accept (`accept_tokens`, inside the update). Ablation workloads switch parts off (bench-only, through
+the same wrappers): `no-accept` never advances the matchers (each step masks with the same state),
+`fill-only` fills and waits but leaves the logits unmasked, `apply-only` uploads and applies the last
+filled masks without filling new ones (both also skip the accept, which would reject unmasked tokens).
+
 The dummy checkpoint has no tokenizer, so the grammar engine gets a synthetic vocabulary of the
 model's size (`synthetic_tokenizer`: the 256 bytes, then deterministic pseudo-words, JSON
 punctuation and digit runs; the mask's cost grows with the vocabulary and its structure, so this
@@ -28,13 +38,16 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import llguidance
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from model_shapes import QWEN3_0_6B, TINY  # noqa: E402
 
+import voltllm.core.scheduler as scheduler_module  # noqa: E402
 from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
 from voltllm.engine.llm_engine import LLMEngine  # noqa: E402
 from voltllm.protocol import EngineCoreRequest, EngineSamplingParams, StructuredOutput  # noqa: E402
@@ -111,9 +124,115 @@ def build_engine(args: argparse.Namespace, tmp: str) -> LLMEngine:
     return engine
 
 
-def timed_steps(engine: LLMEngine, args: argparse.Namespace, constrained: bool, tag: str) -> list[float]:
+@dataclass(frozen=True)
+class Variant:
+    """One timed workload: constrained or not, and which parts of the constrained path run."""
+
+    name: str
+    constrained: bool
+    fill: bool = True
+    apply: bool = True
+    accept: bool = True
+
+
+VARIANTS = {
+    v.name: v
+    for v in (
+        Variant("unconstrained", False),
+        Variant("JSON schema", True),
+        Variant("no-accept", True, accept=False),
+        Variant("fill-only", True, apply=False, accept=False),
+        Variant("apply-only", True, fill=False, accept=False),
+    )
+}
+ENGINE_PARTS = (
+    "schedule_s",
+    "prepare_s",
+    "forward_s",
+    "sync_s",
+    "post_s",
+    "update_s",
+    "outputs_s",
+    "total_s",
+)
+PROBE_PARTS = ("fill_s", "fill_wait_s", "apply_host_s", "apply_device_s", "accept_s")
+
+
+@dataclass
+class StepRecord:
+    """One timed step: the engine's timings and the constrained path's parts (seconds; 0 = not run)."""
+
+    engine: dict[str, float]
+    probe: dict[str, float] = field(default_factory=dict)
+
+
+class ConstrainedPathProbe:
+    """Wraps the runner's `TokenMasks` (fill, apply) and the scheduler's `accept_tokens` to time them
+    and to switch them off per variant. Device times come from CUDA events read after the workload."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.masks = engine.core.runner.masks
+        self.cuda = self.masks.device.type == "cuda"
+        self.variant = VARIANTS["JSON schema"]
+        self.current: dict[str, float] = {}
+        self._events: list[tuple[dict[str, float], object, object]] = []
+        fill, apply, accept = self.masks._fill, self.masks.apply, scheduler_module.accept_tokens
+
+        def timed_fill(matchers: list) -> None:
+            start = time.perf_counter()
+            if self.variant.fill:
+                fill(matchers)
+            self.current["fill_s"] = time.perf_counter() - start  # written before the future resolves
+
+        def timed_apply(pending, logits: torch.Tensor) -> None:
+            start = time.perf_counter()
+            pending.done.result()
+            waited = time.perf_counter() - start
+            self.current["fill_wait_s"] = waited
+            if not self.variant.apply:
+                return
+            begin = self._mark()
+            apply(pending, logits)
+            self.current["apply_host_s"] = time.perf_counter() - start - waited
+            self._events.append((self.current, begin, self._mark()))
+
+        def timed_accept(grammars: list, token_ids: list[int]) -> list[bool]:
+            start = time.perf_counter()
+            accepted = accept(grammars, token_ids) if self.variant.accept else [True] * len(grammars)
+            self.current["accept_s"] = time.perf_counter() - start
+            return accepted
+
+        self.masks._fill, self.masks.apply = timed_fill, timed_apply
+        scheduler_module.accept_tokens = timed_accept
+
+    def _mark(self) -> object:
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def new_step(self) -> dict[str, float]:
+        self.current = {}
+        return self.current
+
+    def resolve_device_times(self) -> None:
+        """Fill in `apply_device_s` of every recorded step (syncs the device)."""
+        if self.cuda:
+            torch.cuda.synchronize()
+        for record, begin, end in self._events:
+            record["apply_device_s"] = (
+                begin.elapsed_time(end) / 1e3 if self.cuda else end - begin  # type: ignore[attr-defined]
+            )
+        self._events.clear()
+
+
+def timed_steps(
+    engine: LLMEngine, args: argparse.Namespace, variant: Variant, probe: ConstrainedPathProbe, tag: str
+) -> list[StepRecord]:
     """Add the batch, run its prefill, then time `args.steps` decode steps; abort the batch after."""
-    constraint = StructuredOutput(kind="json", spec=json.dumps(SCHEMA)) if constrained else None
+    probe.variant = variant
+    constraint = StructuredOutput(kind="json", spec=json.dumps(SCHEMA)) if variant.constrained else None
     params = EngineSamplingParams(
         temperature=0.0, max_tokens=100_000 // 8, ignore_eos=True, structured_output=constraint
     )
@@ -127,16 +246,23 @@ def timed_steps(engine: LLMEngine, args: argparse.Namespace, constrained: bool, 
         engine.step()
     for _ in range(3):  # warm-up (the first masks of a grammar build its lexer caches)
         engine.step()
-    times = []
+    records = []
     for _ in range(args.steps):
-        start = time.perf_counter()
+        probe_parts = probe.new_step()
         outputs = engine.step()
-        times.append(time.perf_counter() - start)
+        timings = engine.core.last_step_timings
+        records.append(StepRecord({k: getattr(timings, k) for k in ENGINE_PARTS}, probe_parts))
         assert len(outputs) == args.batch and not any(o.finished for o in outputs), "the batch shrank"
+    probe.resolve_device_times()
     engine.abort_requests(ids)
     while engine.has_unfinished_requests():
         engine.step()
-    return times
+    return records
+
+
+def median_of(records: list[StepRecord], part: str) -> float:
+    values = [r.engine[part] if part in r.engine else r.probe.get(part, 0.0) for r in records]
+    return statistics.median(values)
 
 
 def main() -> None:
@@ -147,24 +273,45 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help=f"comma-separated workloads to time (default all: {', '.join(VARIANTS)})",
+    )
     args = p.parse_args()
     args.dtype = args.dtype or ("float32" if args.device == "cpu" else "float16")
+    names = [n.strip() for n in args.variants.split(",") if n.strip()]
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown or names[:2] != ["unconstrained", "JSON schema"]:
+        p.error(f"--variants must start with 'unconstrained,JSON schema' and name only {list(VARIANTS)}")
     with tempfile.TemporaryDirectory() as tmp:
         engine = build_engine(args, tmp)
-    medians: dict[bool, list[float]] = {False: [], True: []}
+    probe = ConstrainedPathProbe(engine)
+    medians: dict[str, list[float]] = {n: [] for n in names}
+    records: dict[str, list[StepRecord]] = {n: [] for n in names}
     for r in range(args.rounds):
-        for constrained in (False, True):
-            times = timed_steps(engine, args, constrained, f"{r}-{int(constrained)}")
-            medians[constrained].append(statistics.median(times))
-    plain, constrained = min(medians[False]), min(medians[True])
+        for name in names:
+            steps = timed_steps(engine, args, VARIANTS[name], probe, f"{r}-{name}")
+            medians[name].append(statistics.median(s.engine["total_s"] for s in steps))
+            records[name] += steps
+    plain = min(medians["unconstrained"])
     shape = "tiny Qwen3" if args.tiny else "Qwen3-0.6B"
     print(f"{shape}, {args.device}, batch {args.batch}, {args.steps} decode steps x {args.rounds} rounds")
-    print("| workload | step ms (best round median) | all round medians |")
-    print("|---|---|---|")
-    for name, key in (("unconstrained", False), ("JSON schema", True)):
-        rounds = ", ".join(f"{m * 1e3:.3f}" for m in medians[key])
-        print(f"| {name} | {min(medians[key]) * 1e3:.3f} | {rounds} |")
-    print(f"ratio constrained / unconstrained: {constrained / plain:.3f} (target <= 1.05)")
+    print("| workload | step ms (best round median) | x unconstrained | all round medians |")
+    print("|---|---|---|---|")
+    for name in names:
+        rounds = ", ".join(f"{m * 1e3:.3f}" for m in medians[name])
+        best = min(medians[name])
+        print(f"| {name} | {best * 1e3:.3f} | {best / plain:.3f} | {rounds} |")
+    print(f"ratio constrained / unconstrained: {min(medians['JSON schema']) / plain:.3f} (target <= 1.05)")
+    print()
+    print("per-step medians over all rounds, us (fill runs in its thread, overlapping the forward;")
+    print("fill wait, apply host and sync are on the critical path; accept is inside update)")
+    print("| part | " + " | ".join(names) + " |")
+    print("|---" * (len(names) + 1) + "|")
+    for part in ENGINE_PARTS + PROBE_PARTS:
+        cells = " | ".join(f"{median_of(records[n], part) * 1e6:.0f}" for n in names)
+        print(f"| {part[:-2]} | {cells} |")
 
 
 if __name__ == "__main__":
