@@ -155,7 +155,7 @@ ENGINE_PARTS = (
     "outputs_s",
     "total_s",
 )
-PROBE_PARTS = ("fill_s", "fill_wait_s", "apply_host_s", "apply_device_s", "accept_s")
+PROBE_PARTS = ("fill_start_delay_s", "fill_s", "fill_wait_s", "apply_host_s", "apply_device_s", "accept_s")
 
 
 @dataclass
@@ -176,10 +176,16 @@ class ConstrainedPathProbe:
         self.variant = VARIANTS["JSON schema"]
         self.current: dict[str, float] = {}
         self._events: list[tuple[dict[str, float], object, object]] = []
-        fill, apply, accept = self.masks._fill, self.masks.apply, scheduler_module.accept_tokens
+        start_fill, fill, apply = self.masks.start, self.masks._fill, self.masks.apply
+        accept = scheduler_module.accept_tokens
+
+        def timed_start(constrained: list):
+            self.current["submitted"] = time.perf_counter()
+            return start_fill(constrained)
 
         def timed_fill(matchers: list) -> None:
             start = time.perf_counter()
+            self.current["fill_start_delay_s"] = start - self.current.get("submitted", start)
             if self.variant.fill:
                 fill(matchers)
             self.current["fill_s"] = time.perf_counter() - start  # written before the future resolves
@@ -202,7 +208,7 @@ class ConstrainedPathProbe:
             self.current["accept_s"] = time.perf_counter() - start
             return accepted
 
-        self.masks._fill, self.masks.apply = timed_fill, timed_apply
+        self.masks.start, self.masks._fill, self.masks.apply = timed_start, timed_fill, timed_apply
         scheduler_module.accept_tokens = timed_accept
 
     def _mark(self) -> object:
