@@ -13,12 +13,15 @@ and applies them to the logits on the device.
 Where the constrained step's extra time goes: a second table splits the median step of each workload
 into the engine's own timings (`EngineStepTimings`: schedule, the runner's prepare / forward enqueue /
 sync / post, the scheduler's update, outputs) and the constrained path's parts, measured by wrappers
-this script puts around them: the mask fill in its thread, the runner's wait for that fill once the
-logits exist, the bitmask upload + apply (host launch time and CUDA-event device time) and the grammar
-accept (`accept_tokens`, inside the update). Ablation workloads switch parts off (bench-only, through
-the same wrappers): `no-accept` never advances the matchers (each step masks with the same state),
-`fill-only` fills and waits but leaves the logits unmasked, `apply-only` uploads and applies the last
-filled masks without filling new ones (both also skip the accept, which would reject unmasked tokens).
+this script puts around them: the delay before the mask thread starts, the grammar accept of the
+previous step's tokens and the mask fill (both in that thread, while the forward runs), the runner's
+wait for the thread once the logits exist, the bitmask upload + apply (host launch time and
+CUDA-event device time). Other workloads switch parts off or move them (bench-only, through the same
+wrappers): `accept-inline` accepts each step's tokens on the main thread right after the step (where
+the scheduler did it before the accept moved into the mask thread), `no-accept` never advances the
+matchers (each step masks with the same state), `fill-only` fills and waits but leaves the logits
+unmasked, `apply-only` uploads and applies the last filled masks without filling new ones (both also
+skip the accept, which would reject unmasked tokens).
 
 The dummy checkpoint has no tokenizer, so the grammar engine gets a synthetic vocabulary of the
 model's size (`synthetic_tokenizer`: the 256 bytes, then deterministic pseudo-words, JSON
@@ -47,7 +50,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from model_shapes import QWEN3_0_6B, TINY  # noqa: E402
 
-import voltllm.core.scheduler as scheduler_module  # noqa: E402
 from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
 from voltllm.engine.llm_engine import LLMEngine  # noqa: E402
 from voltllm.protocol import EngineCoreRequest, EngineSamplingParams, StructuredOutput  # noqa: E402
@@ -133,6 +135,7 @@ class Variant:
     fill: bool = True
     apply: bool = True
     accept: bool = True
+    accept_inline: bool = False  # accept on the main thread after the step, not in the mask thread
 
 
 VARIANTS = {
@@ -140,6 +143,7 @@ VARIANTS = {
     for v in (
         Variant("unconstrained", False),
         Variant("JSON schema", True),
+        Variant("accept-inline", True, accept_inline=True),
         Variant("no-accept", True, accept=False),
         Variant("fill-only", True, apply=False, accept=False),
         Variant("apply-only", True, fill=False, accept=False),
@@ -155,7 +159,14 @@ ENGINE_PARTS = (
     "outputs_s",
     "total_s",
 )
-PROBE_PARTS = ("fill_start_delay_s", "fill_s", "fill_wait_s", "apply_host_s", "apply_device_s", "accept_s")
+PROBE_PARTS = (
+    "thread_start_delay_s",
+    "accept_s",
+    "fill_s",
+    "fill_wait_s",
+    "apply_host_s",
+    "apply_device_s",
+)
 
 
 @dataclass
@@ -167,49 +178,64 @@ class StepRecord:
 
 
 class ConstrainedPathProbe:
-    """Wraps the runner's `TokenMasks` (fill, apply) and the scheduler's `accept_tokens` to time them
-    and to switch them off per variant. Device times come from CUDA events read after the workload."""
+    """Wraps the runner's `TokenMasks` (thread start, accept, fill, apply) and `execute_model` (for
+    `accept-inline`) to time the parts and to switch them off per variant. Device times come from CUDA
+    events read after the workload."""
 
     def __init__(self, engine: LLMEngine) -> None:
-        self.masks = engine.core.runner.masks
-        self.cuda = self.masks.device.type == "cuda"
+        runner = engine.core.runner
+        self.masks = masks = runner.masks
+        self.cuda = masks.device.type == "cuda"
         self.variant = VARIANTS["JSON schema"]
         self.current: dict[str, float] = {}
         self._events: list[tuple[dict[str, float], object, object]] = []
-        start_fill, fill, apply = self.masks.start, self.masks._fill, self.masks.apply
-        accept = scheduler_module.accept_tokens
+        start, run, accept, fill, apply = masks.start, masks._run, masks._accept, masks._fill, masks.apply
+        execute_model = runner.execute_model
 
-        def timed_start(constrained: list):
+        def timed_start(constrained: list, accepts=None):
             self.current["submitted"] = time.perf_counter()
-            return start_fill(constrained)
+            return start(constrained, accepts)
+
+        def timed_run(accepts, matchers: list) -> list:
+            begin = time.perf_counter()
+            self.current["thread_start_delay_s"] = begin - self.current.get("submitted", begin)
+            return run(accepts, matchers)
+
+        def timed_accept(accepts) -> list:
+            begin = time.perf_counter()
+            ended = accept(accepts) if self.variant.accept else []
+            self.current["accept_s"] = time.perf_counter() - begin  # written before the future resolves
+            return ended
 
         def timed_fill(matchers: list) -> None:
-            start = time.perf_counter()
-            self.current["fill_start_delay_s"] = start - self.current.get("submitted", start)
+            begin = time.perf_counter()
             if self.variant.fill:
                 fill(matchers)
-            self.current["fill_s"] = time.perf_counter() - start  # written before the future resolves
+            self.current["fill_s"] = time.perf_counter() - begin
 
         def timed_apply(pending, logits: torch.Tensor) -> None:
-            start = time.perf_counter()
+            begin = time.perf_counter()
             pending.done.result()
-            waited = time.perf_counter() - start
+            waited = time.perf_counter() - begin
             self.current["fill_wait_s"] = waited
             if not self.variant.apply:
                 return
-            begin = self._mark()
+            first = self._mark()
             apply(pending, logits)
-            self.current["apply_host_s"] = time.perf_counter() - start - waited
-            self._events.append((self.current, begin, self._mark()))
+            self.current["apply_host_s"] = time.perf_counter() - begin - waited
+            self._events.append((self.current, first, self._mark()))
 
-        def timed_accept(grammars: list, token_ids: list[int]) -> list[bool]:
-            start = time.perf_counter()
-            accepted = accept(grammars, token_ids) if self.variant.accept else [True] * len(grammars)
-            self.current["accept_s"] = time.perf_counter() - start
-            return accepted
+        def execute_then_accept(plan):
+            out = execute_model(plan)
+            if self.variant.accept_inline and runner._unaccepted is not None:
+                accepts, runner._unaccepted = runner._unaccepted, None
+                begin = time.perf_counter()
+                assert not accepts.accept(), "a grammar ended while timed"
+                self.current["accept_s"] = time.perf_counter() - begin
+            return out
 
-        self.masks.start, self.masks._fill, self.masks.apply = timed_start, timed_fill, timed_apply
-        scheduler_module.accept_tokens = timed_accept
+        masks.start, masks._run, masks._accept, masks._fill = timed_start, timed_run, timed_accept, timed_fill
+        masks.apply, runner.execute_model = timed_apply, execute_then_accept
 
     def _mark(self) -> object:
         if not self.cuda:
@@ -312,7 +338,7 @@ def main() -> None:
     print(f"ratio constrained / unconstrained: {min(medians['JSON schema']) / plain:.3f} (target <= 1.05)")
     print()
     print("per-step medians over all rounds, us (fill runs in its thread, overlapping the forward;")
-    print("fill wait, apply host and sync are on the critical path; accept is inside update)")
+    print("fill wait, apply host and sync are on the critical path; accept-inline's accept is in its total)")
     print("| part | " + " | ".join(names) + " |")
     print("|---" * (len(names) + 1) + "|")
     for part in ENGINE_PARTS + PROBE_PARTS:

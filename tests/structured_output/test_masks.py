@@ -36,7 +36,7 @@ def test_masks_match_llguidance_on_a_subset_of_rows(compiler) -> None:
     masks = TokenMasks(max_rows=8, vocab_size=VOCAB, device=torch.device("cpu"))
     logits = torch.randn(4, VOCAB)
     original = logits.clone()
-    masks.apply(masks.start([(1, a), (3, b)]), logits)
+    masks.apply(masks.start([(1, "a", a), (3, "b", b)]), logits)
     for row, grammar in ((1, a), (3, b)):
         kept = set(torch.nonzero(torch.isfinite(logits[row])).flatten().tolist())
         assert kept == allowed_ids(compiler, grammar) and kept

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from voltllm.protocol import EngineSamplingParams, TokenLogprobs
+
+if TYPE_CHECKING:
+    from voltllm.structured_output import EndedGrammar
 
 
 @dataclass(frozen=True)
@@ -26,7 +29,7 @@ class NewRequestData:
     block_ids: tuple[int, ...]
     num_computed_tokens: int  # tokens already in the KV cache (prefix-cache hits)
     # The request's structured-output matcher (a `structured_output.Grammar`), shared with the
-    # scheduler's `Request` (the scheduler advances it, the runner reads its next-token mask); None
+    # scheduler's `Request` (the runner advances it and fills its next-token mask); None
     # when unconstrained. Typed Any: the tensor-parallel step command decodes this struct with msgspec,
     # and the ranks it goes to (which sample nothing) get None in its place.
     grammar: Any = None
@@ -73,3 +76,7 @@ class ModelRunnerOutput:
     logprobs: list[TokenLogprobs | None] | None = None
     # request id -> logprobs of prompt positions 1..len-1, for the requests whose prompt ended this step
     prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
+    # The grammars that ended with (or rejected) the tokens the previous step sampled: the runner
+    # advances them one step late, so the scheduler finishes those requests now and drops this
+    # step's token of theirs (`structured_output.EndedGrammar`).
+    ended_grammars: list[EndedGrammar] = field(default_factory=list)

@@ -33,7 +33,7 @@ from voltllm.core.sched_output import (
     SchedulerOutput,
 )
 from voltllm.protocol import EngineCoreOutput, FinishReason, SchedulerStats, TokenLogprobs
-from voltllm.structured_output import accept_tokens
+from voltllm.structured_output import EndedGrammar
 
 _RUNNING = RequestStatus.RUNNING
 
@@ -283,12 +283,22 @@ class Scheduler:
             requests = [self.requests.get(request_id) for request_id in scheduled]
         outputs: list[EngineCoreOutput] = []
         finished: list[Request] = []
-        constrained: list[tuple[Request, int]] = []  # (request, index of its output), unfinished only
+        # Grammars that ended with the previous step's tokens, by request id (usually none).
+        ended_grammars = runner_output.ended_grammars
+        ended = {e.request_id: e for e in ended_grammars} if ended_grammars else None
+        num_ended = 0  # outputs without a token
         for request, num_tokens, token_id, logprob in zip(
             requests, scheduled.values(), sampled, logprobs, strict=True
         ):
             if request is None or request.status is not _RUNNING:
                 continue  # finished or aborted since the plan was made (the id may be new again)
+            if ended and (end := ended.pop(request.request_id, None)) and end.grammar is request.grammar:
+                # Its last token ended the grammar: this step's token (EOS, all the mask allowed) is not
+                # part of the output.
+                finished.append(request)
+                outputs.append(self._finish_grammar(request, end))
+                num_ended += 1
+                continue
             if request.num_computed_tokens < request.num_prompt_tokens:  # the step computed prompt tokens
                 self._count_prompt_tokens(request, num_tokens)
                 if token_id is not None and request.first_token_ts is None:
@@ -307,39 +317,42 @@ class Scheduler:
                     finished.append(request)
                     self._release(request, status)
             new_logprobs = None if logprob is None else [logprob]
-            if request.grammar is not None and finish_reason is None:
-                constrained.append((request, len(outputs)))
             outputs.append(self.make_output(request, [token_id], finish_reason, new_logprobs))
             if runner_output.prompt_logprobs and not request.prompt_logprobs_sent:
                 outputs[-1].prompt_logprobs = runner_output.prompt_logprobs.get(request.request_id)
                 request.prompt_logprobs_sent = outputs[-1].prompt_logprobs is not None
-        self.num_generation_tokens += len(outputs)
-        if constrained:
-            self._advance_grammars(constrained, outputs, finished)
+        self.num_generation_tokens += len(outputs) - num_ended
         if finished:
             self._remove_from_running(finished)
+        if ended:
+            outputs += self._finish_unscheduled_grammars(ended)
         return outputs
 
-    def _advance_grammars(
-        self, constrained: list[tuple[Request, int]], outputs: list[EngineCoreOutput], finished: list[Request]
-    ) -> None:
-        """Feed each constrained request's new token to its grammar (the batch at once); a grammar
-        that has ended finishes its request with "stop" (no stop token: `stop_reason` stays None)."""
-        requests = [request for request, _ in constrained]
-        tokens = [request.all_token_ids[-1] for request in requests]
-        accepted = accept_tokens([request.grammar for request in requests], tokens)
-        for (request, index), token_id, ok in zip(constrained, tokens, accepted, strict=True):
-            if ok and not request.grammar.is_terminated:
-                continue
-            output = outputs[index]
-            status = RequestStatus.FINISHED_STOPPED
-            if not ok:  # the mask allowed only what the grammar accepts: an engine bug, not user input
-                status = RequestStatus.FINISHED_ERROR
-                why = request.grammar.error
-                output.error = f"structured_output: the grammar rejected token {token_id}: {why}"
-            output.finish_reason = status.finish_reason.value
-            finished.append(request)
-            self._release(request, status)
+    def _finish_grammar(self, request: Request, end: EndedGrammar) -> EngineCoreOutput:
+        """Finish a request whose grammar ended with its last token: "stop" with no stop token
+        (`stop_reason` None), or "error" when the grammar rejected that token (only an engine bug can
+        make the mask allow a token the grammar rejects). The output carries no new token."""
+        status = RequestStatus.FINISHED_STOPPED if end.error is None else RequestStatus.FINISHED_ERROR
+        self._release(request, status)
+        output = self.make_output(request, [], status.finish_reason)
+        output.error = end.error
+        return output
+
+    def _finish_unscheduled_grammars(self, ended: dict[str, EndedGrammar]) -> list[EngineCoreOutput]:
+        """Finish the requests whose grammar ended but which this step did not run (preempted, or
+        left out of the batch, since their token was sampled)."""
+        outputs = []
+        for request_id, end in ended.items():
+            request = self.requests.get(request_id)
+            if request is None or request.grammar is not end.grammar:
+                continue  # finished since (its id may name a new request now)
+            self._steady = None
+            if request.status is _RUNNING:
+                self.running.remove(request)
+            else:
+                self.waiting.remove(request)
+            outputs.append(self._finish_grammar(request, end))
+        return outputs
 
     def _prefix_hit(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """The prefix-cache hit a waiting request starts from. A request that wants its prompt's

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import llguidance
 
@@ -58,3 +59,37 @@ def accept_tokens(grammars: list[Grammar], token_ids: list[int]) -> list[bool]:
         return [grammars[0].accept(token_ids[0])]
     pairs = [(g.matcher, t) for g, t in zip(grammars, token_ids, strict=True)]
     return executor().consume_token_par(pairs)
+
+
+@dataclass(frozen=True, slots=True)
+class EndedGrammar:
+    """A constrained request whose grammar ended with the token it just accepted (`error` None: only
+    EOS may follow), or rejected it (`error` says why; only an engine bug can cause that)."""
+
+    request_id: str
+    grammar: Grammar
+    error: str | None
+
+
+@dataclass(slots=True)
+class TokensToAccept:
+    """One step's sampled tokens of its constrained requests, fed to their grammars later (the next
+    step does it in its mask thread, while its forward runs)."""
+
+    request_ids: list[str]
+    grammars: list[Grammar]
+    token_ids: list[int]
+
+    def accept(self) -> list[EndedGrammar]:
+        """Advance every grammar by its token; returns those that ended or rejected it."""
+        accepted = accept_tokens(self.grammars, self.token_ids)
+        ended = []
+        for request_id, grammar, token_id, ok in zip(
+            self.request_ids, self.grammars, self.token_ids, accepted, strict=True
+        ):
+            if not ok:
+                why = f"structured_output: the grammar rejected token {token_id}: {grammar.error}"
+                ended.append(EndedGrammar(request_id, grammar, why))
+            elif grammar.matcher.is_stopped():
+                ended.append(EndedGrammar(request_id, grammar, None))
+        return ended

@@ -23,7 +23,7 @@ from voltllm.config import CacheConfig
 from voltllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from voltllm.layers.attention.backend import AttentionMetadata
 from voltllm.protocol import TokenLogprobs
-from voltllm.structured_output import TokenMasks
+from voltllm.structured_output import TokenMasks, TokensToAccept
 from voltllm.structured_output.masks import PendingMasks
 from voltllm.worker import kv_cache_sizing
 from voltllm.worker.cuda_graphs import DecodeGraphs, graph_batch_sizes, graph_memory_reserve
@@ -113,6 +113,9 @@ class ModelRunner:
         self._num_constrained = 0
         self._num_prompt_logprobs = 0
         self.masks: TokenMasks | None = None
+        # The last step's tokens of its constrained requests, accepted by their grammars in the next
+        # step's mask thread (None: none).
+        self._unaccepted: TokensToAccept | None = None
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0
         self.enforce_eager = enforce_eager
@@ -236,8 +239,9 @@ class ModelRunner:
         if self._awaiting_ids is not None:
             raise RuntimeError("a rank that does not sample needs the last step's ids (apply_sampled) first")
         self._update_states(plan)
+        unaccepted, self._unaccepted = self._unaccepted, None
         if plan.is_empty:
-            return ModelRunnerOutput()
+            return ModelRunnerOutput(ended_grammars=unaccepted.accept() if unaccepted else [])
         req_ids = list(plan.num_scheduled_tokens)
         rows, plain_greedy = self._batch_rows(req_ids)
         scoring_prompt = self._num_prompt_logprobs > 0 and any(
@@ -245,9 +249,9 @@ class ModelRunner:
         )
         graphs = None if scoring_prompt else self.graphs  # prompt logprobs need every position's hidden
         inputs = self.inputs.prepare(plan, req_ids, rows, plain_greedy, graphs)
-        # The masks are filled on the host while the device runs the forward.
+        # The grammars advance and the masks are filled on the host while the device runs the forward.
         wants_masks = self._num_constrained and self.samples  # a rank that samples nothing masks nothing
-        masks = self._start_masks(inputs.sampling_req_ids) if wants_masks else None
+        masks = self._start_masks(inputs.sampling_req_ids, unaccepted) if wants_masks or unaccepted else None
         prompt_starts = self.arrays.num_computed[rows].copy() if scoring_prompt else None
         t1 = time.perf_counter()
         num_sampling = len(inputs.sampling_req_ids)
@@ -273,6 +277,10 @@ class ModelRunner:
         else:
             sampled, out = None, ModelRunnerOutput([None] * len(inputs.rows))
         out.prompt_logprobs = prompt_logprobs
+        if masks is not None:
+            out.ended_grammars = masks.ended()
+            if sampled is not None and masks.rows:
+                self._unaccepted = masks.tokens_to_accept(sampled)
         t3 = time.perf_counter()
         self.arrays.num_computed[inputs.rows] = inputs.ends
         if sampled is not None:
@@ -337,15 +345,21 @@ class ModelRunner:
                 out.logprobs[i] = logprob
         return sampled, out
 
-    def _start_masks(self, sampling_req_ids: list[str]) -> PendingMasks | None:
-        """Begin filling the next-token masks of this step's constrained requests (None: there are
-        none among those that sample)."""
-        constrained = [
-            (i, state.grammar)
-            for i, request_id in enumerate(sampling_req_ids)
-            if (state := self.requests[request_id]).grammar is not None
-        ]
-        return self.masks.start(constrained) if constrained else None
+    def _start_masks(
+        self, sampling_req_ids: list[str], unaccepted: TokensToAccept | None
+    ) -> PendingMasks | None:
+        """Begin, in the mask thread, accepting the last step's constrained tokens and filling this
+        step's next-token masks (None: nothing to accept and no constrained request samples)."""
+        constrained = []
+        if self._num_constrained:
+            constrained = [
+                (i, request_id, state.grammar)
+                for i, request_id in enumerate(sampling_req_ids)
+                if (state := self.requests[request_id]).grammar is not None
+            ]
+        if not constrained and unaccepted is None:
+            return None
+        return self.masks.start(constrained, unaccepted)
 
     def _score_prompts(
         self, plan: SchedulerOutput, rows: np.ndarray, starts: np.ndarray, hidden: torch.Tensor
