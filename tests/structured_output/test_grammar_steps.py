@@ -127,7 +127,8 @@ def test_outputs_equal_accepting_each_token_at_once(num_blocks: int) -> None:
 
 
 def scheduler_with(request_ids: list[str], num_blocks: int = 64) -> tuple[Scheduler, dict[str, Request]]:
-    """A scheduler whose constrained requests (4 prompt tokens: one full block each) have sampled their first token."""
+    """A scheduler whose constrained requests (4 prompt tokens: one full block each) have sampled
+    their first token."""
     config = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8)
     s = Scheduler(config, KVCacheManager(num_blocks, 4), num_blocks * 4)
     requests = {}
