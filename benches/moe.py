@@ -14,10 +14,15 @@ each ratio measured in this run.
    voltllm's full-depth throughput is printed beside it.
 4. `kernels`: one MoE layer's experts (routing included) at 1 to 8,192 tokens by the decode GEMV, the
    grouped GEMM and the torch grouped form, with the bandwidth of the expert bytes the tokens touch.
+5. `profile`: where a batch-1 decode step goes. Whether it replayed a CUDA graph, the host's share
+   (the runner's step timings), the graph replay's device time by CUDA events, and the per-kernel
+   device time of replays (torch profiler): the gap between the two is the device idling between
+   kernels.
 
     python benches/moe.py                         # H200: all of them (the baseline of 3 takes minutes)
     python benches/moe.py --only decode step      # skip the offline comparison
     python benches/moe.py --only offline --baseline-layers 2
+    python benches/moe.py --only profile          # batch-1 step: graph?, host, kernels
     python benches/moe.py --tiny --device cpu --num-seqs 8 --min-len 16 --max-len 64   # smoke test
 
 `--json PATH` writes the rows. The targets: >= 0.6 of the floor, >= 5x the loop, >= 10x transformers.
@@ -177,6 +182,92 @@ def bench_step(model_dir: Path, args: argparse.Namespace) -> dict:
     }
 
 
+def replay_device_us(runner, size: int, replays: int = 20) -> float:
+    """Median device time of one replay of the decode graph of bucket `size`, by CUDA events (the
+    buffers hold the last step's inputs: a replay rewrites the same KV slots)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(replays):
+        start.record()
+        runner.graphs.replay(size)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def replay_kernel_table(runner, size: int, replays: int = 5) -> tuple[dict[str, list[float]], float]:
+    """Per-kernel `[calls, device us]` of one replay (torch profiler), and the kernels' total per replay."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            runner.graphs.replay(size)
+        torch.cuda.synchronize()
+    table: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            entry = table.setdefault(event.name[:100], [0.0, 0.0])
+            entry[0] += 1 / replays
+            entry[1] += event.device_time / replays
+    return table, sum(us for _, us in table.values())
+
+
+def bench_profile(model_dir: Path, args: argparse.Namespace) -> dict:
+    """Where a batch-1 decode step's time goes (see the module docstring, figure 5)."""
+    engine = build_engine(model_dir, args, max_num_seqs=8, eager=args.enforce_eager)
+    runner = engine.core.runner
+    decode_step_times(engine, 1, 128, 8)  # warm-up
+    params = EngineSamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
+    engine.add_request(EngineCoreRequest("p", list(range(10, 138)), params, 0.0))
+    engine.step()  # the prefill
+    walls, timings = [], []
+    for _ in range(32):
+        start = time.perf_counter()
+        engine.step()
+        walls.append(time.perf_counter() - start)
+        timings.append(runner.last_timings)
+    row = {
+        "figure": "batch-1 profile",
+        "graph_steps": sum(t.cuda_graph for t in timings),
+        "steps": len(timings),
+        "wall_us": statistics.median(walls) * 1e6,
+    }
+    for part in ("prepare_s", "forward_s", "sync_s", "post_s"):
+        row[part.replace("_s", "_us")] = statistics.median(getattr(t, part) for t in timings) * 1e6
+    if runner.graphs is not None and row["graph_steps"]:
+        size = runner.graphs.bucket_for(1)
+        row["replay_us"] = replay_device_us(runner, size)
+        table, row["kernels_us"] = replay_kernel_table(runner, size)
+        row["kernel_calls"] = sum(calls for calls, _ in table.values())
+        row["kernels"] = sorted(table.items(), key=lambda kv: -kv[1][1])
+    while engine.has_unfinished_requests():
+        engine.step()
+    del engine, runner
+    release_gpu_memory()
+    return row
+
+
+def print_profile(r: dict) -> None:
+    print(
+        f"batch-1 profile: {r['graph_steps']}/{r['steps']} steps replayed a CUDA graph; step wall "
+        f"{r['wall_us']:.0f} us = prepare {r['prepare_us']:.0f} + forward {r['forward_us']:.0f} + sync "
+        f"{r['sync_us']:.0f} + post {r['post_us']:.0f} (medians)",
+        flush=True,
+    )
+    if "replay_us" not in r:
+        return
+    gaps = r["replay_us"] - r["kernels_us"]
+    print(
+        f"graph replay {r['replay_us']:.0f} us on the device (events); its {r['kernel_calls']:.0f} kernels "
+        f"{r['kernels_us']:.0f} us; idle between kernels {gaps:.0f} us",
+        flush=True,
+    )
+    for name, (calls, us) in r["kernels"][:20]:
+        print(f"{us:9.1f} us {calls:5.0f}x {us / calls:7.1f} us each  {name}", flush=True)
+
+
 def offline_tok_s(model_dir: Path, args: argparse.Namespace, prompts, output_lens) -> tuple[float, int]:
     engine = build_engine(model_dir, args, max_num_seqs=args.num_seqs, eager=args.enforce_eager)
     t, n = time_offline_run(engine, prompts, output_lens, args.device)
@@ -308,7 +399,7 @@ def main() -> None:
     p.add_argument(
         "--only",
         nargs="+",
-        choices=["kernels", "decode", "step", "offline"],
+        choices=["kernels", "decode", "step", "offline", "profile"],
         default=["kernels", "decode", "step", "offline"],
     )
     p.add_argument("--tiny", action="store_true", help="a 4-layer Qwen3-MoE instead of the 30B-A3B shape")
@@ -351,6 +442,9 @@ def main() -> None:
                 f"{r['floor_ms']:.3f} ms: {r['ratio']:.3f} of the floor (target >= 0.6)",
                 flush=True,
             )
+        if "profile" in args.only:
+            rows.append(r := bench_profile(model_dir, args))
+            print_profile(r)
         if "step" in args.only:
             rows.append(r := bench_step(model_dir, args))
             print(
