@@ -53,7 +53,7 @@ from voltllm.layers.activation import silu_and_mul  # noqa: E402
 from voltllm.layers.embedding import VocabParallelEmbedding  # noqa: E402
 from voltllm.layers.fused_moe import FusedMoE, UnquantizedFusedMoEMethod, select_experts  # noqa: E402
 from voltllm.layers.fused_moe.experts_torch import experts_grouped  # noqa: E402
-from voltllm.ops.moe import fused_moe, topk_softmax  # noqa: E402
+from voltllm.ops.moe import fused_moe, fused_moe_pairs, topk_softmax  # noqa: E402
 from voltllm.protocol import EngineCoreRequest, EngineSamplingParams  # noqa: E402
 
 
@@ -278,20 +278,25 @@ def offline_tok_s(model_dir: Path, args: argparse.Namespace, prompts, output_len
 
 def bench_offline(model_dir: Path, config: dict, args: argparse.Namespace) -> dict:
     prompts, output_lens = make_workload(args, config["vocab_size"])
-    ours, n = offline_tok_s(model_dir, args, prompts, output_lens)
-    row = {"figure": "offline throughput", "voltllm_tok_s": ours, "tokens": n}
+    layers = args.baseline_layers or config["num_hidden_layers"]
+    row: dict = {"figure": "offline throughput"}
+    if not (args.cut_only and layers != config["num_hidden_layers"]):
+        ours, n = offline_tok_s(model_dir, args, prompts, output_lens)
+        row.update(voltllm_tok_s=ours, tokens=n)
     if args.skip_baseline:
         return row
-    layers = args.baseline_layers or config["num_hidden_layers"]
     if layers != config["num_hidden_layers"]:  # like for like: both engines on the cut model
         model_dir = model_dir / f"layers{layers}"
         model_dir.mkdir()
         (model_dir / "config.json").write_text(json.dumps({**config, "num_hidden_layers": layers}))
-        ours, _ = offline_tok_s(model_dir, args, prompts, output_lens)
-        row["voltllm_cut_tok_s"] = ours
+        ours, n = offline_tok_s(model_dir, args, prompts, output_lens)
+        row.update(voltllm_cut_tok_s=ours, tokens=n)
     base = transformers_generate_batch(model_dir, args, prompts, output_lens)
     row.update(baseline_layers=layers, transformers_tok_s=base, ratio=ours / base)
     return row
+
+
+PAIRS_MAX_TOKENS = 8  # the pair-by-pair path reads a shared expert once per token: timed up to here
 
 
 def graph_time(fn, iters: int = 20) -> float:
@@ -346,6 +351,15 @@ def kernel_row(
         seconds = graph_time(layer, iters=20 if x.shape[0] <= 256 else 3)
         row[f"{name}_us"] = seconds * 1e6
         row[f"{name}_gb_s"] = touched * expert_bytes / seconds / 1e9
+    if x.shape[0] <= PAIRS_MAX_TOKENS:
+
+        def layer_pairs() -> torch.Tensor:
+            weights, ids = topk_softmax(logits, top_k, True)
+            return fused_moe_pairs(x, w13, w2, weights, ids)
+
+        seconds = graph_time(layer_pairs)
+        row["pairs_us"] = seconds * 1e6
+        row["pairs_gb_s"] = touched * expert_bytes / seconds / 1e9
     row["torch_grouped_us"] = 1e6 * eager_time(lambda: experts_grouped(x, w13, w2, weights, ids.long()))
     return row
 
@@ -417,6 +431,11 @@ def main() -> None:
         "--baseline-layers", type=int, default=None, help="run the offline ratio on the first N layers"
     )
     p.add_argument(
+        "--cut-only",
+        action="store_true",
+        help="with --baseline-layers: skip voltllm's full-depth offline run (the ratio is on the cut model)",
+    )
+    p.add_argument(
         "--kernel-tokens", type=int, nargs="+", default=[1, 8, 64, 256, 1024, 8192], help="kernel sizes"
     )
     p.add_argument("--json", type=Path, default=None)
@@ -454,11 +473,13 @@ def main() -> None:
             )
         if "offline" in args.only:
             rows.append(r := bench_offline(model_dir, config, args))
-            line = f"offline: voltllm {r['voltllm_tok_s']:.1f} tok/s ({r['tokens']} tokens)"
+            line = f"offline ({r['tokens']} tokens):"
+            if "voltllm_tok_s" in r:
+                line += f" voltllm {r['voltllm_tok_s']:.1f} tok/s;"
             if "ratio" in r:
                 if "voltllm_cut_tok_s" in r:
                     cut = r["voltllm_cut_tok_s"]
-                    line += f"; first {r['baseline_layers']} layers: voltllm {cut:.1f} tok/s"
+                    line += f" first {r['baseline_layers']} layers: voltllm {cut:.1f} tok/s"
                 line += (
                     f", transformers generate_batch {r['transformers_tok_s']:.1f} tok/s: {r['ratio']:.2f}x"
                 )

@@ -56,6 +56,22 @@ struct MoeExpertParams {
   int k;  // input features, a multiple of 8
 };
 
+// One expert stage pair by pair (pair_gemv.cuh: the decode path of a token or two, no tiles).
+struct MoePairParams {
+  void* out;                  // gated: act [pairs, n] of T, contiguous; down: out [tokens, n] of T, rows
+                              // out_stride apart (the top-k sum of the token's pairs)
+  const void* a;              // gated: x [tokens, k], the row of pair p is token p / top_k; down: act
+                              // [pairs, k]. Rows a_stride apart.
+  const void* weight;         // [num_experts, gated ? 2n : n, k], contiguous (gated: gate rows, then up rows)
+  const int* topk_ids;        // [pairs]: the expert of each pair
+  const float* topk_weights;  // [pairs] (down only)
+  long long a_stride;
+  long long out_stride;       // down only
+  int top_k;
+  int n;  // output features (gated: of the activation)
+  int k;  // input features, a multiple of 8
+};
+
 struct MoeCombineParams {
   void* out;       // [tokens, n] of T, rows out_stride apart
   const float* y;  // [tokens * top_k, n]: each pair's weighted expert output

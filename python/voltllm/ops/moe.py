@@ -136,6 +136,25 @@ def fused_moe_applies(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, top_
     )
 
 
+def fused_moe_pairs(
+    x: torch.Tensor,  # [T, H]
+    w13: torch.Tensor,  # [E, 2I, H]
+    w2: torch.Tensor,  # [E, H, I]
+    topk_weights: torch.Tensor,  # [T, k] fp32
+    topk_ids: torch.Tensor,  # [T, k] int32
+) -> torch.Tensor:  # [T, H] in x's dtype
+    """`fused_moe` pair by pair (`csrc/moe/pair_gemv.cuh`): the gated stage per (token, expert) pair,
+    the down stage and the top-k sum per token; two launches, no align, no combine. An expert two
+    tokens share is read twice: the path of a decode token or two."""
+    num_tokens, hidden = x.shape
+    ops = kernel_ops()
+    act = torch.empty(topk_ids.numel(), w13.shape[1] // 2, dtype=x.dtype, device=x.device)
+    ops.moe_pair_experts(act, x, w13, topk_ids, topk_weights, True)
+    out = torch.empty(num_tokens, hidden, dtype=x.dtype, device=x.device)
+    ops.moe_pair_experts(out, act, w2, topk_ids, topk_weights, False)
+    return out
+
+
 def fused_moe(
     x: torch.Tensor,  # [T, H]
     w13: torch.Tensor,  # [E, 2I, H]: each expert's gate rows, then its up rows

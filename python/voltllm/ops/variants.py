@@ -119,6 +119,9 @@ def _moe() -> dict[str, list[str]]:
             f"voltllm::moe_expert_gemv_kernel<{t}, {gated}>" for t in DTYPES for gated in ("true", "false")
         ],
         "moe/combine.cuh": [f"voltllm::moe_combine_kernel<{t}>" for t in DTYPES],
+        "moe/pair_gemv.cuh": [
+            f"voltllm::moe_pair_{stage}_kernel<{t}>" for t in DTYPES for stage in ("gated", "down")
+        ],
     }
 
 

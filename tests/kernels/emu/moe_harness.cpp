@@ -7,6 +7,7 @@
 #include "moe/combine.cuh"
 #include "moe/expert_gemv.cuh"
 #include "moe/grouped_gemm_wmma.cuh"
+#include "moe/pair_gemv.cuh"
 #include "moe/topk_softmax.cuh"
 
 extern "C" {
@@ -65,6 +66,25 @@ void emu_moe_combine(int bf16, void* out, const float* y, long long out_stride, 
   emu::dispatch_dtype(bf16, [&](auto t) {
     emu::launch(grid, dim3(voltllm::kMoeCombineThreads), 0, [&] { voltllm::moe_combine_kernel<decltype(t)>(p); },
                 seed);
+  });
+}
+
+// One expert stage pair by pair (the decode path of a token or two): gated writes act [pairs, n], down
+// writes out [tokens, n], the top-k sum.
+void emu_moe_pair_experts(int bf16, int gated, void* out, const void* a, const void* weight, const int* topk_ids,
+                          const float* topk_weights, long long a_stride, long long out_stride, int num_tokens,
+                          int top_k, int n, int k, unsigned seed) {
+  voltllm::MoePairParams p{out, a, weight, topk_ids, topk_weights, a_stride, out_stride, top_k, n, k};
+  const dim3 grid(gated ? num_tokens * top_k : num_tokens, (n + voltllm::kMoePairWarps - 1) / voltllm::kMoePairWarps);
+  emu::dispatch_dtype(bf16, [&](auto t) {
+    using T = decltype(t);
+    emu::launch(grid, dim3(32 * voltllm::kMoePairWarps), 0, [&] {
+      if (gated) {
+        voltllm::moe_pair_gated_kernel<T>(p);
+      } else {
+        voltllm::moe_pair_down_kernel<T>(p);
+      }
+    }, seed);
   });
 }
 
