@@ -1,6 +1,6 @@
 """What voltllm does not run is refused at load with a message naming it, never loaded into a wrong
 answer: unknown methods, unsupported bit widths and layouts, activation quantization, shapes that do
-not match, fused shards quantized differently, a quantized lm_head, MoE experts, and a `--quantization`
+not match, fused shards quantized differently, a quantized lm_head, and a `--quantization`
 that disagrees with the checkpoint."""
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import pytest
 import torch
 from checkpoints import Format, build_model, save_quantized_model
 from safetensors.torch import load_file, save_file
-from tiny_models import moe_config
 
 from voltllm.config import ModelConfig
 from voltllm.layers.attention import get_attention_backend
@@ -206,11 +205,3 @@ def test_the_quantization_flag_must_agree_with_the_checkpoint(checkpoints, tmp_p
         load(tmp_path / "dense", quantization="fp8")
     with pytest.raises(ValueError, match="quantization must be one of"):
         ModelConfig(model=str(tmp_path / "dense"), quantization="awq_marlin")
-
-
-def test_quantized_experts_are_refused(tmp_path) -> None:
-    config = moe_config("qwen3_moe-e4-top1").to_dict()
-    config["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": 32, "version": "gemm"}
-    tmp_path.joinpath("config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="quantization method 'awq' has no mixture-of-experts support"):
-        load(tmp_path, load_format="dummy")

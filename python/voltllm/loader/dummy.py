@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from voltllm.layers.fused_moe.quantized import QuantizedFusedMoEMethod
 from voltllm.layers.norm import RMSNorm
 from voltllm.layers.quantization.quantized_method import DUMMY_WEIGHT_RANGE, QuantizedLinearMethod
 from voltllm.models.checkpoint import process_weights_after_loading
@@ -34,6 +35,9 @@ def init_dummy_weights(model: nn.Module, seed: int) -> None:
     for module in model.modules():
         method = getattr(module, "linear_method", None)
         quantized = method if isinstance(method, QuantizedLinearMethod) else None
+        moe_method = getattr(module, "moe_method", None)
+        if isinstance(moe_method, QuantizedFusedMoEMethod):
+            quantized = moe_method  # the same checkpoint_params / fill_dummy interface
         own = set(quantized.checkpoint_params) if quantized is not None else set()
         for name, param in module.named_parameters(recurse=False):
             if id(param) in seen or name in own:  # tied parameters are filled once

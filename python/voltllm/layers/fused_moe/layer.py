@@ -66,6 +66,7 @@ class FusedMoE(nn.Module):
         self.intermediate_size_per_partition = divide(
             intermediate_size, self.tp_size, "moe intermediate size"
         )
+        self._shared_loaded: dict[int, set[int]] = {}  # see _load_shared
         self.moe_method: FusedMoEMethodBase = fused_moe_method_for(quant_config, self, prefix)
         self.moe_method.create_weights(
             self, num_experts, hidden_size, self.intermediate_size_per_partition, torch.get_default_dtype()
@@ -112,7 +113,23 @@ class FusedMoE(nn.Module):
 
     def _load_expert(self, param: nn.Parameter, loaded_weight: torch.Tensor, expert: int, kind: str) -> None:
         """Copy this rank's slice of expert `expert`'s `kind` matrix (`[out, in]`, as in checkpoints)."""
+        kinds = getattr(param, "moe_kinds", ())
         dst = param.data[expert]
+        if (
+            dst.dim() == loaded_weight.dim() + 1
+            and dst.shape[0] == len(kinds) > 0
+            and not hasattr(param, "output_dim")
+        ):
+            dst[kinds.index(kind)].copy_(
+                loaded_weight
+            )  # one row per matrix (compressed-tensors' weight_shape)
+            return
+        if kind == "w2" and not hasattr(param, "input_dim"):  # not sharded over the ranks (GPTQ groups)
+            copy_checked(dst, loaded_weight)
+            return
+        if kind != "w2" and not hasattr(param, "output_dim"):  # one tensor gate and up share (GPTQ g_idx)
+            self._load_shared(param, loaded_weight, expert, kind)
+            return
         if kind == "w2":  # down: the intermediate features are its input columns
             dim = param.input_dim - 1
             copy_checked(dst, rank_slice(loaded_weight, dim, self.tp_rank, self.tp_size, dst.shape[dim]))
@@ -122,6 +139,20 @@ class FusedMoE(nn.Module):
         size = packed_units(param, param.output_dim, self.intermediate_size_per_partition)
         dst = dst.narrow(dim, 0 if kind == "w1" else size, size)
         copy_checked(dst, rank_slice(loaded_weight, dim, self.tp_rank, self.tp_size, size))
+
+    def _load_shared(self, param: nn.Parameter, loaded_weight: torch.Tensor, expert: int, kind: str) -> None:
+        """A tensor both gate and up carry whole (GPTQ's g_idx of their common input, which no rank
+        shards): the first one loaded fills the expert's slot, the other must equal it."""
+        dst = param.data[expert]
+        seen = self._shared_loaded.setdefault(id(param), set())
+        if expert not in seen:
+            copy_checked(dst, loaded_weight)
+            seen.add(expert)
+        elif not torch.equal(dst, loaded_weight.to(dst.device)):
+            raise ValueError(
+                f"{self.prefix}: expert {expert}'s {kind} has a different tensor from its gate/up twin; "
+                "gate and up of one expert must share it"
+            )
 
     def extra_repr(self) -> str:
         return (

@@ -91,13 +91,23 @@ class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
 def fused_moe_method_for(
     quant_config: QuantizationConfig | None, layer: nn.Module, prefix: str
 ) -> FusedMoEMethodBase:
-    """The method `quant_config` picks for the experts `prefix`; unquantized when there is no config or
-    it leaves them in full precision (returns None). A format with no MoE method is refused: its
+    """The method `quant_config` picks for the experts `prefix`: the format's own `get_fused_moe_method`
+    where it has one; else its linear method for `prefix` applied expert by expert
+    (`QuantizedFusedMoEMethod`); unquantized when there is no config or it leaves the experts in full
+    precision. A format whose linear method is not a `QuantizedLinearMethod` is refused: its
     checkpoint's experts would not load into dense parameters."""
     if quant_config is None:
         return UnquantizedFusedMoEMethod()
     get_method = getattr(quant_config, "get_fused_moe_method", None)
-    if get_method is None:
+    if get_method is not None:
+        method = get_method(layer, prefix)
+        return method if method is not None else UnquantizedFusedMoEMethod()
+    from voltllm.layers.fused_moe.quantized import QuantizedFusedMoEMethod
+    from voltllm.layers.quantization.quantized_method import QuantizedLinearMethod
+
+    linear = quant_config.get_linear_method(layer, prefix)
+    if linear is None:
+        return UnquantizedFusedMoEMethod()
+    if not isinstance(linear, QuantizedLinearMethod):
         raise ValueError(f"quantization method {quant_config.name!r} has no mixture-of-experts support")
-    method = get_method(layer, prefix)
-    return method if method is not None else UnquantizedFusedMoEMethod()
+    return QuantizedFusedMoEMethod(lambda: quant_config.get_linear_method(layer, prefix))
