@@ -1,4 +1,4 @@
-"""Quantized mixture-of-experts checkpoints (AWQ, GPTQ, compressed-tensors) through the whole engine on
+"""Quantized mixture-of-experts checkpoints (AWQ, GPTQ, compressed-tensors, FP8) through the whole engine on
 the CPU against transformers running the same model with the dequantized weights: 32 greedy tokens of
 each prompt, token for token, with chunked prefill and mixed steps.
 
@@ -108,12 +108,14 @@ FORMATS = {
     "gptq-4bit-g32-sym": Format("gptq", bits=4, group_size=32, symmetric=True),
     "gptq-4bit-g16-act_order": Format("gptq", bits=4, group_size=16, act_order=True),
     "ct-w4a16-g32-asym": Format("compressed-tensors", bits=4, group_size=32),
+    "fp8-block32": Format("fp8", bits=8, scales="block", block=(32, 32)),
 }
 CASES = [
     ("qwen3_moe-e8-top2-norm-step2", "awq-g32"),
     ("qwen3_moe-e16-top8-mlp_only", "gptq-4bit-g32-sym"),
     ("qwen2_moe-e6-top2-shared", "gptq-4bit-g16-act_order"),
     ("mixtral-e4-top2", "ct-w4a16-g32-asym"),
+    ("qwen3_moe-e4-top1", "fp8-block32"),
 ]
 
 

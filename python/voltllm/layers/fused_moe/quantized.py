@@ -1,4 +1,4 @@
-"""Quantized experts (AWQ, GPTQ, compressed-tensors W4A16/W8A16 MoE checkpoints) through the quantization
+"""Quantized experts (AWQ, GPTQ, compressed-tensors, FP8 MoE checkpoints) through the quantization
 seam: each expert matrix is read in its format's checkpoint layout and converted to a `QuantizedWeight`.
 
 A format's linear method (`QuantizedLinearMethod`) already knows its checkpoint tensors and how to turn
