@@ -12,7 +12,8 @@ each ratio measured in this run.
    `--baseline-layers N` both engines also run the workload on the model cut to its first N layers and
    the ratio is taken there, like for like (transformers' expert loop takes many minutes at 48 layers);
    voltllm's full-depth throughput is printed beside it.
-4. `kernels`: one MoE layer's experts (routing included) at 1 to 8,192 tokens by the decode GEMV, the
+4. `kernels`: one MoE layer's experts (routing included) at 1 to 8,192 tokens by the pair path (up to
+   16 tokens), the decode GEMV, the
    grouped GEMM and the torch grouped form, with the bandwidth of the expert bytes the tokens touch.
 5. `profile`: where a batch-1 decode step goes. Whether it replayed a CUDA graph, the host's share
    (the runner's step timings), the graph replay's device time by CUDA events, and the per-kernel
@@ -296,7 +297,7 @@ def bench_offline(model_dir: Path, config: dict, args: argparse.Namespace) -> di
     return row
 
 
-PAIRS_MAX_TOKENS = 8  # the pair-by-pair path reads a shared expert once per token: timed up to here
+PAIRS_TIMED_UP_TO = 16  # the pair-by-pair path reads a shared expert once per token: timed up to here
 
 
 def graph_time(fn, iters: int = 20) -> float:
@@ -351,7 +352,7 @@ def kernel_row(
         seconds = graph_time(layer, iters=20 if x.shape[0] <= 256 else 3)
         row[f"{name}_us"] = seconds * 1e6
         row[f"{name}_gb_s"] = touched * expert_bytes / seconds / 1e9
-    if x.shape[0] <= PAIRS_MAX_TOKENS:
+    if x.shape[0] <= PAIRS_TIMED_UP_TO:
 
         def layer_pairs() -> torch.Tensor:
             weights, ids = topk_softmax(logits, top_k, True)
@@ -436,7 +437,7 @@ def main() -> None:
         help="with --baseline-layers: skip voltllm's full-depth offline run (the ratio is on the cut model)",
     )
     p.add_argument(
-        "--kernel-tokens", type=int, nargs="+", default=[1, 8, 64, 256, 1024, 8192], help="kernel sizes"
+        "--kernel-tokens", type=int, nargs="+", default=[1, 8, 16, 64, 256, 1024, 8192], help="kernel sizes"
     )
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()

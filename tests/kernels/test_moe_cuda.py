@@ -1,7 +1,8 @@
 """The mixture-of-experts kernels on a CUDA GPU (skipped without one), against their torch definitions,
 with fresh random inputs every run: the fused top-k softmax against `topk_softmax_ref`, and the whole
 expert pipeline (`fused_moe`: align, gated stage, down stage, combine) by both kernels, the decode GEMV
-and the tensor-core grouped GEMM, against the torch form of the experts in fp32, for 1 to 8,192 tokens,
+and the tensor-core grouped GEMM, and the pair-by-pair decode path, against the torch form of the
+experts in fp32, for 1 to 8,192 tokens,
 top-k 1, 2 and 8, an expert that gets no token and every token routed to the same experts; then the
 decode step captured in a CUDA graph replaying fresh routings."""
 
@@ -12,8 +13,10 @@ import torch
 
 from voltllm.layers.fused_moe import experts_grouped
 from voltllm.ops.moe import (
+    PAIRS_MAX_TOKENS,
     fused_moe,
     fused_moe_applies,
+    fused_moe_pairs,
     moe_align,
     moe_tile_rows,
     topk_softmax,
@@ -85,6 +88,39 @@ def test_fused_moe_matches_the_torch_form(grouped_gemm, num_tokens, top_k, kind)
     x = torch.randn(num_tokens, hidden, device="cuda", generator=gen).half()
     logits = _routing(kind, num_tokens, num_experts, gen, torch.float16)
     _check_pipeline(x, w13, w2, logits, top_k, kind != "random" or num_tokens % 2 == 0, grouped_gemm)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("num_tokens", [1, 2, 3, 8])
+@pytest.mark.parametrize("top_k", [1, 5, 8])
+@pytest.mark.parametrize("kind", ["random", "idle expert", "all to one"])
+def test_pair_path_matches_the_torch_form(dtype, num_tokens, top_k, kind):
+    # hidden 1048 = 4 * 256 + 24: the gated stage's rows end inside a 4-chunk step; the down stage's
+    # k of 40 inside its first chunk; top-k 5 leaves a partial round of its 4 pairs in flight.
+    gen = _generator()
+    num_experts, hidden, inter = 16, 1048, 40
+    w13, w2 = _weights(num_experts, hidden, inter, dtype, gen)
+    x = torch.randn(num_tokens, hidden, device="cuda", generator=gen).to(dtype)
+    logits = _routing(kind, num_tokens, num_experts, gen, dtype)
+    weights, ids = topk_softmax(logits, top_k, kind != "random")
+    got = fused_moe_pairs(x, w13, w2, weights, ids)
+    expected = experts_grouped(x.float(), w13.float(), w2.float(), weights, ids.long())
+    tol = 2e-2 if dtype == torch.float16 else 6e-2
+    torch.testing.assert_close(got.float(), expected, atol=tol, rtol=tol)
+
+
+def test_fused_moe_runs_pair_by_pair_up_to_the_threshold(monkeypatch):
+    import voltllm.ops.moe as moe_ops
+
+    calls = []
+    monkeypatch.setattr(moe_ops, "fused_moe_pairs", lambda *a: calls.append(a[0].shape[0]) or a[0])
+    gen = _generator()
+    w13, w2 = _weights(16, 256, 96, torch.float16, gen)
+    for num_tokens in (1, PAIRS_MAX_TOKENS, PAIRS_MAX_TOKENS + 1):
+        x = torch.randn(num_tokens, 256, device="cuda", generator=gen).half()
+        weights, ids = topk_softmax(_routing("random", num_tokens, 16, gen, torch.float16), 2, True)
+        moe_ops.fused_moe(x, w13, w2, weights, ids)
+    assert calls == [1, PAIRS_MAX_TOKENS]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -9,6 +9,12 @@ A step of `fused_moe` on CUDA is five launches and no host sync (so it captures 
 4. the down stage, `y[pair] = weight * (act[slot] @ down_e.T)` in fp32;
 5. `moe_combine`, `out[t] = sum_j y[t * top_k + j]`, rounded once.
 
+Up to PAIRS_MAX_TOKENS tokens (small decode batches) the step is three launches instead:
+`topk_softmax`, then `fused_moe_pairs` (`pair_gemv.cuh`): the gated stage per pair, its expert taken
+straight from the routing (no align: a token's k experts are distinct, and at a few tokens tiles would
+save little),
+and the down stage with the top-k sum per token (no combine, no fp32 `y` round trip).
+
 Stages 3 and 4 run one of two kernels, picked by `use_grouped_gemm` from the shape alone: the decode
 GEMV (`expert_gemv.cuh`, tiles of 8 slots, CUDA cores: an expert's weights are read once per tile, and
 at decode sizes an expert gets a tile or so), or the tensor-core grouped GEMM (`grouped_gemm_wmma.cuh`,
@@ -32,6 +38,10 @@ MAX_TOP_K = 32
 # Qwen3-30B-A3B experts (benches/moe.py kernels): the GEMV wins at 8 tokens of top-8 over 128 experts
 # (0.5 pairs per expert), the GEMM at 64 (4 per expert).
 GROUPED_GEMM_MIN_PAIRS_PER_EXPERT = 2
+# Tokens up to which `fused_moe` runs pair by pair (`fused_moe_pairs`: two launches, no align or
+# combine; a shared expert is read once per token). Measured on the H200 (benches/moe.py kernels,
+# session 9 call 1): 26.2 vs 41.1 us at 1 token, 130.8 vs 182.8 us at 8 (54 experts for 64 pairs).
+PAIRS_MAX_TOKENS = 8
 
 
 def topk_softmax_ref(
@@ -145,7 +155,7 @@ def fused_moe_pairs(
 ) -> torch.Tensor:  # [T, H] in x's dtype
     """`fused_moe` pair by pair (`csrc/moe/pair_gemv.cuh`): the gated stage per (token, expert) pair,
     the down stage and the top-k sum per token; two launches, no align, no combine. An expert two
-    tokens share is read twice: the path of a decode token or two."""
+    tokens share is read twice: the path of small decode batches (PAIRS_MAX_TOKENS)."""
     num_tokens, hidden = x.shape
     ops = kernel_ops()
     act = torch.empty(topk_ids.numel(), w13.shape[1] // 2, dtype=x.dtype, device=x.device)
@@ -161,7 +171,8 @@ def fused_moe(
     w2: torch.Tensor,  # [E, H, I]
     topk_weights: torch.Tensor,  # [T, k] fp32
     topk_ids: torch.Tensor,  # [T, k] int32
-    grouped_gemm: bool | None = None,  # None: `use_grouped_gemm`'s choice
+    grouped_gemm: bool | None = None,  # the tiled path's kernel; None: the pair path up to
+    # PAIRS_MAX_TOKENS tokens, then `use_grouped_gemm`'s choice
 ) -> torch.Tensor:  # [T, H] in x's dtype
     """`sum_j topk_weights[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t]))` over each token's experts
     `e = topk_ids[t, j]`, by the kernels (check `fused_moe_applies` first). No host sync."""
@@ -171,6 +182,8 @@ def fused_moe(
     if topk_ids.dtype != torch.int32 or topk_weights.dtype != torch.float32:
         raise ValueError("fused_moe takes int32 topk_ids and fp32 topk_weights (from topk_softmax)")
     if grouped_gemm is None:
+        if num_tokens <= PAIRS_MAX_TOKENS:
+            return fused_moe_pairs(x, w13, w2, topk_weights, topk_ids)
         grouped_gemm = use_grouped_gemm(topk_ids.numel(), num_experts, x.dtype, x.device)
     tile_rows = moe_tile_rows(grouped_gemm)
     sorted_pair_ids, tile_experts, num_tiles = moe_align(topk_ids, num_experts, tile_rows)
