@@ -13,8 +13,8 @@ each ratio measured in this run.
    the ratio is taken there, like for like (transformers' expert loop takes many minutes at 48 layers);
    voltllm's full-depth throughput is printed beside it.
 4. `kernels`: one MoE layer's experts (routing included) at 1 to 8,192 tokens by the pair path (up to
-   16 tokens), the decode GEMV, the
-   grouped GEMM and the torch grouped form, with the bandwidth of the expert bytes the tokens touch.
+   16 tokens), the decode GEMV, the grouped GEMM and the torch grouped form, with the bandwidth of the
+   expert bytes the tokens touch.
 5. `profile`: where a batch-1 decode step goes. Whether it replayed a CUDA graph, the host's share
    (the runner's step timings), the graph replay's device time by CUDA events, and the per-kernel
    device time of replays (torch profiler): the gap between the two is the device idling between
