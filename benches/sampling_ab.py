@@ -1,0 +1,167 @@
+"""Sampling kernel versions side by side in one process: each version is built as its own small torch
+extension, and every (logits, batch, setting) cell is timed for all versions in turn, so that the ratios
+compare like with like on one GPU.
+
+A version is `NAME=tree` (the kernels of this tree, `torch.ops.voltllm_C`) or `NAME=DIR`, where DIR
+overlays the tree's `csrc/` with its own `sampling/radix_sampling.cuh` and/or
+`torch_glue/ops_sampling.cu`. The first version is the baseline of the ratio columns. Every version's
+tokens are checked against `sample_tokens_ref` (the sort-based reference) on the timed inputs.
+
+    python benches/sampling_ab.py --version main=/tmp/ab/main --version new=tree
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kernels import time_ms  # noqa: E402
+
+from voltllm.ops.build import CSRC_DIR, device_arch, load  # noqa: E402
+from voltllm.ops.sampling import random_seeds, sample_tokens_ref  # noqa: E402
+
+VOCAB = 151_936
+SETTINGS = {  # name -> (temperature, top_k, top_p)
+    "T=0.6": (0.6, 0, 1.0),
+    "T=0.6 top-p 0.95": (0.6, 0, 0.95),
+    "T=0.6 top-k 50 top-p 0.95": (0.6, 50, 0.95),
+}
+SCALES = {"peaked (std 4)": 4.0, "flat (std 0.01)": 0.01}
+OVERLAY_FILES = ("sampling/radix_sampling.cuh", "torch_glue/ops_sampling.cu")
+# The version's one op, in a namespace of its own; `-Dvoltllm=...` renames the C++ namespace too, so
+# that two versions' symbols never meet in one process.
+BINDING = """#include <torch/all.h>
+#include <torch/library.h>
+namespace voltllm {
+void radix_sampling(at::Tensor& out, const at::Tensor& logits, const at::Tensor& temperature,
+                    const at::Tensor& top_k, const at::Tensor& top_p, const at::Tensor& min_p,
+                    const at::Tensor& seeds);
+}
+TORCH_LIBRARY(NAMESPACE, m) {
+  m.def("radix_sampling(Tensor(a!) out, Tensor logits, Tensor temperature, Tensor top_k, Tensor top_p, "
+        "Tensor min_p, Tensor seeds) -> ()");
+  m.impl("radix_sampling", &voltllm::radix_sampling);
+}
+"""
+
+
+def namespace(name: str) -> str:
+    return f"voltllm_ab_{name}"
+
+
+def prepare_sources(name: str, overlay: Path, work: Path) -> Path:
+    """The tree's csrc/ with `overlay`'s files over it, plus the version's binding, under work/name."""
+    root = work / name
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.copytree(CSRC_DIR, root)
+    found = [f for f in OVERLAY_FILES if (overlay / f).is_file()]
+    if not found:
+        raise SystemExit(f"{overlay} holds none of {', '.join(OVERLAY_FILES)}")
+    for f in found:
+        shutil.copy(overlay / f, root / f)
+    (root / "ab_binding.cpp").write_text(BINDING.replace("NAMESPACE", namespace(name)))
+    return root
+
+
+def build(name: str, root: Path, arch: str) -> None:
+    """Builds (or loads the cached build of) version `name` from `root`, registering its op."""
+    from torch.utils import cpp_extension
+
+    os.environ["TORCH_CUDA_ARCH_LIST"] = arch
+    rename = f"-Dvoltllm={namespace(name)}"
+    build_dir = root / "build"
+    build_dir.mkdir(exist_ok=True)
+    cpp_extension.load(
+        name=namespace(name),
+        sources=[str(root / "torch_glue/ops_sampling.cu"), str(root / "ab_binding.cpp")],
+        extra_include_paths=[str(root)],
+        extra_cflags=["-O3", rename],
+        extra_cuda_cflags=["-O3", "-lineinfo", rename],
+        build_directory=str(build_dir),
+        is_python_module=False,
+    )
+
+
+def build_all(overlays: dict[str, Path], work: Path, arch: str) -> None:
+    """Builds every overlay version in parallel (one process each), then loads them here."""
+    roots = {name: prepare_sources(name, overlay, work) for name, overlay in overlays.items()}
+    procs = [
+        subprocess.Popen([sys.executable, __file__, "--build-one", name, str(root), arch])
+        for name, root in roots.items()
+    ]
+    if any(p.wait() != 0 for p in procs):
+        raise SystemExit("a version failed to build (its compiler output is above)")
+    for name, root in roots.items():
+        build(name, root, arch)
+
+
+def op_of(name: str, source: str) -> Callable[..., None]:
+    if source == "tree":
+        load()
+        return torch.ops.voltllm_C.radix_sampling
+    return getattr(torch.ops, namespace(name)).radix_sampling
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--version", action="append", default=[], help="NAME=tree or NAME=DIR (repeatable)")
+    p.add_argument("--reps", type=int, default=50)
+    p.add_argument("--build-one", nargs=3, metavar=("NAME", "ROOT", "ARCH"), help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.build_one:
+        name, root, arch = args.build_one
+        build(name, Path(root), arch)
+        return
+    versions = dict(v.split("=", 1) for v in args.version)
+    if not versions or not all(n.isidentifier() for n in versions):
+        raise SystemExit("give at least one --version NAME=tree|DIR, NAME an identifier")
+    work = Path(os.environ.get("SAMPLING_AB_DIR", Path(tempfile.gettempdir()) / "sampling_ab"))
+    arch = device_arch()
+    build_all({n: Path(s) for n, s in versions.items() if s != "tree"}, work, arch)
+    ops = {n: op_of(n, s) for n, s in versions.items()}
+    names = list(ops)
+    base = names[0]
+    gpu = torch.cuda.get_device_name()
+    print(f"GPU: {gpu}; vocab {VOCAB}; fp32 logits; median of {args.reps} single calls (ms)")
+    ratios = " | ".join(f"{n} / {base}" for n in names[1:])
+    print(f"| logits | batch | sampling | {' | '.join(names)} | {ratios} | mismatches vs reference |")
+    print("| --- " * (3 + 2 * len(names) - 1 + 1) + "|")
+    for label, scale in SCALES.items():
+        for rows in (1, 64, 256):
+            torch.manual_seed(rows)
+            logits = torch.randn(rows, VOCAB, device="cuda") * scale
+            seeds = random_seeds(rows, torch.device("cuda"))
+            for setting, (t, k, top_p) in SETTINGS.items():
+                inputs = (
+                    logits,
+                    torch.full((rows,), t, device="cuda"),
+                    torch.full((rows,), k, dtype=torch.int32, device="cuda"),
+                    torch.full((rows,), top_p, device="cuda"),
+                    torch.zeros(rows, device="cuda"),
+                    seeds,
+                )
+                want = sample_tokens_ref(*inputs)
+                times, wrong = {}, []
+                for n, op in ops.items():
+                    out = torch.empty(rows, dtype=torch.int64, device="cuda")
+                    op(out, *inputs)
+                    wrong.append(f"{n} {int((out != want).sum())}")
+                    call = partial(op, out, *inputs)
+                    times[n] = time_ms(lambda i, call=call: call(), iters=1, repeats=args.reps)
+                cells = " | ".join(f"{times[n]:.3f}" for n in names)
+                ratio_cells = " | ".join(f"{times[n] / times[base]:.2f}" for n in names[1:])
+                print(f"| {label} | {rows} | {setting} | {cells} | {ratio_cells} | {', '.join(wrong)} |")
+
+
+if __name__ == "__main__":
+    main()
