@@ -6,22 +6,22 @@
 // (row seed, token id), so a row's draw depends on its seed alone, not on the batch, the block size or
 // the order threads run in.
 //
-// Rows with only a temperature race over x / T directly, split over many blocks (race_partial_kernel
-// writes each split's winner, race_merge_kernel picks the row's): one pass, and a batch-1 step uses the
-// whole GPU. Rows with a filter (and greedy rows) take radix_sampling_kernel, one block per row, where
-// everything is expressed through each token's distance from the row's best logit in units of
-// temperature, d = (max - x) * (1 / T) >= 0, and its relative probability e = exp(-d):
+// Every pass over a row is split over many blocks (kSplitTokens tokens each), so that a batch-1 step
+// uses the whole GPU and a row costs the same whatever its logits look like. Rows with only a
+// temperature race over x / T directly (race_partial_kernel writes each split's winner,
+// race_merge_kernel picks the row's). Greedy rows and rows with a filter first find the row's max and
+// its first argmax (row_max_partial_kernel, row_max_merge_kernel; greedy rows stop there). A filter is
+// expressed through each token's distance from the best logit in units of temperature,
+// d = (max - x) * (1 / T) >= 0, and its relative probability e = exp(-d):
 //
-//   1. a pass finds the row's max (greedy rows stop here with its first argmax);
-//   2. top-k: a radix select over the bit patterns of d (a non-negative float's bits order like the
-//      float) finds the k-th smallest d, K_k, in three passes of 11/11/10 bits with per-bin counts;
-//   3. top-p: one pass sums the mass of {d <= K_k} (fixed point, floor(e * 2^40): exact and order-free)
-//      and gathers into shared memory the tokens that can be in the top-p set at all (e >= (1 - p) / V:
-//      the rest together hold less than 1 - p of the mass). The same radix select, with per-bin mass,
-//      then runs over those candidates (or over the row when there are too many) and finds the
-//      smallest K_p whose set {d <= K_p} holds at least p of the mass;
-//   4. min-p keeps e >= min_p;
-//   5. the race over the kept tokens, with weight e (log weight -d).
+//   - top-k: a radix select over the bit patterns of d (a non-negative float's bits order like the
+//     float) finds the k-th smallest d, K_k, one 11/11/10-bit digit per select_digit_kernel launch:
+//     every block counts its tokens per bin into shared memory and adds its bins to the row's global
+//     histogram; the row's last block to finish picks the digit's bin (a tiny grid-wide step);
+//   - top-p: the same select with per-bin mass (fixed point, floor(e * 2^40): exact and order-free)
+//     over {d <= K_k} finds the smallest K_p whose set {d <= K_p} holds at least p of that set's mass;
+//   - min-p keeps e >= min_p;
+//   - the race over the kept tokens, with weight e (log weight -d), split like the others.
 //
 // Ties at a threshold are kept whole (the sets are defined by values, not positions). The torch
 // reference (voltllm/ops/sampling.py, `sample_tokens_ref`) computes the same sets and the same noise.
@@ -32,11 +32,20 @@
 namespace voltllm {
 
 constexpr int kSampleBins = 2048;                     // 11-bit digits
-constexpr int kSampleThreads = 1024;                  // radix_sampling_kernel's block (a power of two, 32..1024)
-constexpr int kSampleCandidates = 8192;               // top-p candidates gathered in shared memory
 constexpr float kSampleMassScale = 1099511627776.0f;  // 2^40: e in (0, 1] as a fixed-point integer (exact)
-constexpr int kRaceSplit = 4096;                      // tokens per block of the temperature-only race
-constexpr int kRaceThreads = 256;
+constexpr int kSplitTokens = 4096;                    // tokens per block of every split pass
+constexpr int kSplitThreads = 256;                    // the split kernels' block (a power of two, 32..256)
+constexpr int kSelectDigits = 3;                      // digits of a select: bits 31..21, 20..10, 9..0
+
+// A filtered row's progress, carried from one launch to the next in global memory.
+struct SelectState {
+  float max_logit;                // the row's best logit (-inf: every logit is -inf, the row is settled)
+  int argmax;                     // its first index
+  unsigned ceiling;               // keys (bits of d) <= ceiling are kept: top-k's K_k, then top-p's K_p
+  unsigned prefix;                // the digits the select in progress has fixed so far ...
+  unsigned prefix_mask;           // ... and which bits they are
+  unsigned long long remaining;   // the weight it still wants among the keys with that prefix
+};
 
 struct SampleParams {
   long long* out;                   // [rows] the sampled token ids
@@ -47,37 +56,31 @@ struct SampleParams {
   const float* top_p;               // [rows]; >= 1: off
   const float* min_p;               // [rows]; <= 0: off
   const unsigned long long* seeds;  // [rows] the noise seed of each row's draw
-  float* race_score;                // [rows, race_splits] scratch: each split's winning race value
-  int* race_index;                  // [rows, race_splits] scratch: and its token
-  int race_splits;                  // ceil(vocab / kRaceSplit)
+  float* split_score;               // [rows, splits] scratch: each split's best value (max or race) ...
+  int* split_index;                 // [rows, splits] ... and its token
+  unsigned long long* histogram;    // [rows, kSampleBins] scratch, zeroed by row_max_merge_kernel (splits > 1)
+  unsigned* blocks_done;            // [rows] scratch: blocks of the current digit that have added theirs
+  SelectState* state;               // [rows] scratch
+  int splits;                       // ceil(vocab / kSplitTokens)
   int vocab;
 };
 
-// Shared memory of radix_sampling_kernel: the histogram, the top-p candidates, the reduction scratch.
-struct SampleShared {
-  union {
-    unsigned long long mass[kSampleBins];
-    unsigned count[kSampleBins];
-  } hist;
-  float candidate_d[kSampleCandidates];
-  int candidate_token[kSampleCandidates];
-  float score[32];
-  int index[32];
+// Shared memory of select_digit_kernel: the block's histogram and the scan scratch.
+struct SelectShared {
+  unsigned long long hist[kSampleBins];
   unsigned long long scan[32];
   unsigned long long remaining;
   unsigned chosen_bin;
-  unsigned num_candidates;
+  bool last_block;
 };
 
-__host__ __device__ constexpr size_t sample_smem_bytes() { return sizeof(SampleShared); }
-__device__ const int radix_sampling_smem_bytes = sizeof(SampleShared);  // for the sm70 gate's report
-
-struct RaceShared {
+// Shared memory of the other split kernels: one (value, index) per warp.
+struct ArgmaxShared {
   float score[32];
   int index[32];
 };
-__host__ __device__ constexpr size_t race_smem_bytes() { return sizeof(RaceShared); }
-__device__ const int race_smem_bytes_probe = sizeof(RaceShared);  // for the sm70 gate's report
+__device__ const int select_smem_bytes_probe = sizeof(SelectShared);  // for the sm70 gate's report
+__device__ const int argmax_smem_bytes_probe = sizeof(ArgmaxShared);
 
 __device__ __forceinline__ unsigned long long splitmix64(unsigned long long x) {
   x ^= x >> 30;
@@ -105,10 +108,17 @@ __device__ __forceinline__ float logit_at(const T* row, int i) {
   }
 }
 
-// Whether row `r` samples with a temperature and no filter (the split race's rows).
+// Row classes. Greedy rows take the first argmax; temperature-only rows race over x / T; the others
+// ("filtered") go through the max, the selects their filters ask for, and the race over the kept set.
+__device__ __forceinline__ bool greedy_row(const SampleParams& p, int r) { return !(p.temperature[r] > 0.f); }
+__device__ __forceinline__ bool top_k_on(const SampleParams& p, int r) { return p.top_k[r] > 0 && p.top_k[r] < p.vocab; }
+__device__ __forceinline__ bool top_p_on(const SampleParams& p, int r) { return p.top_p[r] < 1.f; }
 __device__ __forceinline__ bool temperature_only(const SampleParams& p, int r) {
-  const int k = p.top_k[r];
-  return p.temperature[r] > 0.f && (k <= 0 || k >= p.vocab) && p.top_p[r] >= 1.f && p.min_p[r] <= 0.f;
+  return !greedy_row(p, r) && !top_k_on(p, r) && !top_p_on(p, r) && !(p.min_p[r] > 0.f);
+}
+
+__device__ __forceinline__ unsigned long long fixed_mass(float d) {
+  return static_cast<unsigned long long>(expf(-d) * kSampleMassScale);
 }
 
 // Block-wide (value, index) argmax; ties go to the lower index. Every thread gets the winner's index
@@ -145,7 +155,8 @@ __device__ __forceinline__ int block_argmax(float& value, int index, float* scor
 }
 
 // Block-wide exclusive prefix sum of one value per thread (in thread order); `total` gets the sum.
-__device__ __forceinline__ unsigned long long block_exclusive_scan(unsigned long long v, SampleShared& s,
+// `scan` holds one entry per warp.
+__device__ __forceinline__ unsigned long long block_exclusive_scan(unsigned long long v, unsigned long long* scan,
                                                                   unsigned long long& total) {
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -156,284 +167,26 @@ __device__ __forceinline__ unsigned long long block_exclusive_scan(unsigned long
     const unsigned long long up = __shfl_up_sync(0xffffffffu, inclusive, o);
     if (lane >= o) inclusive += up;
   }
-  if (lane == 31) s.scan[warp] = inclusive;
+  if (lane == 31) scan[warp] = inclusive;
   __syncthreads();
   unsigned long long before = 0;
   total = 0;
   for (int w = 0; w < num_warps; ++w) {
-    if (w < warp) before += s.scan[w];
-    total += s.scan[w];
+    if (w < warp) before += scan[w];
+    total += scan[w];
   }
   __syncthreads();
   return before + inclusive - v;
 }
 
-__device__ __forceinline__ unsigned long long fixed_mass(float d) {
-  return static_cast<unsigned long long>(expf(-d) * kSampleMassScale);
-}
-
-// The tokens a select or race reads: the whole row (d computed from the logits) ...
-template <typename T>
-struct RowTokens {
-  const T* row;
-  int n;
-  float max_logit;
-  float inv_t;
-  __device__ int size() const { return n; }
-  __device__ float d(int i) const { return (max_logit - logit_at(row, i)) * inv_t; }
-  __device__ int token(int i) const { return i; }
-};
-
-// ... or the top-p candidates gathered in shared memory.
-struct CandidateTokens {
-  const float* ds;
-  const int* tokens;
-  int n;
-  __device__ int size() const { return n; }
-  __device__ float d(int i) const { return ds[i]; }
-  __device__ int token(int i) const { return tokens[i]; }
-};
-
-constexpr unsigned kNoBin = 0xffffffffu;
-
-// Adds each lane's weight `w` to bin `bin` of the histogram (kNoBin: nothing). Called by whole warps.
-// When every lane with a bin has the same one (a flat row puts nearly every token in one bin of the
-// first digit), the warp sums first and one lane adds: 32 atomics on one address would serialize.
-template <bool MASS>
-__device__ __forceinline__ void add_to_histogram(unsigned bin, unsigned long long w, SampleShared& s) {
-  const unsigned with_bin = __ballot_sync(0xffffffffu, bin != kNoBin);
-  if (with_bin == 0u) return;
-  const unsigned peers = __match_any_sync(0xffffffffu, bin);
-  if (__all_sync(0xffffffffu, bin == kNoBin || peers == with_bin)) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) w += __shfl_xor_sync(0xffffffffu, w, o);
-    if ((threadIdx.x & 31) != __ffs(with_bin) - 1) return;
-  } else if (bin == kNoBin) {
-    return;
-  }
-  if constexpr (MASS) {
-    atomicAdd(&s.hist.mass[bin], w);
-  } else {
-    atomicAdd(&s.hist.count[bin], static_cast<unsigned>(w));
-  }
-}
-
-// The smallest key K among `tokens` with key <= `ceiling` such that the weight of {key <= K} reaches
-// `target` (counts when !MASS, fixed-point masses when MASS). Three passes, one per digit, most
-// significant first.
-template <bool MASS, typename Tokens>
-__device__ unsigned radix_select(const Tokens& tokens, unsigned ceiling, unsigned long long target, SampleShared& s) {
-  unsigned prefix = 0;
-  unsigned prefix_mask = 0;
-  unsigned long long remaining = target;
-#pragma unroll
-  for (int level = 0; level < 3; ++level) {
-    const int shift = level == 0 ? 21 : level == 1 ? 10 : 0;
-    const unsigned digit_mask = level == 2 ? 0x3ffu : 0x7ffu;
-    for (int b = threadIdx.x; b < kSampleBins; b += blockDim.x) s.hist.mass[b] = 0;
-    __syncthreads();
-    for (int base = 0; base < tokens.size(); base += blockDim.x) {  // warp-uniform: add_to_histogram
-      const int i = base + threadIdx.x;
-      unsigned bin = kNoBin;
-      unsigned long long w = 0;
-      if (i < tokens.size()) {
-        const float d = tokens.d(i);
-        const unsigned key = __float_as_uint(d);
-        if (key <= ceiling && (key & prefix_mask) == prefix) {
-          bin = (key >> shift) & digit_mask;
-          w = MASS ? fixed_mass(d) : 1;
-        }
-      }
-      add_to_histogram<MASS>(bin, w, s);
-    }
-    __syncthreads();
-    // Each thread owns a run of consecutive bins; a scan over the runs finds the bin where the weight
-    // of the smaller keys reaches what is still wanted.
-    const int per_thread = kSampleBins / blockDim.x;
-    const int first = threadIdx.x * per_thread;
-    unsigned long long run = 0;
-    for (int b = first; b < first + per_thread; ++b) run += MASS ? s.hist.mass[b] : s.hist.count[b];
-    unsigned long long total;
-    const unsigned long long before = block_exclusive_scan(run, s, total);
-    if (remaining > total) remaining = total;  // fixed-point rounding at the last bin: keep everything
-    if (threadIdx.x == 0) {
-      s.chosen_bin = kSampleBins - 1;  // overwritten below: some run always holds the wanted weight
-      s.remaining = remaining;
-    }
-    __syncthreads();
-    if (before < remaining && remaining <= before + run) {
-      unsigned long long acc = before;
-      for (int b = first; b < first + per_thread; ++b) {
-        const unsigned long long w = MASS ? s.hist.mass[b] : s.hist.count[b];
-        acc += w;
-        if (acc >= remaining) {
-          s.chosen_bin = b;
-          s.remaining = remaining - (acc - w);
-          break;
-        }
-      }
-    }
-    __syncthreads();
-    const unsigned bin = s.chosen_bin;
-    remaining = s.remaining;
-    __syncthreads();
-    prefix |= bin << shift;
-    prefix_mask |= digit_mask << shift;
-  }
-  return prefix;
-}
-
-// One pass: the fixed-point mass of the row's tokens with key <= `ceiling` (returned, to every thread),
-// and the top-p candidates among them (e >= keep_e) gathered into shared memory in any order
-// (s.num_candidates may exceed the capacity: then only the count is meaningful).
-template <typename T>
-__device__ unsigned long long gather_top_p_candidates(const RowTokens<T>& row, unsigned ceiling, float keep_e,
-                                                      SampleShared& s) {
-  const int lane = threadIdx.x & 31;
-  if (threadIdx.x == 0) s.num_candidates = 0;
-  __syncthreads();
-  unsigned long long mass = 0;
-  for (int base = 0; base < row.size(); base += blockDim.x) {  // warp-uniform trip count: the ballot below
-    const int i = base + threadIdx.x;
-    bool candidate = false;
-    float d = 0.f;
-    if (i < row.size()) {
-      d = row.d(i);
-      if (__float_as_uint(d) <= ceiling) {
-        mass += fixed_mass(d);
-        candidate = expf(-d) >= keep_e;
-      }
-    }
-    const unsigned ballot = __ballot_sync(0xffffffffu, candidate);
-    unsigned slot = 0;
-    if (lane == 0 && ballot != 0u) slot = atomicAdd(&s.num_candidates, static_cast<unsigned>(__popc(ballot)));
-    slot = __shfl_sync(0xffffffffu, slot, 0) + __popc(ballot & ((1u << lane) - 1u));
-    if (candidate && slot < kSampleCandidates) {
-      s.candidate_d[slot] = d;
-      s.candidate_token[slot] = i;
-    }
-  }
-  unsigned long long total;
-  block_exclusive_scan(mass, s, total);
-  return total;
-}
-
-// The race over `tokens` with key <= ceiling and e >= min_p: the sampled token (to every thread).
-template <typename Tokens>
-__device__ int filtered_race(const Tokens& tokens, unsigned ceiling, float min_p, unsigned long long seed, int fallback,
-                             SampleShared& s) {
-  float score = neg_inf();
-  int index = fallback;
-  for (int i = threadIdx.x; i < tokens.size(); i += blockDim.x) {
-    const float d = tokens.d(i);
-    if (__float_as_uint(d) > ceiling || (min_p > 0.f && expf(-d) < min_p)) continue;
-    const int token = tokens.token(i);
-    const float race = -d - logf(exponential_noise(seed, token));
-    if (race > score || (race == score && token < index)) {
-      score = race;
-      index = token;
-    }
-  }
-  return block_argmax(score, index, s.score, s.index);
-}
-
-// Greedy rows and rows with a filter. Launch: one block per row, a power-of-two block of 32..1024
-// threads (kSampleThreads), sample_smem_bytes() of dynamic shared memory.
-template <typename T>
-__global__ void __launch_bounds__(kSampleThreads) radix_sampling_kernel(SampleParams p) {
-  begin_dependent_grid();
-  const int r = blockIdx.x;
-  if (temperature_only(p, r)) return;  // the split race's row
-  VOLTLLM_DYNAMIC_SMEM(smem_raw);
-  SampleShared& s = *reinterpret_cast<SampleShared*>(smem_raw);
-  const T* row = static_cast<const T*>(p.logits) + static_cast<long long>(r) * p.logits_stride;
-
-  float best = neg_inf();
-  int best_index = 0;
-  for (int i = threadIdx.x; i < p.vocab; i += blockDim.x) {
-    const float x = logit_at(row, i);
-    if (x > best) {  // strided ascending order: the first maximum of this thread's tokens
-      best = x;
-      best_index = i;
-    }
-  }
-  const int argmax = block_argmax(best, best_index, s.score, s.index);
-  const float temperature = p.temperature[r];
-  if (temperature <= 0.f || best == neg_inf()) {
-    if (threadIdx.x == 0) p.out[r] = argmax;
-    return;
-  }
-  const RowTokens<T> tokens{row, p.vocab, best, 1.f / temperature};
-  const unsigned long long seed = p.seeds[r];
-  const float min_p = p.min_p[r];
-
-  unsigned ceiling = 0xffffffffu;  // keep tokens whose key (the bits of d) is <= ceiling
-  const int top_k = p.top_k[r];
-  if (top_k > 0 && top_k < p.vocab) ceiling = radix_select<false>(tokens, ceiling, top_k, s);
-  const float top_p = p.top_p[r];
-  int sampled;
-  if (top_p < 1.f) {
-    const unsigned long long mass = gather_top_p_candidates(tokens, ceiling, (1.f - top_p) / p.vocab, s);
-    unsigned long long target = static_cast<unsigned long long>(static_cast<double>(top_p) * static_cast<double>(mass));
-    target = target < 1 ? 1 : target;
-    const int num_candidates = static_cast<int>(s.num_candidates);
-    if (num_candidates <= kSampleCandidates) {
-      const CandidateTokens candidates{s.candidate_d, s.candidate_token, num_candidates};
-      ceiling = radix_select<true>(candidates, ceiling, target, s);
-      sampled = filtered_race(candidates, ceiling, min_p, seed, argmax, s);
-    } else {
-      ceiling = radix_select<true>(tokens, ceiling, target, s);
-      sampled = filtered_race(tokens, ceiling, min_p, seed, argmax, s);
-    }
-  } else {
-    sampled = filtered_race(tokens, ceiling, min_p, seed, argmax, s);
-  }
-  if (threadIdx.x == 0) p.out[r] = sampled;
-}
-
-// Temperature-only rows, first half: block (row, split) races its kRaceSplit tokens over x / T and
-// writes its winner. Launch: grid (rows, race_splits) (rows on x: up to 2^31 - 1 of them),
-// kRaceThreads threads, race_smem_bytes().
-template <typename T>
-__global__ void __launch_bounds__(kRaceThreads) race_partial_kernel(SampleParams p) {
-  begin_dependent_grid();
-  const int r = blockIdx.x;
-  const int split = blockIdx.y;
-  if (!temperature_only(p, r)) return;
-  VOLTLLM_DYNAMIC_SMEM(smem_raw);
-  RaceShared& s = *reinterpret_cast<RaceShared*>(smem_raw);
-  const T* row = static_cast<const T*>(p.logits) + static_cast<long long>(r) * p.logits_stride;
-  const float inv_t = 1.f / p.temperature[r];
-  const unsigned long long seed = p.seeds[r];
-  const int begin = split * kRaceSplit;
-  const int end = min(p.vocab, begin + kRaceSplit);
-  float score = neg_inf();
-  int index = begin;
-  for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const float race = logit_at(row, i) * inv_t - logf(exponential_noise(seed, i));
-    if (race > score) {  // ascending per thread: the first of equal values
-      score = race;
-      index = i;
-    }
-  }
-  index = block_argmax(score, index, s.score, s.index);
-  if (threadIdx.x == 0) {
-    p.race_score[static_cast<long long>(r) * p.race_splits + split] = score;
-    p.race_index[static_cast<long long>(r) * p.race_splits + split] = index;
-  }
-}
-
-// Temperature-only rows, second half: one warp per row picks the best split's winner. Launch: one
-// block of 32 threads per row.
-__global__ void __launch_bounds__(32) race_merge_kernel(SampleParams p) {
-  begin_dependent_grid();
-  const int r = blockIdx.x;
-  if (!temperature_only(p, r)) return;
-  float score = neg_inf();
-  int index = 0;
-  for (int split = threadIdx.x; split < p.race_splits; split += 32) {
-    const float v = p.race_score[static_cast<long long>(r) * p.race_splits + split];
-    const int i = p.race_index[static_cast<long long>(r) * p.race_splits + split];
+// One warp reduces a row's per-split (value, index) pairs to the best value's lowest index (to every lane).
+__device__ __forceinline__ int merge_splits(const SampleParams& p, int r, float& score) {
+  score = neg_inf();
+  int index = 0x7fffffff;
+  const long long base = static_cast<long long>(r) * p.splits;
+  for (int split = threadIdx.x; split < p.splits; split += 32) {
+    const float v = p.split_score[base + split];
+    const int i = p.split_index[base + split];
     if (v > score || (v == score && i < index)) {
       score = v;
       index = i;
@@ -448,6 +201,270 @@ __global__ void __launch_bounds__(32) race_merge_kernel(SampleParams p) {
       index = i;
     }
   }
+  return index;
+}
+
+__device__ __forceinline__ void write_split(const SampleParams& p, int r, float score, int index) {
+  if (threadIdx.x == 0) {
+    p.split_score[static_cast<long long>(r) * p.splits + blockIdx.y] = score;
+    p.split_index[static_cast<long long>(r) * p.splits + blockIdx.y] = index;
+  }
+}
+
+// Greedy and filtered rows, first pass: block (row, split) writes the max of its tokens and its first
+// index. Launch: grid (rows, splits), kSplitThreads threads, sizeof(ArgmaxShared).
+template <typename T>
+__global__ void __launch_bounds__(kSplitThreads) row_max_partial_kernel(SampleParams p) {
+  begin_dependent_grid();
+  const int r = blockIdx.x;
+  if (temperature_only(p, r)) return;
+  VOLTLLM_DYNAMIC_SMEM(smem_raw);
+  ArgmaxShared& s = *reinterpret_cast<ArgmaxShared*>(smem_raw);
+  const T* row = static_cast<const T*>(p.logits) + static_cast<long long>(r) * p.logits_stride;
+  const int begin = blockIdx.y * kSplitTokens;
+  const int end = min(p.vocab, begin + kSplitTokens);
+  float best = neg_inf();
+  int index = begin;
+  for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const float x = logit_at(row, i);
+    if (x > best) {  // ascending per thread: the first of equal values
+      best = x;
+      index = i;
+    }
+  }
+  index = block_argmax(best, index, s.score, s.index);
+  write_split(p, r, best, index);
+}
+
+// Greedy and filtered rows, second step: one warp per row merges the splits. Greedy rows (and rows whose
+// logits are all -inf) get their token here; filtered rows get their select state and a zeroed
+// histogram. Launch: one block of 32 threads per row.
+__global__ void __launch_bounds__(32) row_max_merge_kernel(SampleParams p) {
+  begin_dependent_grid();
+  const int r = blockIdx.x;
+  if (temperature_only(p, r)) return;
+  float best;
+  const int argmax = merge_splits(p, r, best);
+  const bool settled = greedy_row(p, r) || best == neg_inf();
+  if (threadIdx.x == 0) {
+    if (settled) p.out[r] = argmax;
+    SelectState& st = p.state[r];
+    st.max_logit = settled ? neg_inf() : best;
+    st.argmax = argmax;
+    st.ceiling = 0xffffffffu;
+    st.prefix = 0;
+    st.prefix_mask = 0;
+    st.remaining = top_k_on(p, r) ? static_cast<unsigned long long>(p.top_k[r]) : 0ull;
+    p.blocks_done[r] = 0;
+  }
+  if (settled || !(top_k_on(p, r) || top_p_on(p, r)) || p.splits == 1) return;
+  unsigned long long* hist = p.histogram + static_cast<long long>(r) * kSampleBins;
+  for (int b = threadIdx.x; b < kSampleBins; b += 32) hist[b] = 0;
+}
+
+constexpr unsigned kNoBin = 0xffffffffu;
+
+// Adds each lane's weight `w` to bin `bin` of the block's histogram (kNoBin: nothing). Called by whole
+// warps. Lanes that share a bin sum their weights first and the lowest of them adds: on a flat row most
+// tokens land in a few bins, and atomics on one address serialize.
+__device__ __forceinline__ void add_to_histogram(unsigned bin, unsigned long long w, unsigned long long* hist) {
+  const unsigned with_bin = __ballot_sync(0xffffffffu, bin != kNoBin);
+  if (with_bin == 0u) return;
+  const unsigned peers = __match_any_sync(0xffffffffu, bin);
+  // Both tests below are the same on every lane, so the shuffles inside run on the whole warp.
+  bool summed = true;
+  if (__all_sync(0xffffffffu, bin == kNoBin || peers == with_bin)) {  // one bin: a butterfly sum
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) w += __shfl_xor_sync(0xffffffffu, w, o);
+  } else if (__popc(with_bin) > 8) {  // a few bins: each lane sums its peers' weights
+    unsigned long long sum = 0;
+#pragma unroll 4
+    for (int src = 0; src < 32; ++src) {
+      const unsigned long long v = __shfl_sync(0xffffffffu, w, src);
+      if ((peers >> src) & 1u) sum += v;
+    }
+    w = sum;
+  } else {
+    summed = false;  // a few lanes only: their atomics rarely meet
+  }
+  if (bin == kNoBin) return;
+  if (summed && static_cast<int>(threadIdx.x & 31) != __ffs(peers) - 1) return;  // the group's lowest lane adds
+  atomicAdd(&hist[bin], w);
+}
+
+// The bits of digit `level` (most significant first) and where they sit.
+__device__ __forceinline__ int digit_shift(int level) { return level == 0 ? 21 : level == 1 ? 10 : 0; }
+__device__ __forceinline__ unsigned digit_mask(int level) { return level == 2 ? 0x3ffu : 0x7ffu; }
+
+// The row's last block of a digit: picks the bin where the weight of the smaller keys reaches what is
+// still wanted, fixes it in the state, and leaves the histogram and the block count zeroed for the
+// next digit. At the first digit of a top-p select the wanted weight is top_p of the whole set's.
+template <bool MASS>
+__device__ void choose_bin(const SampleParams& p, int r, int level, SelectState& st, SelectShared& s) {
+  const int per_thread = kSampleBins / blockDim.x;
+  const int first = threadIdx.x * per_thread;
+  unsigned long long run = 0;
+  if (p.splits > 1) {  // the row's histogram is in global memory (one split: this block's is the row's)
+    unsigned long long* hist = p.histogram + static_cast<long long>(r) * kSampleBins;
+    for (int b = first; b < first + per_thread; ++b) {
+      s.hist[b] = *static_cast<volatile unsigned long long*>(hist + b);  // other blocks' atomics: read L2
+      hist[b] = 0;
+    }
+  }
+  for (int b = first; b < first + per_thread; ++b) run += s.hist[b];
+  unsigned long long total;
+  const unsigned long long before = block_exclusive_scan(run, s.scan, total);
+  unsigned long long remaining = st.remaining;
+  if (MASS && level == 0) {
+    remaining = static_cast<unsigned long long>(static_cast<double>(p.top_p[r]) * static_cast<double>(total));
+    remaining = remaining < 1 ? 1 : remaining;
+  }
+  if (remaining > total) remaining = total;  // fixed-point rounding at the last bin: keep everything
+  if (threadIdx.x == 0) {
+    s.chosen_bin = kSampleBins - 1;  // overwritten below: some run always holds the wanted weight
+    s.remaining = remaining;
+  }
+  __syncthreads();
+  if (before < remaining && remaining <= before + run) {
+    unsigned long long acc = before;
+    for (int b = first; b < first + per_thread; ++b) {
+      acc += s.hist[b];
+      if (acc >= remaining) {
+        s.chosen_bin = b;
+        s.remaining = remaining - (acc - s.hist[b]);
+        break;
+      }
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  const unsigned prefix = st.prefix | (s.chosen_bin << digit_shift(level));
+  if (level == kSelectDigits - 1) {  // the select is done: its threshold becomes the ceiling
+    st.ceiling = prefix;
+    st.prefix = 0;
+    st.prefix_mask = 0;
+    st.remaining = 0;
+  } else {
+    st.prefix = prefix;
+    st.prefix_mask |= digit_mask(level) << digit_shift(level);
+    st.remaining = s.remaining;
+  }
+  p.blocks_done[r] = 0;
+}
+
+// One digit of a filtered row's top-k (MASS = false: counts) or top-p (MASS = true: fixed-point
+// masses) select. Block (row, split) builds the histogram of its tokens with key <= ceiling and the
+// digits fixed so far, adds its nonzero bins to the row's, and the last block to finish picks the bin.
+// Launch: grid (rows, splits), kSplitThreads threads, sizeof(SelectShared); the digits in order, each
+// its own launch (level 0, 1, 2).
+template <typename T, bool MASS>
+__global__ void __launch_bounds__(kSplitThreads) select_digit_kernel(SampleParams p, int level) {
+  begin_dependent_grid();
+  const int r = blockIdx.x;
+  if (greedy_row(p, r) || !(MASS ? top_p_on(p, r) : top_k_on(p, r))) return;
+  SelectState& st = p.state[r];
+  const float max_logit = st.max_logit;
+  if (max_logit == neg_inf()) return;  // settled by row_max_merge_kernel
+  VOLTLLM_DYNAMIC_SMEM(smem_raw);
+  SelectShared& s = *reinterpret_cast<SelectShared*>(smem_raw);
+  for (int b = threadIdx.x; b < kSampleBins; b += blockDim.x) s.hist[b] = 0;
+  __syncthreads();
+  const T* row = static_cast<const T*>(p.logits) + static_cast<long long>(r) * p.logits_stride;
+  const float inv_t = 1.f / p.temperature[r];
+  const unsigned ceiling = st.ceiling;
+  const unsigned prefix = st.prefix;
+  const unsigned prefix_mask = st.prefix_mask;
+  const int shift = digit_shift(level);
+  const unsigned mask = digit_mask(level);
+  const int begin = blockIdx.y * kSplitTokens;
+  const int end = min(p.vocab, begin + kSplitTokens);
+  for (int base = begin; base < end; base += blockDim.x) {  // warp-uniform trip count: add_to_histogram
+    const int i = base + threadIdx.x;
+    unsigned bin = kNoBin;
+    unsigned long long w = 0;
+    if (i < end) {
+      const float d = (max_logit - logit_at(row, i)) * inv_t;
+      const unsigned key = __float_as_uint(d);
+      if (key <= ceiling && (key & prefix_mask) == prefix) {
+        bin = (key >> shift) & mask;
+        w = MASS ? fixed_mass(d) : 1ull;
+      }
+    }
+    add_to_histogram(bin, w, s.hist);
+  }
+  __syncthreads();
+  if (p.splits > 1) {
+    unsigned long long* hist = p.histogram + static_cast<long long>(r) * kSampleBins;
+    for (int b = threadIdx.x; b < kSampleBins; b += blockDim.x) {
+      if (s.hist[b] != 0) atomicAdd(&hist[b], s.hist[b]);
+    }
+    __threadfence();  // this block's bins are in the row's histogram before it counts itself done
+    __syncthreads();
+    if (threadIdx.x == 0) s.last_block = atomicAdd(&p.blocks_done[r], 1u) == static_cast<unsigned>(p.splits) - 1;
+    __syncthreads();
+    if (!s.last_block) return;
+    __threadfence();  // every block's bins are visible to the reads below
+  }
+  choose_bin<MASS>(p, r, level, st, s);
+}
+
+// Every sampling row, the draw's first half: block (row, split) races its tokens and writes its winner.
+// Temperature-only rows race x / T over every token; filtered rows race -d over the tokens with
+// key <= ceiling and e >= min_p (a split with none writes -inf and the row's argmax, what a row with no
+// kept token at all then draws). Launch: grid (rows, splits), kSplitThreads threads, sizeof(ArgmaxShared).
+template <typename T>
+__global__ void __launch_bounds__(kSplitThreads) race_partial_kernel(SampleParams p) {
+  begin_dependent_grid();
+  const int r = blockIdx.x;
+  if (greedy_row(p, r)) return;
+  const bool plain = temperature_only(p, r);
+  float max_logit = 0.f;
+  unsigned ceiling = 0xffffffffu;
+  int fallback = blockIdx.y * kSplitTokens;
+  if (!plain) {
+    const SelectState& st = p.state[r];
+    max_logit = st.max_logit;
+    if (max_logit == neg_inf()) return;  // settled by row_max_merge_kernel
+    ceiling = st.ceiling;
+    fallback = st.argmax;
+  }
+  VOLTLLM_DYNAMIC_SMEM(smem_raw);
+  ArgmaxShared& s = *reinterpret_cast<ArgmaxShared*>(smem_raw);
+  const T* row = static_cast<const T*>(p.logits) + static_cast<long long>(r) * p.logits_stride;
+  const float inv_t = 1.f / p.temperature[r];
+  const float min_p = p.min_p[r];
+  const unsigned long long seed = p.seeds[r];
+  const int begin = blockIdx.y * kSplitTokens;
+  const int end = min(p.vocab, begin + kSplitTokens);
+  float score = neg_inf();
+  int index = fallback;
+  for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    float race;
+    if (plain) {
+      race = logit_at(row, i) * inv_t - logf(exponential_noise(seed, i));
+    } else {
+      const float d = (max_logit - logit_at(row, i)) * inv_t;
+      if (__float_as_uint(d) > ceiling || (min_p > 0.f && expf(-d) < min_p)) continue;
+      race = -d - logf(exponential_noise(seed, i));
+    }
+    if (race > score) {  // ascending per thread: the first of equal values
+      score = race;
+      index = i;
+    }
+  }
+  index = block_argmax(score, index, s.score, s.index);
+  write_split(p, r, score, index);
+}
+
+// Every sampling row, the draw's second half: one warp per row picks the best split's winner. Launch:
+// one block of 32 threads per row.
+__global__ void __launch_bounds__(32) race_merge_kernel(SampleParams p) {
+  begin_dependent_grid();
+  const int r = blockIdx.x;
+  if (greedy_row(p, r)) return;
+  if (!temperature_only(p, r) && p.state[r].max_logit == neg_inf()) return;
+  float score;
+  const int index = merge_splits(p, r, score);
   if (threadIdx.x == 0) p.out[r] = index;
 }
 

@@ -39,21 +39,35 @@ void radix_sampling(at::Tensor& out, const at::Tensor& logits, const at::Tensor&
   p.min_p = min_p.data_ptr<float>();
   p.seeds = reinterpret_cast<const unsigned long long*>(seeds.data_ptr<int64_t>());
   p.vocab = static_cast<int>(logits.size(1));
-  p.race_splits = static_cast<int>((logits.size(1) + kRaceSplit - 1) / kRaceSplit);
-  const auto scratch_options = logits.options().dtype(at::kFloat);
-  at::Tensor race_score = at::empty({rows, p.race_splits}, scratch_options);
-  at::Tensor race_index = at::empty({rows, p.race_splits}, scratch_options.dtype(at::kInt));
-  p.race_score = race_score.data_ptr<float>();
-  p.race_index = race_index.data_ptr<int>();
+  p.splits = static_cast<int>((logits.size(1) + kSplitTokens - 1) / kSplitTokens);
+  const auto options = logits.options();
+  at::Tensor split_score = at::empty({rows, p.splits}, options.dtype(at::kFloat));
+  at::Tensor split_index = at::empty({rows, p.splits}, options.dtype(at::kInt));
+  // One split: a block's histogram is its row's, kept in shared memory.
+  at::Tensor histogram = at::empty({p.splits > 1 ? rows : 0, kSampleBins}, options.dtype(at::kLong));
+  at::Tensor blocks_done = at::empty({rows}, options.dtype(at::kInt));
+  at::Tensor state = at::empty({rows, static_cast<int64_t>(sizeof(SelectState))}, options.dtype(at::kByte));
+  p.split_score = split_score.data_ptr<float>();
+  p.split_index = split_index.data_ptr<int>();
+  p.histogram = reinterpret_cast<unsigned long long*>(histogram.data_ptr<int64_t>());
+  p.blocks_done = reinterpret_cast<unsigned*>(blocks_done.data_ptr<int>());
+  p.state = reinterpret_cast<SelectState*>(state.data_ptr<uint8_t>());
   const auto stream = at::cuda::getCurrentCUDAStream();
-  // Temperature-only rows race split over many blocks; greedy and filtered rows take one block each.
-  // Each kernel skips the rows that are not its own.
+  // Every pass is split over (rows, splits) blocks; each kernel skips the rows that are not its own
+  // (radix_sampling.cuh says which rows take which kernels).
+  const dim3 split_grid(static_cast<unsigned>(rows), static_cast<unsigned>(p.splits));
   auto run = [&](auto t) {
     using T = decltype(t);
-    launch(race_partial_kernel<T>, dim3(rows, p.race_splits), kRaceThreads, race_smem_bytes(), stream, p);
+    launch(row_max_partial_kernel<T>, split_grid, kSplitThreads, sizeof(ArgmaxShared), stream, p);
+    launch(row_max_merge_kernel, rows, 32, 0, stream, p);
+    for (int level = 0; level < kSelectDigits; ++level) {
+      launch(select_digit_kernel<T, false>, split_grid, kSplitThreads, sizeof(SelectShared), stream, p, level);
+    }
+    for (int level = 0; level < kSelectDigits; ++level) {
+      launch(select_digit_kernel<T, true>, split_grid, kSplitThreads, sizeof(SelectShared), stream, p, level);
+    }
+    launch(race_partial_kernel<T>, split_grid, kSplitThreads, sizeof(ArgmaxShared), stream, p);
     launch(race_merge_kernel, rows, 32, 0, stream, p);
-    set_smem(radix_sampling_kernel<T>, static_cast<int>(sample_smem_bytes()));  // above 48 KB: opt in
-    launch(radix_sampling_kernel<T>, rows, kSampleThreads, sample_smem_bytes(), stream, p);
   };
   if (logits.scalar_type() == at::kFloat) {
     run(float{});

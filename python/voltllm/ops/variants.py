@@ -24,7 +24,8 @@ BF16 = "__nv_bfloat16"
 DTYPES = (FP16, BF16)
 
 
-SAMPLING_KERNELS = ("radix_sampling_kernel", "race_partial_kernel")
+# The sampling kernels templated on the logits dtype alone (select_digit_kernel also takes MASS).
+SAMPLING_KERNELS = ("row_max_partial_kernel", "race_partial_kernel")
 
 
 def _elementwise() -> dict[str, list[str]]:
@@ -49,6 +50,12 @@ def _elementwise() -> dict[str, list[str]]:
         ],
         "sampling/radix_sampling.cuh": [
             *(f"voltllm::{kernel}<{t}>" for kernel in SAMPLING_KERNELS for t in ("float", *DTYPES)),
+            *(
+                f"voltllm::select_digit_kernel<{t}, {mass}>"
+                for t in ("float", *DTYPES)
+                for mass in ("false", "true")
+            ),
+            "voltllm::row_max_merge_kernel",
             "voltllm::race_merge_kernel",
         ],
         "ops/qk_norm_rope.cuh": [
@@ -146,8 +153,10 @@ def dynamic_smem_probes() -> dict[str, str]:
     """Kernel expression -> a `__device__` constant holding the dynamic shared memory it launches with."""
     probes = {}
     for t in ("float", *DTYPES):
-        probes[f"voltllm::radix_sampling_kernel<{t}>"] = "voltllm::radix_sampling_smem_bytes"
-        probes[f"voltllm::race_partial_kernel<{t}>"] = "voltllm::race_smem_bytes_probe"
+        probes[f"voltllm::row_max_partial_kernel<{t}>"] = "voltllm::argmax_smem_bytes_probe"
+        probes[f"voltllm::race_partial_kernel<{t}>"] = "voltllm::argmax_smem_bytes_probe"
+        for mass in ("false", "true"):
+            probes[f"voltllm::select_digit_kernel<{t}, {mass}>"] = "voltllm::select_smem_bytes_probe"
     for dtype in DTYPES:
         for h in HEAD_SIZES:
             args = f"<{dtype}, {h}>"

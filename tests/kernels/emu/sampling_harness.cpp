@@ -1,4 +1,4 @@
-// C entry point that runs the sampling kernel (csrc/sampling/radix_sampling.cuh) on the CPU emulator, for
+// C entry point that runs the sampling kernels (csrc/sampling/radix_sampling.cuh) on the CPU emulator, for
 // tests/kernels/test_sampling_emulated.py (loaded with ctypes; pointers are CPU torch tensors).
 #include <vector>
 
@@ -9,23 +9,54 @@
 
 extern "C" {
 
-// dtype: 0 fp32, 1 fp16, 2 bf16. `threads` stands in for the block size (a power of two, 32..1024).
+// dtype: 0 fp32, 1 fp16, 2 bf16. `threads` stands in for the split kernels' block size (a power of two,
+// 32..256). The scratch starts as garbage, as the glue's torch.empty does.
 void emu_radix_sampling(int dtype, long long* out, const void* logits, long long logits_stride,
                         const float* temperature, const int* top_k, const float* top_p, const float* min_p,
                         const unsigned long long* seeds, int rows, int vocab, int threads, unsigned seed) {
-  const int splits = (vocab + voltllm::kRaceSplit - 1) / voltllm::kRaceSplit;
-  std::vector<float> race_score(static_cast<size_t>(rows) * splits);
-  std::vector<int> race_index(race_score.size());
-  voltllm::SampleParams p{out,  logits, logits_stride,     temperature,       top_k, top_p,
-                          min_p, seeds, race_score.data(), race_index.data(), splits, vocab};
+  const int splits = (vocab + voltllm::kSplitTokens - 1) / voltllm::kSplitTokens;
+  std::vector<float> split_score(static_cast<size_t>(rows) * splits, -1.f);
+  std::vector<int> split_index(split_score.size(), -1);
+  std::vector<unsigned long long> histogram(static_cast<size_t>(rows) * voltllm::kSampleBins, 0x5a5a5a5aull);
+  std::vector<unsigned> blocks_done(rows, 77u);
+  std::vector<voltllm::SelectState> state(rows);
+  voltllm::SampleParams p{};
+  p.out = out;
+  p.logits = logits;
+  p.logits_stride = logits_stride;
+  p.temperature = temperature;
+  p.top_k = top_k;
+  p.top_p = top_p;
+  p.min_p = min_p;
+  p.seeds = seeds;
+  p.split_score = split_score.data();
+  p.split_index = split_index.data();
+  p.histogram = histogram.data();
+  p.blocks_done = blocks_done.data();
+  p.state = state.data();
+  p.splits = splits;
+  p.vocab = vocab;
+  const dim3 grid(rows, splits);
   auto run = [&](auto t) {
     using T = decltype(t);
-    // The glue's order: the split race (both halves), then the filtered rows.
-    emu::launch(dim3(rows, splits), dim3(threads < 256 ? threads : 256), voltllm::race_smem_bytes(),
-                [&] { voltllm::race_partial_kernel<T>(p); }, seed);
-    emu::launch(dim3(rows), dim3(32), 0, [&] { voltllm::race_merge_kernel(p); }, seed);
-    emu::launch(dim3(rows), dim3(threads), voltllm::sample_smem_bytes(), [&] { voltllm::radix_sampling_kernel<T>(p); },
+    // The glue's order.
+    emu::launch(grid, dim3(threads), sizeof(voltllm::ArgmaxShared), [&] { voltllm::row_max_partial_kernel<T>(p); },
                 seed);
+    emu::launch(dim3(rows), dim3(32), 0, [&] { voltllm::row_max_merge_kernel(p); }, seed);
+    for (int mass = 0; mass < 2; ++mass) {
+      for (int level = 0; level < voltllm::kSelectDigits; ++level) {
+        emu::launch(grid, dim3(threads), sizeof(voltllm::SelectShared), [&] {
+          if (mass) {
+            voltllm::select_digit_kernel<T, true>(p, level);
+          } else {
+            voltllm::select_digit_kernel<T, false>(p, level);
+          }
+        }, seed + level);
+      }
+    }
+    emu::launch(grid, dim3(threads), sizeof(voltllm::ArgmaxShared), [&] { voltllm::race_partial_kernel<T>(p); },
+                seed);
+    emu::launch(dim3(rows), dim3(32), 0, [&] { voltllm::race_merge_kernel(p); }, seed);
   };
   if (dtype == 0) {
     run(float{});
