@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -39,24 +40,43 @@ SETTINGS = {  # name -> (temperature, top_k, top_p)
 SCALES = {"peaked (std 4)": 4.0, "flat (std 0.01)": 0.01}
 OVERLAY_FILES = ("sampling/radix_sampling.cuh", "torch_glue/ops_sampling.cu")
 # The version's one op, in a namespace of its own; `-Dvoltllm=...` renames the C++ namespace too, so
-# that two versions' symbols never meet in one process.
-BINDING = """#include <torch/all.h>
+# that two versions' symbols never meet in one process. The declaration and schema come from the
+# version's glue (versions differ in which filters may be None).
+BINDING = """#include <optional>
+#include <torch/all.h>
 #include <torch/library.h>
 namespace voltllm {
-void radix_sampling(at::Tensor& out, const at::Tensor& logits, const at::Tensor& temperature,
-                    const at::Tensor& top_k, const at::Tensor& top_p, const at::Tensor& min_p,
-                    const at::Tensor& seeds);
+void radix_sampling(PARAMS);
 }
 TORCH_LIBRARY(NAMESPACE, m) {
-  m.def("radix_sampling(Tensor(a!) out, Tensor logits, Tensor temperature, Tensor top_k, Tensor top_p, "
-        "Tensor min_p, Tensor seeds) -> ()");
+  m.def("radix_sampling(SCHEMA) -> ()");
   m.impl("radix_sampling", &voltllm::radix_sampling);
 }
 """
+_GLUE_SIGNATURE = re.compile(r"void radix_sampling\(([^)]*)\)\s*\{")
+_SCHEMA_TYPES = {  # C++ parameter type -> schema type
+    "at::Tensor&": "Tensor(a!)",
+    "const at::Tensor&": "Tensor",
+    "const std::optional<at::Tensor>&": "Tensor?",
+}
 
 
 def namespace(name: str) -> str:
     return f"voltllm_ab_{name}"
+
+
+def binding_for(glue: str, name: str) -> str:
+    """The binding of version `name`, whose glue source is `glue`."""
+    match = _GLUE_SIGNATURE.search(glue)
+    if match is None:
+        raise SystemExit(f"{name}: no radix_sampling definition in its ops_sampling.cu")
+    params = " ".join(match.group(1).split())
+    schema = []
+    for param in params.split(","):
+        ctype, arg = param.strip().rsplit(" ", 1)
+        schema.append(f"{_SCHEMA_TYPES[ctype]} {arg}")
+    text = BINDING.replace("PARAMS", params).replace("SCHEMA", ", ".join(schema))
+    return text.replace("NAMESPACE", namespace(name))
 
 
 def prepare_sources(name: str, overlay: Path, work: Path) -> Path:
@@ -69,7 +89,8 @@ def prepare_sources(name: str, overlay: Path, work: Path) -> Path:
         raise SystemExit(f"{overlay} holds none of {', '.join(OVERLAY_FILES)}")
     for f in found:
         shutil.copy(overlay / f, root / f)
-    (root / "ab_binding.cpp").write_text(BINDING.replace("NAMESPACE", namespace(name)))
+    glue = (root / "torch_glue/ops_sampling.cu").read_text()
+    (root / "ab_binding.cpp").write_text(binding_for(glue, name))
     return root
 
 
@@ -112,6 +133,11 @@ def op_of(name: str, source: str) -> Callable[..., None]:
     return getattr(torch.ops, namespace(name)).radix_sampling
 
 
+def takes_none(op: Callable[..., None]) -> bool:
+    """Whether the op takes None for a filter no row uses (it then launches nothing for it)."""
+    return "Tensor? top_k" in str(op.default._schema)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--version", action="append", default=[], help="NAME=tree or NAME=DIR (repeatable)")
@@ -151,12 +177,22 @@ def main() -> None:
                     seeds,
                 )
                 want = sample_tokens_ref(*inputs)
+                logits_, temperature, top_k, top_p_, min_p, seeds_ = inputs
+                lean = (
+                    logits_,
+                    temperature,
+                    top_k if k else None,
+                    top_p_ if top_p < 1 else None,
+                    None,
+                    seeds_,
+                )
                 times, wrong = {}, []
                 for n, op in ops.items():
                     out = torch.empty(rows, dtype=torch.int64, device="cuda")
-                    op(out, *inputs)
+                    args_ = lean if takes_none(op) else inputs
+                    op(out, *args_)
                     wrong.append(f"{n} {int((out != want).sum())}")
-                    call = partial(op, out, *inputs)
+                    call = partial(op, out, *args_)
                     times[n] = time_ms(lambda i, call=call: call(), iters=1, repeats=args.reps)
                 cells = " | ".join(f"{times[n]:.3f}" for n in names)
                 ratio_cells = " | ".join(f"{times[n] / times[base]:.2f}" for n in names[1:])
