@@ -7,12 +7,12 @@
 // the order threads run in.
 //
 // Every pass over a row is split over many blocks (kSplitTokens tokens each), so that a batch-1 step
-// uses the whole GPU and a row costs the same whatever its logits look like. Rows with only a
-// temperature race over x / T directly (race_partial_kernel writes each split's winner,
-// race_merge_kernel picks the row's). Greedy rows and rows with a filter first find the row's max and
-// its first argmax (row_max_partial_kernel, row_max_merge_kernel; greedy rows stop there). A filter is
-// expressed through each token's distance from the best logit in units of temperature,
-// d = (max - x) * (1 / T) >= 0, and its relative probability e = exp(-d):
+// uses the whole GPU and a row costs the same whatever its logits look like. Greedy rows (first argmax
+// of x) and rows with only a temperature (the race over x / T) take one split pass, race_partial_kernel
+// writing each split's winner, and race_merge_kernel picking the row's. Rows with a filter first find
+// the row's max (row_max_partial_kernel, row_max_merge_kernel). A filter is expressed through each
+// token's distance from the best logit in units of temperature, d = (max - x) * (1 / T) >= 0, and its
+// relative probability e = exp(-d):
 //
 //   - top-k: a radix select over the bit patterns of d (a non-negative float's bits order like the
 //     float) finds the k-th smallest d, K_k, one 11/11/10-bit digit per select_digit_kernel launch:
@@ -52,9 +52,9 @@ struct SampleParams {
   const void* logits;               // [rows, vocab] of T, rows `logits_stride` elements apart
   long long logits_stride;
   const float* temperature;         // [rows]; <= 0: greedy
-  const int* top_k;                 // [rows]; <= 0 or >= vocab: off
-  const float* top_p;               // [rows]; >= 1: off
-  const float* min_p;               // [rows]; <= 0: off
+  const int* top_k;                 // [rows]; <= 0 or >= vocab: off; null: off for every row
+  const float* top_p;               // [rows]; >= 1: off; null: off for every row
+  const float* min_p;               // [rows]; <= 0: off; null: off for every row
   const unsigned long long* seeds;  // [rows] the noise seed of each row's draw
   float* split_score;               // [rows, splits] scratch: each split's best value (max or race) ...
   int* split_index;                 // [rows, splits] ... and its token
@@ -108,13 +108,17 @@ __device__ __forceinline__ float logit_at(const T* row, int i) {
   }
 }
 
-// Row classes. Greedy rows take the first argmax; temperature-only rows race over x / T; the others
-// ("filtered") go through the max, the selects their filters ask for, and the race over the kept set.
+// Row classes. Greedy rows take the first argmax and temperature-only rows race over x / T, both in the
+// race kernels alone; the others ("filtered") go through the max, the selects their filters ask for,
+// and the race over the kept set.
 __device__ __forceinline__ bool greedy_row(const SampleParams& p, int r) { return !(p.temperature[r] > 0.f); }
-__device__ __forceinline__ bool top_k_on(const SampleParams& p, int r) { return p.top_k[r] > 0 && p.top_k[r] < p.vocab; }
-__device__ __forceinline__ bool top_p_on(const SampleParams& p, int r) { return p.top_p[r] < 1.f; }
-__device__ __forceinline__ bool temperature_only(const SampleParams& p, int r) {
-  return !greedy_row(p, r) && !top_k_on(p, r) && !top_p_on(p, r) && !(p.min_p[r] > 0.f);
+__device__ __forceinline__ bool top_k_on(const SampleParams& p, int r) {
+  return p.top_k != nullptr && p.top_k[r] > 0 && p.top_k[r] < p.vocab;
+}
+__device__ __forceinline__ bool top_p_on(const SampleParams& p, int r) { return p.top_p != nullptr && p.top_p[r] < 1.f; }
+__device__ __forceinline__ float min_p_of(const SampleParams& p, int r) { return p.min_p != nullptr ? p.min_p[r] : 0.f; }
+__device__ __forceinline__ bool filtered_row(const SampleParams& p, int r) {
+  return !greedy_row(p, r) && (top_k_on(p, r) || top_p_on(p, r) || min_p_of(p, r) > 0.f);
 }
 
 __device__ __forceinline__ unsigned long long fixed_mass(float d) {
@@ -211,13 +215,13 @@ __device__ __forceinline__ void write_split(const SampleParams& p, int r, float 
   }
 }
 
-// Greedy and filtered rows, first pass: block (row, split) writes the max of its tokens and its first
-// index. Launch: grid (rows, splits), kSplitThreads threads, sizeof(ArgmaxShared).
+// Filtered rows, first pass: block (row, split) writes the max of its tokens and its first index.
+// Launch: grid (rows, splits), kSplitThreads threads, sizeof(ArgmaxShared).
 template <typename T>
 __global__ void __launch_bounds__(kSplitThreads) row_max_partial_kernel(SampleParams p) {
   begin_dependent_grid();
   const int r = blockIdx.x;
-  if (temperature_only(p, r)) return;
+  if (!filtered_row(p, r)) return;
   VOLTLLM_DYNAMIC_SMEM(smem_raw);
   ArgmaxShared& s = *reinterpret_cast<ArgmaxShared*>(smem_raw);
   const T* row = static_cast<const T*>(p.logits) + static_cast<long long>(r) * p.logits_stride;
@@ -236,16 +240,16 @@ __global__ void __launch_bounds__(kSplitThreads) row_max_partial_kernel(SamplePa
   write_split(p, r, best, index);
 }
 
-// Greedy and filtered rows, second step: one warp per row merges the splits. Greedy rows (and rows whose
-// logits are all -inf) get their token here; filtered rows get their select state and a zeroed
-// histogram. Launch: one block of 32 threads per row.
+// Filtered rows, second step: one warp per row merges the splits into the row's select state and zeroes
+// its histogram. A row whose logits are all -inf gets its token (the first) here. Launch: one block of
+// 32 threads per row.
 __global__ void __launch_bounds__(32) row_max_merge_kernel(SampleParams p) {
   begin_dependent_grid();
   const int r = blockIdx.x;
-  if (temperature_only(p, r)) return;
+  if (!filtered_row(p, r)) return;
   float best;
   const int argmax = merge_splits(p, r, best);
-  const bool settled = greedy_row(p, r) || best == neg_inf();
+  const bool settled = best == neg_inf();
   if (threadIdx.x == 0) {
     if (settled) p.out[r] = argmax;
     SelectState& st = p.state[r];
@@ -264,33 +268,24 @@ __global__ void __launch_bounds__(32) row_max_merge_kernel(SampleParams p) {
 
 constexpr unsigned kNoBin = 0xffffffffu;
 
-// Adds each lane's weight `w` to bin `bin` of the block's histogram (kNoBin: nothing). Called by whole
-// warps. Lanes that share a bin sum their weights first and the lowest of them adds: on a flat row most
-// tokens land in a few bins, and atomics on one address serialize.
-__device__ __forceinline__ void add_to_histogram(unsigned bin, unsigned long long w, unsigned long long* hist) {
-  const unsigned with_bin = __ballot_sync(0xffffffffu, bin != kNoBin);
-  if (with_bin == 0u) return;
-  const unsigned peers = __match_any_sync(0xffffffffu, bin);
-  // Both tests below are the same on every lane, so the shuffles inside run on the whole warp.
-  bool summed = true;
-  if (__all_sync(0xffffffffu, bin == kNoBin || peers == with_bin)) {  // one bin: a butterfly sum
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) w += __shfl_xor_sync(0xffffffffu, w, o);
-  } else if (__popc(with_bin) > 8) {  // a few bins: each lane sums its peers' weights
-    unsigned long long sum = 0;
-#pragma unroll 4
-    for (int src = 0; src < 32; ++src) {
-      const unsigned long long v = __shfl_sync(0xffffffffu, w, src);
-      if ((peers >> src) & 1u) sum += v;
+// A thread's pending histogram add: consecutive tokens of a thread that fall in one bin are summed in a
+// register and added once. On a flat row nearly every token lands in one bin of the first digit, and
+// atomics on one address serialize; elsewhere bins change often and this costs one compare.
+struct PendingBin {
+  unsigned bin = kNoBin;
+  unsigned long long weight = 0;
+  __device__ __forceinline__ void add(unsigned b, unsigned long long w, unsigned long long* hist) {
+    if (b != bin) {
+      flush(hist);
+      bin = b;
     }
-    w = sum;
-  } else {
-    summed = false;  // a few lanes only: their atomics rarely meet
+    weight += w;
   }
-  if (bin == kNoBin) return;
-  if (summed && static_cast<int>(threadIdx.x & 31) != __ffs(peers) - 1) return;  // the group's lowest lane adds
-  atomicAdd(&hist[bin], w);
-}
+  __device__ __forceinline__ void flush(unsigned long long* hist) {
+    if (weight != 0) atomicAdd(&hist[bin], weight);
+    weight = 0;
+  }
+};
 
 // The bits of digit `level` (most significant first) and where they sit.
 __device__ __forceinline__ int digit_shift(int level) { return level == 0 ? 21 : level == 1 ? 10 : 0; }
@@ -361,7 +356,7 @@ template <typename T, bool MASS>
 __global__ void __launch_bounds__(kSplitThreads) select_digit_kernel(SampleParams p, int level) {
   begin_dependent_grid();
   const int r = blockIdx.x;
-  if (greedy_row(p, r) || !(MASS ? top_p_on(p, r) : top_k_on(p, r))) return;
+  if (greedy_row(p, r) || !(MASS ? top_p_on(p, r) : top_k_on(p, r))) return;  // (a filtered row, then)
   SelectState& st = p.state[r];
   const float max_logit = st.max_logit;
   if (max_logit == neg_inf()) return;  // settled by row_max_merge_kernel
@@ -378,20 +373,15 @@ __global__ void __launch_bounds__(kSplitThreads) select_digit_kernel(SampleParam
   const unsigned mask = digit_mask(level);
   const int begin = blockIdx.y * kSplitTokens;
   const int end = min(p.vocab, begin + kSplitTokens);
-  for (int base = begin; base < end; base += blockDim.x) {  // warp-uniform trip count: add_to_histogram
-    const int i = base + threadIdx.x;
-    unsigned bin = kNoBin;
-    unsigned long long w = 0;
-    if (i < end) {
-      const float d = (max_logit - logit_at(row, i)) * inv_t;
-      const unsigned key = __float_as_uint(d);
-      if (key <= ceiling && (key & prefix_mask) == prefix) {
-        bin = (key >> shift) & mask;
-        w = MASS ? fixed_mass(d) : 1ull;
-      }
-    }
-    add_to_histogram(bin, w, s.hist);
+  PendingBin pending;
+  for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const float d = (max_logit - logit_at(row, i)) * inv_t;
+    const unsigned key = __float_as_uint(d);
+    if (key > ceiling || (key & prefix_mask) != prefix) continue;
+    const unsigned long long w = MASS ? fixed_mass(d) : 1ull;
+    if (w != 0) pending.add((key >> shift) & mask, w, s.hist);  // (a mass that rounds to 0 adds nothing)
   }
+  pending.flush(s.hist);
   __syncthreads();
   if (p.splits > 1) {
     unsigned long long* hist = p.histogram + static_cast<long long>(r) * kSampleBins;
@@ -408,20 +398,21 @@ __global__ void __launch_bounds__(kSplitThreads) select_digit_kernel(SampleParam
   choose_bin<MASS>(p, r, level, st, s);
 }
 
-// Every sampling row, the draw's first half: block (row, split) races its tokens and writes its winner.
-// Temperature-only rows race x / T over every token; filtered rows race -d over the tokens with
-// key <= ceiling and e >= min_p (a split with none writes -inf and the row's argmax, what a row with no
-// kept token at all then draws). Launch: grid (rows, splits), kSplitThreads threads, sizeof(ArgmaxShared).
+// Every row, the draw's first half: block (row, split) races its tokens and writes its winner. Greedy
+// rows take x itself (the first max), temperature-only rows race x / T over every token, filtered rows
+// race -d over the tokens with key <= ceiling and e >= min_p (a split with none writes -inf and the
+// row's argmax, what a row with no kept token at all then draws). Launch: grid (rows, splits),
+// kSplitThreads threads, sizeof(ArgmaxShared).
 template <typename T>
 __global__ void __launch_bounds__(kSplitThreads) race_partial_kernel(SampleParams p) {
   begin_dependent_grid();
   const int r = blockIdx.x;
-  if (greedy_row(p, r)) return;
-  const bool plain = temperature_only(p, r);
+  const bool greedy = greedy_row(p, r);
+  const bool filtered = filtered_row(p, r);
   float max_logit = 0.f;
   unsigned ceiling = 0xffffffffu;
   int fallback = blockIdx.y * kSplitTokens;
-  if (!plain) {
+  if (filtered) {
     const SelectState& st = p.state[r];
     max_logit = st.max_logit;
     if (max_logit == neg_inf()) return;  // settled by row_max_merge_kernel
@@ -431,8 +422,8 @@ __global__ void __launch_bounds__(kSplitThreads) race_partial_kernel(SampleParam
   VOLTLLM_DYNAMIC_SMEM(smem_raw);
   ArgmaxShared& s = *reinterpret_cast<ArgmaxShared*>(smem_raw);
   const T* row = static_cast<const T*>(p.logits) + static_cast<long long>(r) * p.logits_stride;
-  const float inv_t = 1.f / p.temperature[r];
-  const float min_p = p.min_p[r];
+  const float inv_t = greedy ? 1.f : 1.f / p.temperature[r];
+  const float min_p = min_p_of(p, r);
   const unsigned long long seed = p.seeds[r];
   const int begin = blockIdx.y * kSplitTokens;
   const int end = min(p.vocab, begin + kSplitTokens);
@@ -440,7 +431,9 @@ __global__ void __launch_bounds__(kSplitThreads) race_partial_kernel(SampleParam
   int index = fallback;
   for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
     float race;
-    if (plain) {
+    if (greedy) {
+      race = logit_at(row, i);
+    } else if (!filtered) {
       race = logit_at(row, i) * inv_t - logf(exponential_noise(seed, i));
     } else {
       const float d = (max_logit - logit_at(row, i)) * inv_t;
@@ -456,13 +449,12 @@ __global__ void __launch_bounds__(kSplitThreads) race_partial_kernel(SampleParam
   write_split(p, r, score, index);
 }
 
-// Every sampling row, the draw's second half: one warp per row picks the best split's winner. Launch:
-// one block of 32 threads per row.
+// Every row, the draw's second half: one warp per row picks the best split's winner. Launch: one block
+// of 32 threads per row.
 __global__ void __launch_bounds__(32) race_merge_kernel(SampleParams p) {
   begin_dependent_grid();
   const int r = blockIdx.x;
-  if (greedy_row(p, r)) return;
-  if (!temperature_only(p, r) && p.state[r].max_logit == neg_inf()) return;
+  if (filtered_row(p, r) && p.state[r].max_logit == neg_inf()) return;  // settled by row_max_merge_kernel
   float score;
   const int index = merge_splits(p, r, score);
   if (threadIdx.x == 0) p.out[r] = index;

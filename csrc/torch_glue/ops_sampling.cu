@@ -16,16 +16,22 @@ void check_row_param(const at::Tensor& t, at::ScalarType dtype, int64_t rows, co
 
 }  // namespace
 
-void radix_sampling(at::Tensor& out, const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& top_k,
-                    const at::Tensor& top_p, const at::Tensor& min_p, const at::Tensor& seeds) {
+// A filter's per-row tensor, or null when the filter is off for every row (its passes are not launched).
+template <typename V>
+const V* optional_row_param(const std::optional<at::Tensor>& t, at::ScalarType dtype, int64_t rows, const char* name) {
+  if (!t.has_value()) return nullptr;
+  check_row_param(*t, dtype, rows, name);
+  return t->data_ptr<V>();
+}
+
+void radix_sampling(at::Tensor& out, const at::Tensor& logits, const at::Tensor& temperature,
+                    const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
+                    const std::optional<at::Tensor>& min_p, const at::Tensor& seeds) {
   check_cuda(logits, "logits");
   TORCH_CHECK(logits.dim() == 2 && logits.stride(1) == 1, "radix_sampling: logits must be [rows, vocab] with contiguous rows");
   const int64_t rows = logits.size(0);
   check_row_param(out, at::kLong, rows, "out");
   check_row_param(temperature, at::kFloat, rows, "temperature");
-  check_row_param(top_k, at::kInt, rows, "top_k");
-  check_row_param(top_p, at::kFloat, rows, "top_p");
-  check_row_param(min_p, at::kFloat, rows, "min_p");
   check_row_param(seeds, at::kLong, rows, "seeds");
   if (rows == 0) return;
   const at::cuda::OptionalCUDAGuard guard(logits.device());
@@ -34,9 +40,9 @@ void radix_sampling(at::Tensor& out, const at::Tensor& logits, const at::Tensor&
   p.logits = logits.data_ptr();
   p.logits_stride = logits.stride(0);
   p.temperature = temperature.data_ptr<float>();
-  p.top_k = top_k.data_ptr<int>();
-  p.top_p = top_p.data_ptr<float>();
-  p.min_p = min_p.data_ptr<float>();
+  p.top_k = optional_row_param<int>(top_k, at::kInt, rows, "top_k");
+  p.top_p = optional_row_param<float>(top_p, at::kFloat, rows, "top_p");
+  p.min_p = optional_row_param<float>(min_p, at::kFloat, rows, "min_p");
   p.seeds = reinterpret_cast<const unsigned long long*>(seeds.data_ptr<int64_t>());
   p.vocab = static_cast<int>(logits.size(1));
   p.splits = static_cast<int>((logits.size(1) + kSplitTokens - 1) / kSplitTokens);
@@ -54,16 +60,18 @@ void radix_sampling(at::Tensor& out, const at::Tensor& logits, const at::Tensor&
   p.state = reinterpret_cast<SelectState*>(state.data_ptr<uint8_t>());
   const auto stream = at::cuda::getCurrentCUDAStream();
   // Every pass is split over (rows, splits) blocks; each kernel skips the rows that are not its own
-  // (radix_sampling.cuh says which rows take which kernels).
+  // (radix_sampling.cuh says which rows take which kernels). A filter no row has launches nothing.
   const dim3 split_grid(static_cast<unsigned>(rows), static_cast<unsigned>(p.splits));
   auto run = [&](auto t) {
     using T = decltype(t);
-    launch(row_max_partial_kernel<T>, split_grid, kSplitThreads, sizeof(ArgmaxShared), stream, p);
-    launch(row_max_merge_kernel, rows, 32, 0, stream, p);
-    for (int level = 0; level < kSelectDigits; ++level) {
+    if (p.top_k != nullptr || p.top_p != nullptr || p.min_p != nullptr) {
+      launch(row_max_partial_kernel<T>, split_grid, kSplitThreads, sizeof(ArgmaxShared), stream, p);
+      launch(row_max_merge_kernel, rows, 32, 0, stream, p);
+    }
+    for (int level = 0; p.top_k != nullptr && level < kSelectDigits; ++level) {
       launch(select_digit_kernel<T, false>, split_grid, kSplitThreads, sizeof(SelectShared), stream, p, level);
     }
-    for (int level = 0; level < kSelectDigits; ++level) {
+    for (int level = 0; p.top_p != nullptr && level < kSelectDigits; ++level) {
       launch(select_digit_kernel<T, true>, split_grid, kSplitThreads, sizeof(SelectShared), stream, p, level);
     }
     launch(race_partial_kernel<T>, split_grid, kSplitThreads, sizeof(ArgmaxShared), stream, p);

@@ -25,8 +25,9 @@ void fused_add_rms_norm(at::Tensor& input, at::Tensor& residual, const at::Tenso
 void rotary_embedding(const at::Tensor& positions, at::Tensor& query, const std::optional<at::Tensor>& key,
                       const at::Tensor& cos_sin_cache, int64_t head_size, bool is_neox);
 void silu_and_mul(at::Tensor& out, const at::Tensor& input);
-void radix_sampling(at::Tensor& out, const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& top_k,
-                    const at::Tensor& top_p, const at::Tensor& min_p, const at::Tensor& seeds);
+void radix_sampling(at::Tensor& out, const at::Tensor& logits, const at::Tensor& temperature,
+                    const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
+                    const std::optional<at::Tensor>& min_p, const at::Tensor& seeds);
 void gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
           bool swiglu);
 void add_rms_norm_gemv(at::Tensor& out, at::Tensor& residual_out, const at::Tensor& hidden,
@@ -73,7 +74,7 @@ TORCH_LIBRARY(voltllm_C, m) {
       "int head_size, bool is_neox) -> ()");
   m.def("silu_and_mul(Tensor(a!) out, Tensor input) -> ()");
   m.def(
-      "radix_sampling(Tensor(a!) out, Tensor logits, Tensor temperature, Tensor top_k, Tensor top_p, Tensor min_p, "
+      "radix_sampling(Tensor(a!) out, Tensor logits, Tensor temperature, Tensor? top_k, Tensor? top_p, Tensor? min_p, "
       "Tensor seeds) -> ()");
   m.def("gemv(Tensor(a!) out, Tensor x, Tensor weight, Tensor? bias, bool swiglu) -> ()");
   m.def(

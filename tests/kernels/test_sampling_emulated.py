@@ -24,6 +24,7 @@ def emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
 
 
 def run_kernel(emu, logits, temperature, top_k, top_p, min_p, seeds, threads: int) -> torch.Tensor:
+    """The kernels' token per row; a filter given as None is off for every row (nothing launched for it)."""
     out = torch.full((logits.shape[0],), -1, dtype=torch.int64)
     emu.emu_radix_sampling(
         DTYPE_CODES[logits.dtype], ptr(out), ptr(logits), ctypes.c_longlong(logits.stride(0)),
@@ -59,7 +60,9 @@ def test_kernel_draws_the_reference_token(emu, k, p, m, dtype, threads):
     temperature, top_k, top_p, min_p = settings(rows, gen, k=k, p=p, m=m)
     seeds = random_seeds(rows, torch.device("cpu"), gen)
     want = sample_tokens_ref(logits, temperature, top_k, top_p, min_p, seeds)
-    got = run_kernel(emu, logits, temperature, top_k, top_p, min_p, seeds, threads)
+    # the filters that are off: as off values on every row (threads 64), or as None (the others)
+    lean = [f if on or threads == 64 else None for f, on in ((top_k, k), (top_p, p), (min_p, m))]
+    got = run_kernel(emu, logits, temperature, *lean, seeds, threads)
     assert torch.equal(got, want)
     assert got[0] == logits[0].float().argmax()  # greedy: the first argmax
     assert logits[2, got[2]] != float("-inf")

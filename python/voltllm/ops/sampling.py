@@ -13,7 +13,8 @@ sets are defined by each token's distance from the row's best logit in units of 
   Rows with no filter race over `x / T - log E` directly (the same draw without needing the max, so the
   kernel splits such a row over many blocks).
 
-Rows with temperature <= 0 take the first argmax. The noise of a row depends on its seed alone, so a
+A filter that no row uses can be passed as None (the kernel then launches nothing for it). Rows with
+temperature <= 0 take the first argmax. The noise of a row depends on its seed alone, so a
 draw is reproducible whatever else is in the batch. The reference computes the same sets with a sort
 and the same noise; the kernel and it agree token for token up to last-bit differences of exp/log.
 """
@@ -73,12 +74,16 @@ def seed_as_int64(seed: int) -> int:
 def sample_tokens_ref(
     logits: torch.Tensor,  # [N, V]
     temperature: torch.Tensor,  # [N] float32; <= 0: greedy
-    top_k: torch.Tensor,  # [N] int32; <= 0 or >= V: off
-    top_p: torch.Tensor,  # [N] float32; >= 1: off
-    min_p: torch.Tensor,  # [N] float32; <= 0: off
+    top_k: torch.Tensor | None,  # [N] int32; <= 0 or >= V: off; None: off for every row
+    top_p: torch.Tensor | None,  # [N] float32; >= 1: off; None: off for every row
+    min_p: torch.Tensor | None,  # [N] float32; <= 0: off; None: off for every row
     seeds: torch.Tensor,  # [N] int64
 ) -> torch.Tensor:
     """The reference of `sample_tokens`: the same sets by sorting, the same noise. `[N]` int64."""
+    rows, device = logits.shape[0], logits.device
+    top_k = top_k if top_k is not None else torch.zeros(rows, dtype=torch.int32, device=device)
+    top_p = top_p if top_p is not None else torch.ones(rows, device=device)
+    min_p = min_p if min_p is not None else torch.zeros(rows, device=device)
     x = logits.float()
     vocab = x.shape[1]
     argmax = x.argmax(dim=-1)
@@ -122,15 +127,16 @@ def _top_p_ceiling(d: torch.Tensor, e: torch.Tensor, keep: torch.Tensor, top_p: 
 def sample_tokens(
     logits: torch.Tensor,
     temperature: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
-    min_p: torch.Tensor,
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+    min_p: torch.Tensor | None,
     seeds: torch.Tensor,
 ) -> torch.Tensor:
     """One token per row of `logits [N, V]` (fp32/fp16/bf16, rows contiguous): `[N]` int64.
 
     Per-row settings: `temperature` float32 (<= 0: greedy), `top_k` int32 (<= 0: off), `top_p` float32
     (1: off), `min_p` float32 (0: off), `seeds` int64 (the row's noise: same seed, same logits, same token).
+    A filter no row uses may be None.
     """
     if not use_kernels(logits):
         return sample_tokens_ref(logits, temperature, top_k, top_p, min_p, seeds)

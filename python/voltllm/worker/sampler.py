@@ -86,11 +86,8 @@ class Sampler:
             index = torch.tensor(list(md.seeds), dtype=torch.int64, device=device)
             values = [seed_as_int64(v) for v in md.seeds.values()]
             seeds[index] = torch.tensor(values, dtype=torch.int64, device=device)
-        off = torch.zeros(rows, dtype=torch.int32, device=device)
-        top_k = md.top_k.int() if md.top_k is not None else off
-        top_p = md.top_p if md.top_p is not None else torch.ones(rows, device=device)
-        min_p = md.min_p if md.min_p is not None else torch.zeros(rows, device=device)
-        return sample_tokens(logits, md.temperature, top_k, top_p, min_p, seeds)
+        top_k = md.top_k.int() if md.top_k is not None else None
+        return sample_tokens(logits, md.temperature, top_k, md.top_p, md.min_p, seeds)
 
 
 def _edits_logits(md: SamplingMetadata) -> bool:

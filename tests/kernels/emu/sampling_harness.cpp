@@ -10,7 +10,8 @@
 extern "C" {
 
 // dtype: 0 fp32, 1 fp16, 2 bf16. `threads` stands in for the split kernels' block size (a power of two,
-// 32..256). The scratch starts as garbage, as the glue's torch.empty does.
+// 32..256). top_k / top_p / min_p may be null (off for every row), as in the glue, which then launches
+// nothing for them. The scratch starts as garbage, as the glue's torch.empty does.
 void emu_radix_sampling(int dtype, long long* out, const void* logits, long long logits_stride,
                         const float* temperature, const int* top_k, const float* top_p, const float* min_p,
                         const unsigned long long* seeds, int rows, int vocab, int threads, unsigned seed) {
@@ -40,10 +41,13 @@ void emu_radix_sampling(int dtype, long long* out, const void* logits, long long
   auto run = [&](auto t) {
     using T = decltype(t);
     // The glue's order.
-    emu::launch(grid, dim3(threads), sizeof(voltllm::ArgmaxShared), [&] { voltllm::row_max_partial_kernel<T>(p); },
-                seed);
-    emu::launch(dim3(rows), dim3(32), 0, [&] { voltllm::row_max_merge_kernel(p); }, seed);
+    if (top_k != nullptr || top_p != nullptr || min_p != nullptr) {
+      emu::launch(grid, dim3(threads), sizeof(voltllm::ArgmaxShared),
+                  [&] { voltllm::row_max_partial_kernel<T>(p); }, seed);
+      emu::launch(dim3(rows), dim3(32), 0, [&] { voltllm::row_max_merge_kernel(p); }, seed);
+    }
     for (int mass = 0; mass < 2; ++mass) {
+      if ((mass ? static_cast<const void*>(top_p) : static_cast<const void*>(top_k)) == nullptr) continue;
       for (int level = 0; level < voltllm::kSelectDigits; ++level) {
         emu::launch(grid, dim3(threads), sizeof(voltllm::SelectShared), [&] {
           if (mass) {
