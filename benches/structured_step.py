@@ -192,9 +192,9 @@ class ConstrainedPathProbe:
         start, run, accept, fill, apply = masks.start, masks._run, masks._accept, masks._fill, masks.apply
         execute_model = runner.execute_model
 
-        def timed_start(constrained: list, accepts=None):
+        def timed_start(masked, accepts=None):
             self.current["submitted"] = time.perf_counter()
-            return start(constrained, accepts)
+            return start(masked, accepts)
 
         def timed_run(accepts, matchers: list) -> list:
             begin = time.perf_counter()

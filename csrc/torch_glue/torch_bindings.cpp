@@ -28,6 +28,7 @@ void silu_and_mul(at::Tensor& out, const at::Tensor& input);
 void radix_sampling(at::Tensor& out, const at::Tensor& logits, const at::Tensor& temperature,
                     const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
                     const std::optional<at::Tensor>& min_p, const at::Tensor& seeds);
+void apply_token_bitmask(at::Tensor& logits, const at::Tensor& bitmask, const std::optional<at::Tensor>& rows);
 void gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
           bool swiglu);
 void add_rms_norm_gemv(at::Tensor& out, at::Tensor& residual_out, const at::Tensor& hidden,
@@ -76,6 +77,7 @@ TORCH_LIBRARY(voltllm_C, m) {
   m.def(
       "radix_sampling(Tensor(a!) out, Tensor logits, Tensor temperature, Tensor? top_k, Tensor? top_p, Tensor? min_p, "
       "Tensor seeds) -> ()");
+  m.def("apply_token_bitmask(Tensor(a!) logits, Tensor bitmask, Tensor? rows) -> ()");
   m.def("gemv(Tensor(a!) out, Tensor x, Tensor weight, Tensor? bias, bool swiglu) -> ()");
   m.def(
       "add_rms_norm_gemv(Tensor(a!) out, Tensor(b!) residual_out, Tensor hidden, Tensor residual, "
@@ -112,6 +114,7 @@ TORCH_LIBRARY_IMPL(voltllm_C, CUDA, m) {
   m.impl("rotary_embedding", &voltllm::rotary_embedding);
   m.impl("silu_and_mul", &voltllm::silu_and_mul);
   m.impl("radix_sampling", &voltllm::radix_sampling);
+  m.impl("apply_token_bitmask", &voltllm::apply_token_bitmask);
   m.impl("gemv", &voltllm::gemv);
   m.impl("add_rms_norm_gemv", &voltllm::add_rms_norm_gemv);
   m.impl("qk_norm_rope_kv_write", &voltllm::qk_norm_rope_kv_write);

@@ -40,7 +40,7 @@ def test_every_include_resolves_from_the_include_root() -> None:
 
 def test_kernels_are_torch_free_and_grouped_by_job() -> None:
     """Only csrc/torch_glue/ sees torch; kernels live in a folder per job, beside common.cuh."""
-    jobs = ("attention", "ops", "sampling", "moe", "quantization")
+    jobs = ("attention", "ops", "sampling", "structured", "moe", "quantization")
     for name, text in _sources().items():
         top = Path(name).parts[0]
         assert top in (*jobs, "torch_glue", "common.cuh"), name

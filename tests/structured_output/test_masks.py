@@ -11,6 +11,7 @@ import torch
 from voltllm.loader.default_model import default_model_dir
 from voltllm.protocol import StructuredOutput
 from voltllm.structured_output import StructuredOutputCompiler, TokenMasks, accept_tokens
+from voltllm.structured_output.masks import MaskedRows
 
 VOCAB = 49152
 EOS = 2
@@ -36,7 +37,7 @@ def test_masks_match_llguidance_on_a_subset_of_rows(compiler) -> None:
     masks = TokenMasks(max_rows=8, vocab_size=VOCAB, device=torch.device("cpu"))
     logits = torch.randn(4, VOCAB)
     original = logits.clone()
-    masks.apply(masks.start([(1, "a", a), (3, "b", b)]), logits)
+    masks.apply(masks.start(MaskedRows([(1, "a", a), (3, "b", b)])), logits)
     for row, grammar in ((1, a), (3, b)):
         kept = set(torch.nonzero(torch.isfinite(logits[row])).flatten().tolist())
         assert kept == allowed_ids(compiler, grammar) and kept

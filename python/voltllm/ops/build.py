@@ -44,6 +44,7 @@ SOURCES = (
     "torch_glue/ops_moe_pairs.cu",
     "torch_glue/ops_quant.cu",
     "torch_glue/ops_sampling.cu",
+    "torch_glue/ops_structured.cu",
     "torch_glue/torch_bindings.cpp",
 )
 _lock = threading.Lock()

@@ -61,6 +61,9 @@ def _elementwise() -> dict[str, list[str]]:
         "ops/qk_norm_rope.cuh": [
             f"voltllm::qk_norm_rope_kernel<{t}, {h}>" for t in DTYPES for h in HEAD_SIZES
         ],
+        "structured/apply_token_bitmask.cuh": [
+            f"voltllm::apply_token_bitmask_kernel<{t}>" for t in ("float", *DTYPES)
+        ],
     }
     return variants
 

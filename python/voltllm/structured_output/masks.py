@@ -5,9 +5,10 @@ the logits on the device.
 llguidance writes one bit per token id (bit `i % 32` of int32 word `i // 32`, 1 = allowed) into a
 pinned host buffer from its own threads, with the GIL released; the runner starts a step's grammar
 work in a worker thread before it launches the forward and waits for it only when the logits exist.
-The buffer then goes to the device in one copy, is unpacked there to a boolean mask and applied with
-one `masked_fill` on the rows of the constrained requests. The logits of a captured CUDA graph are
-masked the same way, after the replay: the mask never enters the graph.
+The buffer then goes to the device in one copy into a buffer allocated once, and one kernel
+(`voltllm.ops.structured.apply_token_bitmask`) reads the bits and sets the disallowed logits of the
+constrained rows to -inf. The logits of a captured CUDA graph are masked the same way, after the
+replay: the mask never enters the graph.
 
 Advancing the grammars here, one step late, keeps llguidance's token acceptance off the path between
 "step N's tokens are known" and "step N+1 is launched". A grammar that ends with step N's token is
@@ -22,23 +23,38 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 import torch
 
+from voltllm.ops.structured import apply_token_bitmask
 from voltllm.structured_output.grammar import EndedGrammar, Grammar, TokensToAccept, executor
 
 
+class MaskedRows:
+    """The constrained sampling rows of a step: mask row i is sampling row `rows[i]`, the request
+    `request_ids[i]` under `grammars[i]`. The runner builds it once per batch and reuses it while the
+    batch stays the same."""
+
+    __slots__ = ("rows", "request_ids", "grammars", "matchers")
+
+    def __init__(self, constrained: list[tuple[int, str, Grammar]]) -> None:
+        """constrained: (sampling row, request id, grammar) in increasing row order."""
+        self.rows = [row for row, _, _ in constrained]
+        self.request_ids = [request_id for _, request_id, _ in constrained]
+        self.grammars = [grammar for _, _, grammar in constrained]
+        self.matchers = [(grammar.matcher, i) for i, grammar in enumerate(self.grammars)]
+
+
 class PendingMasks:
-    """A step's grammar work in flight: the masks of the sampling rows `rows` (the i-th mask row is
-    `rows[i]`'s, the request `request_ids[i]` with grammar `grammars[i]`), after accepting the last
-    step's tokens. `done` resolves to the grammars those tokens ended."""
+    """A step's grammar work in flight: accepting the last step's tokens, then filling the masks of
+    `masked`. `done` resolves to the grammars those tokens ended."""
 
-    __slots__ = ("rows", "request_ids", "grammars", "done")
+    __slots__ = ("masked", "done")
 
-    def __init__(
-        self, rows: list[int], request_ids: list[str], grammars: list[Grammar], done: Future
-    ) -> None:
-        self.rows = rows
-        self.request_ids = request_ids
-        self.grammars = grammars
+    def __init__(self, masked: MaskedRows, done: Future) -> None:
+        self.masked = masked
         self.done = done
+
+    @property
+    def rows(self) -> list[int]:
+        return self.masked.rows
 
     def ended(self) -> list[EndedGrammar]:
         """Wait for the work; the grammars that ended with (or rejected) the accepted tokens."""
@@ -46,9 +62,10 @@ class PendingMasks:
 
     def tokens_to_accept(self, sampled: np.ndarray) -> TokensToAccept:
         """The masked rows' tokens out of the step's sampled ids (in sampling order)."""
-        rows = self.rows
+        masked = self.masked
+        rows = masked.rows
         tokens = sampled.tolist() if len(rows) == len(sampled) else sampled[rows].tolist()
-        return TokensToAccept(self.request_ids, self.grammars, tokens)
+        return TokensToAccept(masked.request_ids, masked.grammars, tokens)
 
 
 class TokenMasks:
@@ -58,22 +75,18 @@ class TokenMasks:
         self.vocab_size = vocab_size
         self.device = device
         self.num_words = (vocab_size + 31) // 32
-        pin = device.type == "cuda"
-        self._host = torch.empty((max_rows, self.num_words), dtype=torch.int32, pin_memory=pin)
-        self._shifts = torch.arange(32, dtype=torch.int32, device=device)
+        on_cuda = device.type == "cuda"
+        self._host = torch.empty((max_rows, self.num_words), dtype=torch.int32, pin_memory=on_cuda)
+        self._host_rows = torch.empty(max_rows, dtype=torch.int32, pin_memory=on_cuda)
+        # Where the masks are read on the device (the host buffers themselves on the CPU).
+        self._bits = torch.empty_like(self._host, device=device) if on_cuda else self._host
+        self._rows = torch.empty_like(self._host_rows, device=device) if on_cuda else self._host_rows
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="voltllm-masks")
 
-    def start(
-        self, constrained: list[tuple[int, str, Grammar]], accepts: TokensToAccept | None = None
-    ) -> PendingMasks:
-        """Begin, in the thread, accepting `accepts` and then filling the masks of the
-        `(sampling row, request id, grammar)` triples; returns at once."""
-        rows = [row for row, _, _ in constrained]
-        request_ids = [request_id for _, request_id, _ in constrained]
-        grammars = [grammar for _, _, grammar in constrained]
-        matchers = [(grammar.matcher, i) for i, grammar in enumerate(grammars)]
-        done = self._thread.submit(self._run, accepts, matchers)
-        return PendingMasks(rows, request_ids, grammars, done)
+    def start(self, masked: MaskedRows, accepts: TokensToAccept | None = None) -> PendingMasks:
+        """Begin, in the thread, accepting `accepts` and then filling the masks of `masked`; returns
+        at once."""
+        return PendingMasks(masked, self._thread.submit(self._run, accepts, masked.matchers))
 
     def _run(self, accepts: TokensToAccept | None, matchers: list) -> list[EndedGrammar]:
         ended = self._accept(accepts) if accepts is not None else []
@@ -96,11 +109,16 @@ class TokenMasks:
         num = len(pending.rows)
         if num == 0:
             return
-        # The step syncs on its sampled ids before the next fill, so this copy is done by then.
-        bits = self._host[:num].to(self.device, non_blocking=True)
-        disallowed = ((bits.unsqueeze(-1) >> self._shifts) & 1).view(num, -1)[:, : self.vocab_size] == 0
-        if num == logits.shape[0] and pending.rows == list(range(num)):
-            logits.masked_fill_(disallowed, float("-inf"))
-        else:
-            index = torch.tensor(pending.rows, dtype=torch.int64, device=self.device)
-            logits[index] = logits[index].masked_fill(disallowed, float("-inf"))
+        # The step syncs on its sampled ids before the next fill, so these copies are done by then.
+        bits = self._upload(self._host, self._bits, num)
+        rows = None  # the rows are 0..num-1 when the last one is num-1 (they increase)
+        if pending.rows[-1] != num - 1:
+            self._host_rows.numpy()[:num] = pending.rows
+            rows = self._upload(self._host_rows, self._rows, num)
+        apply_token_bitmask(logits, bits, rows)
+
+    @staticmethod
+    def _upload(host: torch.Tensor, device: torch.Tensor, num: int) -> torch.Tensor:
+        if device is host:
+            return host[:num]
+        return device[:num].copy_(host[:num], non_blocking=True)

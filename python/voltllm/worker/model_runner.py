@@ -24,7 +24,7 @@ from voltllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from voltllm.layers.attention.backend import AttentionMetadata
 from voltllm.protocol import TokenLogprobs
 from voltllm.structured_output import TokenMasks, TokensToAccept
-from voltllm.structured_output.masks import PendingMasks
+from voltllm.structured_output.masks import MaskedRows, PendingMasks
 from voltllm.worker import kv_cache_sizing
 from voltllm.worker.cuda_graphs import DecodeGraphs, graph_batch_sizes, graph_memory_reserve
 from voltllm.worker.input_builder import InputBuilder, StepInputs
@@ -116,6 +116,9 @@ class ModelRunner:
         # The last step's tokens of its constrained requests, accepted by their grammars in the next
         # step's mask thread (None: none).
         self._unaccepted: TokensToAccept | None = None
+        # The constrained rows of the last batch in which every sequence sampled, and that batch
+        # (`_last_batch`, whose identity changes with its requests): reused while it stays.
+        self._masked_batch: tuple[object, MaskedRows] | None = None
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0
         self.enforce_eager = enforce_eager
@@ -251,7 +254,7 @@ class ModelRunner:
         inputs = self.inputs.prepare(plan, req_ids, rows, plain_greedy, graphs)
         # The grammars advance and the masks are filled on the host while the device runs the forward.
         wants_masks = self._num_constrained and self.samples  # a rank that samples nothing masks nothing
-        masks = self._start_masks(inputs.sampling_req_ids, unaccepted) if wants_masks or unaccepted else None
+        masks = self._start_masks(inputs, unaccepted) if wants_masks or unaccepted else None
         prompt_starts = self.arrays.num_computed[rows].copy() if scoring_prompt else None
         t1 = time.perf_counter()
         num_sampling = len(inputs.sampling_req_ids)
@@ -345,21 +348,29 @@ class ModelRunner:
                 out.logprobs[i] = logprob
         return sampled, out
 
-    def _start_masks(
-        self, sampling_req_ids: list[str], unaccepted: TokensToAccept | None
-    ) -> PendingMasks | None:
+    def _start_masks(self, inputs: StepInputs, unaccepted: TokensToAccept | None) -> PendingMasks | None:
         """Begin, in the mask thread, accepting the last step's constrained tokens and filling this
         step's next-token masks (None: nothing to accept and no constrained request samples)."""
-        constrained = []
-        if self._num_constrained:
-            constrained = [
+        masked = self._masked_rows(inputs) if self._num_constrained else _NO_MASKED_ROWS
+        if not masked.rows and unaccepted is None:
+            return None
+        return self.masks.start(masked, unaccepted)
+
+    def _masked_rows(self, inputs: StepInputs) -> MaskedRows:
+        """The constrained rows among this step's sampling ones (cached while the batch stays)."""
+        every_row_samples = inputs.sampling_index is None
+        cached = self._masked_batch
+        if every_row_samples and cached is not None and cached[0] is self._last_batch:
+            return cached[1]
+        masked = MaskedRows(
+            [
                 (i, request_id, state.grammar)
-                for i, request_id in enumerate(sampling_req_ids)
+                for i, request_id in enumerate(inputs.sampling_req_ids)
                 if (state := self.requests[request_id]).grammar is not None
             ]
-        if not constrained and unaccepted is None:
-            return None
-        return self.masks.start(constrained, unaccepted)
+        )
+        self._masked_batch = (self._last_batch, masked) if every_row_samples else None
+        return masked
 
     def _score_prompts(
         self, plan: SchedulerOutput, rows: np.ndarray, starts: np.ndarray, hidden: torch.Tensor
@@ -438,6 +449,9 @@ class ModelRunner:
             self._last_batch = (req_ids, rows, greedy)
             return rows, greedy
         return last_rows, last_greedy
+
+
+_NO_MASKED_ROWS = MaskedRows([])
 
 
 def _token_logprobs(logits: torch.Tensor, targets: np.ndarray, num_top: int) -> list[TokenLogprobs]:
