@@ -18,7 +18,9 @@ previous step's tokens and the mask fill (both in that thread, while the forward
 wait for the thread once the logits exist, the bitmask upload + apply (host launch time and
 CUDA-event device time). Other workloads switch parts off or move them (bench-only, through the same
 wrappers): `accept-inline` accepts each step's tokens on the main thread right after the step (where
-the scheduler did it before the accept moved into the mask thread), `no-accept` never advances the
+the scheduler did it before the accept moved into the mask thread), `apply-unpack` applies the masks
+with the torch reference (unpack to int32 bits, compare, `masked_fill`: what ran before the kernel),
+`no-accept` never advances the
 matchers (each step masks with the same state), `fill-only` fills and waits but leaves the logits
 unmasked, `apply-only` uploads and applies the last filled masks without filling new ones (both also
 skip the accept, which would reject unmasked tokens).
@@ -52,6 +54,7 @@ from model_shapes import QWEN3_0_6B, TINY  # noqa: E402
 
 from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
 from voltllm.engine.llm_engine import LLMEngine  # noqa: E402
+from voltllm.ops.structured import apply_token_bitmask_ref  # noqa: E402
 from voltllm.protocol import EngineCoreRequest, EngineSamplingParams, StructuredOutput  # noqa: E402
 
 SCHEMA = {
@@ -136,6 +139,7 @@ class Variant:
     apply: bool = True
     accept: bool = True
     accept_inline: bool = False  # accept on the main thread after the step, not in the mask thread
+    apply_unpack: bool = False  # apply with the torch reference instead of the kernel
 
 
 VARIANTS = {
@@ -144,6 +148,7 @@ VARIANTS = {
         Variant("unconstrained", False),
         Variant("JSON schema", True),
         Variant("accept-inline", True, accept_inline=True),
+        Variant("apply-unpack", True, apply_unpack=True),
         Variant("no-accept", True, accept=False),
         Variant("fill-only", True, apply=False, accept=False),
         Variant("apply-only", True, fill=False, accept=False),
@@ -221,9 +226,18 @@ class ConstrainedPathProbe:
             if not self.variant.apply:
                 return
             first = self._mark()
-            apply(pending, logits)
+            if self.variant.apply_unpack:
+                apply_unpacked(pending, logits)
+            else:
+                apply(pending, logits)
             self.current["apply_host_s"] = time.perf_counter() - begin - waited
             self._events.append((self.current, first, self._mark()))
+
+        def apply_unpacked(pending, logits: torch.Tensor) -> None:
+            num = len(pending.rows)
+            bits = masks._host[:num].to(masks.device, non_blocking=True)
+            rows = torch.tensor(pending.rows, dtype=torch.int32, device=masks.device)
+            apply_token_bitmask_ref(logits, bits, None if pending.rows[-1] == num - 1 else rows)
 
         def execute_then_accept(plan):
             out = execute_model(plan)
