@@ -13,17 +13,19 @@ and applies them to the logits on the device.
 Where the constrained step's extra time goes: a second table splits the median step of each workload
 into the engine's own timings (`EngineStepTimings`: schedule, the runner's prepare / forward enqueue /
 sync / post, the scheduler's update, outputs) and the constrained path's parts, measured by wrappers
-this script puts around them: the delay before the mask thread starts, the grammar accept of the
-previous step's tokens and the mask fill (both in that thread, while the forward runs), the runner's
-wait for the thread once the logits exist, the bitmask upload + apply (host launch time and
-CUDA-event device time). Other workloads switch parts off or move them (bench-only, through the same
-wrappers): `accept-inline` accepts each step's tokens on the main thread right after the step (where
-the scheduler did it before the accept moved into the mask thread), `apply-unpack` applies the masks
-with the torch reference (unpack to int32 bits, compare, `masked_fill`: what ran before the kernel),
-`no-accept` never advances the
-matchers (each step masks with the same state), `fill-only` fills and waits but leaves the logits
-unmasked, `apply-only` uploads and applies the last filled masks without filling new ones (both also
-skip the accept, which would reject unmasked tokens).
+this script puts around them: the grammar accept of the last step's tokens and the mask fill (both in
+the mask thread, which starts once the last step's tokens are known and runs while the engine
+finishes that step, stages the next one and runs its forward), the runner's wait for that thread once
+the logits exist, the bitmask upload + apply (host launch time and CUDA-event device time), and, in
+the `mask-profile` workload only, each mask computed alone on a copy of its matcher after the fill:
+the slowest single mask of the step (the parallel fill cannot be shorter) and their sum. Other
+workloads switch parts off or change them (bench-only, through the same wrappers): `no-maxLength`
+uses `SCHEMA` without the string's `maxLength` (bounded strings are the grammar engine's expensive
+case), `apply-unpack` applies the masks with the torch reference (unpack to int32 bits, compare,
+`masked_fill`: what ran before the kernel), `no-accept` never advances the matchers (each step masks
+with the same state), `fill-only` fills and waits but leaves the logits unmasked, `apply-only` uploads
+and applies the last filled masks without filling new ones (both also skip the accept, which would
+reject unmasked tokens).
 
 The dummy checkpoint has no tokenizer, so the grammar engine gets a synthetic vocabulary of the
 model's size (`synthetic_tokenizer`: the 256 bytes, then deterministic pseudo-words, JSON
@@ -71,6 +73,9 @@ SCHEMA = {
         "additionalProperties": False,
     },
 }
+# The same array of objects with an unbounded string.
+SCHEMA_NO_MAXLENGTH = json.loads(json.dumps(SCHEMA))
+del SCHEMA_NO_MAXLENGTH["items"]["properties"]["name"]["maxLength"]
 PROMPT_LEN = 128
 _PIECES = ['{"', '":', '",', "},", "[{", "}]", '"', ",", ":", "{", "}", "[", "]", "true", "false", "null"]
 
@@ -138,8 +143,9 @@ class Variant:
     fill: bool = True
     apply: bool = True
     accept: bool = True
-    accept_inline: bool = False  # accept on the main thread after the step, not in the mask thread
     apply_unpack: bool = False  # apply with the torch reference instead of the kernel
+    profile_masks: bool = False  # time each mask alone after the fill (step times not comparable)
+    schema: dict = field(default_factory=lambda: SCHEMA, compare=False)
 
 
 VARIANTS = {
@@ -147,11 +153,12 @@ VARIANTS = {
     for v in (
         Variant("unconstrained", False),
         Variant("JSON schema", True),
-        Variant("accept-inline", True, accept_inline=True),
+        Variant("no-maxLength", True, schema=SCHEMA_NO_MAXLENGTH),
         Variant("apply-unpack", True, apply_unpack=True),
         Variant("no-accept", True, accept=False),
         Variant("fill-only", True, apply=False, accept=False),
         Variant("apply-only", True, fill=False, accept=False),
+        Variant("mask-profile", True, profile_masks=True),
     )
 }
 ENGINE_PARTS = (
@@ -165,12 +172,13 @@ ENGINE_PARTS = (
     "total_s",
 )
 PROBE_PARTS = (
-    "thread_start_delay_s",
     "accept_s",
     "fill_s",
     "fill_wait_s",
     "apply_host_s",
     "apply_device_s",
+    "slowest_mask_s",
+    "sum_of_masks_s",
 )
 
 
@@ -183,45 +191,39 @@ class StepRecord:
 
 
 class ConstrainedPathProbe:
-    """Wraps the runner's `TokenMasks` (thread start, accept, fill, apply) and `execute_model` (for
-    `accept-inline`) to time the parts and to switch them off per variant. Device times come from CUDA
-    events read after the workload."""
+    """Wraps the runner's `TokenMasks` (accept, fill, apply) to time the parts and to switch them off
+    per variant. Device times come from CUDA events read after the workload. The mask thread's parts
+    are recorded in the step whose apply waits for them."""
 
     def __init__(self, engine: LLMEngine) -> None:
-        runner = engine.core.runner
-        self.masks = masks = runner.masks
+        self.masks = masks = engine.core.runner.masks
         self.cuda = masks.device.type == "cuda"
         self.variant = VARIANTS["JSON schema"]
         self.current: dict[str, float] = {}
+        self._thread_parts: dict[str, float] = {}
         self._events: list[tuple[dict[str, float], object, object]] = []
-        start, run, accept, fill, apply = masks.start, masks._run, masks._accept, masks._fill, masks.apply
-        execute_model = runner.execute_model
-
-        def timed_start(masked, accepts=None):
-            self.current["submitted"] = time.perf_counter()
-            return start(masked, accepts)
-
-        def timed_run(accepts, matchers: list) -> list:
-            begin = time.perf_counter()
-            self.current["thread_start_delay_s"] = begin - self.current.get("submitted", begin)
-            return run(accepts, matchers)
+        accept, fill, apply = masks._accept, masks._fill, masks.apply
 
         def timed_accept(accepts) -> list:
             begin = time.perf_counter()
             ended = accept(accepts) if self.variant.accept else []
-            self.current["accept_s"] = time.perf_counter() - begin  # written before the future resolves
+            self._thread_parts["accept_s"] = time.perf_counter() - begin
             return ended
 
         def timed_fill(matchers: list) -> None:
+            if self.variant.profile_masks:
+                self._profile(matchers)
             begin = time.perf_counter()
             if self.variant.fill:
                 fill(matchers)
-            self.current["fill_s"] = time.perf_counter() - begin
+            self._thread_parts["fill_s"] = time.perf_counter() - begin
 
         def timed_apply(pending, logits: torch.Tensor) -> None:
             begin = time.perf_counter()
             pending.done.result()
             waited = time.perf_counter() - begin
+            self.current.update(self._thread_parts)  # the thread is idle now
+            self._thread_parts = {}
             self.current["fill_wait_s"] = waited
             if not self.variant.apply:
                 return
@@ -239,17 +241,20 @@ class ConstrainedPathProbe:
             rows = torch.tensor(pending.rows, dtype=torch.int32, device=masks.device)
             apply_token_bitmask_ref(logits, bits, None if pending.rows[-1] == num - 1 else rows)
 
-        def execute_then_accept(plan):
-            out = execute_model(plan)
-            if self.variant.accept_inline and runner._unaccepted is not None:
-                accepts, runner._unaccepted = runner._unaccepted, None
-                begin = time.perf_counter()
-                assert not accepts.accept(), "a grammar ended while timed"
-                self.current["accept_s"] = time.perf_counter() - begin
-            return out
+        masks._accept, masks._fill, masks.apply = timed_accept, timed_fill, timed_apply
 
-        masks.start, masks._run, masks._accept, masks._fill = timed_start, timed_run, timed_accept, timed_fill
-        masks.apply, runner.execute_model = timed_apply, execute_then_accept
+    def _profile(self, matchers: list) -> None:
+        """Each mask alone, on a copy of its matcher taken before the fill (a matcher keeps its last
+        mask: a copy taken after would return it from that cache)."""
+        scratch = torch.empty(self.masks.num_words, dtype=torch.int32)
+        times = []
+        for matcher, _ in matchers:
+            copy = matcher.deep_copy()
+            begin = time.perf_counter()
+            copy.unsafe_compute_mask_ptr(scratch.data_ptr(), scratch.numel() * 4)
+            times.append(time.perf_counter() - begin)
+        self._thread_parts["slowest_mask_s"] = max(times, default=0.0)
+        self._thread_parts["sum_of_masks_s"] = sum(times)
 
     def _mark(self) -> object:
         if not self.cuda:
@@ -278,7 +283,8 @@ def timed_steps(
 ) -> list[StepRecord]:
     """Add the batch, run its prefill, then time `args.steps` decode steps; abort the batch after."""
     probe.variant = variant
-    constraint = StructuredOutput(kind="json", spec=json.dumps(SCHEMA)) if variant.constrained else None
+    schema = json.dumps(variant.schema)
+    constraint = StructuredOutput(kind="json", spec=schema) if variant.constrained else None
     params = EngineSamplingParams(
         temperature=0.0, max_tokens=100_000 // 8, ignore_eos=True, structured_output=constraint
     )
@@ -352,7 +358,7 @@ def main() -> None:
     print(f"ratio constrained / unconstrained: {min(medians['JSON schema']) / plain:.3f} (target <= 1.05)")
     print()
     print("per-step medians over all rounds, us (fill runs in its thread, overlapping the forward;")
-    print("fill wait, apply host and sync are on the critical path; accept-inline's accept is in its total)")
+    print("fill wait, apply host and sync are on the critical path)")
     print("| part | " + " | ".join(names) + " |")
     print("|---" * (len(names) + 1) + "|")
     for part in ENGINE_PARTS + PROBE_PARTS:

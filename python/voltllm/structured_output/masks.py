@@ -1,10 +1,11 @@
-"""The grammar work of a step, on the host while the forward runs: advance the constrained requests'
+"""The grammar work of a step, on the host off the critical path: advance the constrained requests'
 grammars by the previous step's tokens, fill this step's next-token masks, then apply the masks to
 the logits on the device.
 
 llguidance writes one bit per token id (bit `i % 32` of int32 word `i // 32`, 1 = allowed) into a
-pinned host buffer from its own threads, with the GIL released; the runner starts a step's grammar
-work in a worker thread before it launches the forward and waits for it only when the logits exist.
+pinned host buffer from its own threads, with the GIL released. The runner starts that work in a
+worker thread as soon as the previous step's tokens are known (or, when the batch changed, before it
+launches the forward) and waits for it only when the logits exist.
 The buffer then goes to the device in one copy into a buffer allocated once, and one kernel
 (`voltllm.ops.structured.apply_token_bitmask`) reads the bits and sets the disallowed logits of the
 constrained rows to -inf. The logits of a captured CUDA graph are masked the same way, after the
@@ -83,13 +84,24 @@ class TokenMasks:
         self._rows = torch.empty_like(self._host_rows, device=device) if on_cuda else self._host_rows
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="voltllm-masks")
 
-    def start(self, masked: MaskedRows, accepts: TokensToAccept | None = None) -> PendingMasks:
+    def start(
+        self,
+        masked: MaskedRows,
+        accepts: TokensToAccept | None = None,
+        after: PendingMasks | None = None,
+    ) -> PendingMasks:
         """Begin, in the thread, accepting `accepts` and then filling the masks of `masked`; returns
-        at once."""
-        return PendingMasks(masked, self._thread.submit(self._run, accepts, masked.matchers))
+        at once. `after`: earlier work whose masks are not wanted (its batch changed); its ended
+        grammars are carried into this work's."""
+        return PendingMasks(masked, self._thread.submit(self._run, accepts, masked.matchers, after))
 
-    def _run(self, accepts: TokensToAccept | None, matchers: list) -> list[EndedGrammar]:
-        ended = self._accept(accepts) if accepts is not None else []
+    def _run(
+        self, accepts: TokensToAccept | None, matchers: list, after: PendingMasks | None = None
+    ) -> list[EndedGrammar]:
+        # `after` ran on this same thread before this work, so its result is ready.
+        ended = list(after.done.result()) if after is not None else []
+        if accepts is not None:
+            ended += self._accept(accepts)
         if matchers:
             self._fill(matchers)
         return ended

@@ -23,7 +23,7 @@ from voltllm.config import CacheConfig
 from voltllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from voltllm.layers.attention.backend import AttentionMetadata
 from voltllm.protocol import TokenLogprobs
-from voltllm.structured_output import TokenMasks, TokensToAccept
+from voltllm.structured_output import TokenMasks
 from voltllm.structured_output.masks import MaskedRows, PendingMasks
 from voltllm.worker import kv_cache_sizing
 from voltllm.worker.cuda_graphs import DecodeGraphs, graph_batch_sizes, graph_memory_reserve
@@ -113,9 +113,9 @@ class ModelRunner:
         self._num_constrained = 0
         self._num_prompt_logprobs = 0
         self.masks: TokenMasks | None = None
-        # The last step's tokens of its constrained requests, accepted by their grammars in the next
-        # step's mask thread (None: none).
-        self._unaccepted: TokensToAccept | None = None
+        # The grammar work the last step started once its tokens were known: accepting them, then
+        # filling the masks of the same constrained rows, for this step (None: none started).
+        self._ahead: PendingMasks | None = None
         # The constrained rows of the last batch in which every sequence sampled, and that batch
         # (`_last_batch`, whose identity changes with its requests): reused while it stays.
         self._masked_batch: tuple[object, MaskedRows] | None = None
@@ -242,9 +242,9 @@ class ModelRunner:
         if self._awaiting_ids is not None:
             raise RuntimeError("a rank that does not sample needs the last step's ids (apply_sampled) first")
         self._update_states(plan)
-        unaccepted, self._unaccepted = self._unaccepted, None
+        ahead, self._ahead = self._ahead, None
         if plan.is_empty:
-            return ModelRunnerOutput(ended_grammars=unaccepted.accept() if unaccepted else [])
+            return ModelRunnerOutput(ended_grammars=ahead.ended() if ahead else [])
         req_ids = list(plan.num_scheduled_tokens)
         rows, plain_greedy = self._batch_rows(req_ids)
         scoring_prompt = self._num_prompt_logprobs > 0 and any(
@@ -254,7 +254,7 @@ class ModelRunner:
         inputs = self.inputs.prepare(plan, req_ids, rows, plain_greedy, graphs)
         # The grammars advance and the masks are filled on the host while the device runs the forward.
         wants_masks = self._num_constrained and self.samples  # a rank that samples nothing masks nothing
-        masks = self._start_masks(inputs, unaccepted) if wants_masks or unaccepted else None
+        masks = self._start_masks(inputs, ahead) if wants_masks or ahead else None
         prompt_starts = self.arrays.num_computed[rows].copy() if scoring_prompt else None
         t1 = time.perf_counter()
         num_sampling = len(inputs.sampling_req_ids)
@@ -283,7 +283,9 @@ class ModelRunner:
         if masks is not None:
             out.ended_grammars = masks.ended()
             if sampled is not None and masks.rows:
-                self._unaccepted = masks.tokens_to_accept(sampled)
+                # The next step's masks, for these rows if the batch stays: started now, so that
+                # they fill while this step's tokens are processed and the next step is staged.
+                self._ahead = self.masks.start(masks.masked, masks.tokens_to_accept(sampled))
         t3 = time.perf_counter()
         self.arrays.num_computed[inputs.rows] = inputs.ends
         if sampled is not None:
@@ -348,13 +350,16 @@ class ModelRunner:
                 out.logprobs[i] = logprob
         return sampled, out
 
-    def _start_masks(self, inputs: StepInputs, unaccepted: TokensToAccept | None) -> PendingMasks | None:
-        """Begin, in the mask thread, accepting the last step's constrained tokens and filling this
-        step's next-token masks (None: nothing to accept and no constrained request samples)."""
+    def _start_masks(self, inputs: StepInputs, ahead: PendingMasks | None) -> PendingMasks | None:
+        """This step's grammar work: the work the last step started when it filled this batch's rows
+        (the batch stayed), else a fill of this step's constrained rows after that work (None: no
+        work started and no constrained request samples)."""
         masked = self._masked_rows(inputs) if self._num_constrained else _NO_MASKED_ROWS
-        if not masked.rows and unaccepted is None:
+        if ahead is not None and ahead.masked is masked:
+            return ahead
+        if not masked.rows and ahead is None:
             return None
-        return self.masks.start(masked, unaccepted)
+        return self.masks.start(masked, after=ahead)
 
     def _masked_rows(self, inputs: StepInputs) -> MaskedRows:
         """The constrained rows among this step's sampling ones (cached while the batch stays)."""
