@@ -22,7 +22,8 @@ the slowest single mask of the step (the parallel fill cannot be shorter) and th
 workloads switch parts off or change them (bench-only, through the same wrappers): `no-maxLength`
 uses `SCHEMA` without the string's `maxLength` (bounded strings are the grammar engine's expensive
 case), `apply-unpack` applies the masks with the torch reference (unpack to int32 bits, compare,
-`masked_fill`: what ran before the kernel), `no-accept` never advances the matchers (each step masks
+`masked_fill`: what ran before the kernel), `all-cores` gives llguidance one thread per core (its
+default is 80% of them), `no-accept` never advances the matchers (each step masks
 with the same state), `fill-only` fills and waits but leaves the logits unmasked, `apply-only` uploads
 and applies the last filled masks without filling new ones (both also skip the accept, which would
 reject unmasked tokens).
@@ -39,7 +40,9 @@ stands in for Qwen3's 151,669 tokens, not equals them).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import os
 import random
 import statistics
 import sys
@@ -54,6 +57,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from model_shapes import QWEN3_0_6B, TINY  # noqa: E402
 
+import voltllm.structured_output.grammar as grammar_module  # noqa: E402
+import voltllm.structured_output.masks as masks_module  # noqa: E402
 from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
 from voltllm.engine.llm_engine import LLMEngine  # noqa: E402
 from voltllm.ops.structured import apply_token_bitmask_ref  # noqa: E402
@@ -145,6 +150,7 @@ class Variant:
     accept: bool = True
     apply_unpack: bool = False  # apply with the torch reference instead of the kernel
     profile_masks: bool = False  # time each mask alone after the fill (step times not comparable)
+    threads: int | None = None  # llguidance's threads for the fill and accept (None: its default)
     schema: dict = field(default_factory=lambda: SCHEMA, compare=False)
 
 
@@ -158,6 +164,7 @@ VARIANTS = {
         Variant("no-accept", True, accept=False),
         Variant("fill-only", True, apply=False, accept=False),
         Variant("apply-only", True, fill=False, accept=False),
+        Variant("all-cores", True, threads=os.cpu_count()),
         Variant("mask-profile", True, profile_masks=True),
     )
 }
@@ -243,6 +250,12 @@ class ConstrainedPathProbe:
 
         masks._accept, masks._fill, masks.apply = timed_accept, timed_fill, timed_apply
 
+        def executor_of_variant() -> llguidance.LLExecutor:
+            return threads_executor(self.variant.threads)
+
+        # Both modules call `executor()` for llguidance's pool: the variant's pool instead.
+        masks_module.executor = grammar_module.executor = executor_of_variant
+
     def _profile(self, matchers: list) -> None:
         """Each mask alone, on a copy of its matcher taken before the fill (a matcher keeps its last
         mask: a copy taken after would return it from that cache)."""
@@ -276,6 +289,11 @@ class ConstrainedPathProbe:
                 begin.elapsed_time(end) / 1e3 if self.cuda else end - begin  # type: ignore[attr-defined]
             )
         self._events.clear()
+
+
+@functools.cache
+def threads_executor(threads: int | None) -> llguidance.LLExecutor:
+    return llguidance.LLExecutor(num_threads=threads)
 
 
 def timed_steps(
