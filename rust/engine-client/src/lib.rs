@@ -9,12 +9,18 @@
 //! - with [`EngineLaunch`], one supervisor per engine that owns the engine process and restarts it
 //!   with backoff after a death or a hang, up to a bound.
 //!
+//! With several engines (data parallelism) each request goes where [`routing`] says: the least
+//! loaded serving engine, or the one that took its prompt's prefix while that one is not
+//! overloaded. An engine that dies takes only its own requests down; the others keep serving while
+//! it restarts, and after it is lost for good (no launcher, restarts used up).
+//!
 //! Invariants: a request id is live in the routing table from `add_request` until its finished
 //! output is delivered, its [`RequestStream`] is dropped, or its engine dies — whichever comes
 //! first removes the entry and decrements the engine's load exactly once. Dropping an unfinished
 //! stream sends ABORT, so a disconnected HTTP client never leaves work running in the engine.
 //! While an engine restarts it takes no requests; the client is unhealthy until it is READY again.
-//! A death that cannot be healed (no launcher, restarts exhausted) ends the client: `wait_dead`.
+//! A death that cannot be healed (no launcher, restarts exhausted) loses that engine; once every
+//! engine is lost the client is finished: `wait_dead`.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -34,6 +40,14 @@ use zeromq::{Socket, SocketEvent, SocketRecv, SocketSend, ZmqMessage};
 
 #[cfg(feature = "mock")]
 pub mod mock;
+pub mod routing;
+
+use routing::{EngineLoad, PrefixIndex, RoutingPolicy};
+
+/// Prompt blocks hashed for prefix affinity: longer shared prefixes than this route alike.
+const PREFIX_MAX_BLOCKS: usize = 256;
+/// Prefix hashes remembered (about 24 bytes each).
+const PREFIX_INDEX_CAPACITY: usize = 1 << 16;
 
 /// Everything that can go wrong between the front end and the engines.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -120,10 +134,23 @@ impl EngineLaunch {
 pub enum EngineHealth {
     /// Every engine is READY.
     Healthy,
-    /// An engine died or hung and is being restarted; the reason of the last failure.
+    /// Some engines serve while others restart or are lost; which ones and why.
+    Degraded(String),
+    /// No engine serves; one is being restarted. The reason of the last failure.
     Restarting(String),
-    /// An engine died for good; the client is finished.
+    /// Every engine died for good; the client is finished.
     Dead(String),
+}
+
+/// One engine's state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EngineState {
+    /// READY and taking requests.
+    Serving,
+    /// Died or hung; its supervisor is restarting it. Why it failed.
+    Restarting(String),
+    /// Died and will not come back (no launcher, or `--max-engine-restarts` used up). Why.
+    Lost(String),
 }
 
 impl EngineClientConfig {
@@ -161,11 +188,18 @@ enum Command {
     Utility(usize, UtilityCall),
 }
 
+/// A utility call waiting for its answer: the engine asked, and where the answer goes.
+type PendingCall = (usize, oneshot::Sender<Result<Value, String>>);
+
 struct EngineSlot {
     ready: Mutex<EngineReady>,
     load: AtomicUsize,
     /// Takes no requests: dead, or restarting.
     dead: AtomicBool,
+    /// Dead for good: never restarted again.
+    lost: AtomicBool,
+    /// Times this engine was restarted.
+    restarts: AtomicU64,
     /// Why it last died (shown by `/health` while it restarts).
     last_failure: Mutex<String>,
     /// Last message from the engine, or when it was handed work while idle (the hang check).
@@ -201,7 +235,12 @@ struct Inner {
     stop_engines: watch::Sender<Option<Duration>>,
     stream_capacity: usize,
     next_call_id: AtomicU64,
-    utility_calls: Mutex<HashMap<u64, oneshot::Sender<Result<Value, String>>>>,
+    /// Pending utility calls by call id.
+    utility_calls: Mutex<HashMap<u64, PendingCall>>,
+    policy: RoutingPolicy,
+    prefixes: Mutex<PrefixIndex>,
+    /// Where the next search for the least loaded engine starts, so that ties take turns.
+    next_turn: AtomicUsize,
 }
 
 /// Handle to the engines; cheap to clone.
@@ -287,6 +326,9 @@ impl Inner {
             return;
         }
         *lock(&slot.last_failure) = reason.clone();
+        // A restarted engine starts with an empty cache and reports its own stats.
+        *lock(&slot.stats) = None;
+        lock(&self.prefixes).forget_engine(engine);
         let stopping = self.stopping.load(Ordering::SeqCst);
         let restart = self.can_restart.load(Ordering::SeqCst) && !stopping;
         if stopping {
@@ -308,13 +350,36 @@ impl Inner {
                 },
             );
         }
-        for (_, call) in lock(&self.utility_calls).drain() {
-            let _ = call.send(Err(format!("engine {engine} died: {reason}")));
+        let calls: Vec<u64> = lock(&self.utility_calls)
+            .iter()
+            .filter(|(_, (e, _))| *e == engine)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in calls {
+            if let Some((_, call)) = lock(&self.utility_calls).remove(&id) {
+                let _ = call.send(Err(format!("engine {engine} died: {reason}")));
+            }
         }
         if restart {
             let _ = slot.died.send(());
         } else if !stopping {
-            self.give_up(format!("engine {engine}: {reason}"));
+            self.lose(engine, format!("engine {engine}: {reason}"));
+        }
+    }
+
+    /// Engine `engine` will not come back; the client is finished once no engine is left.
+    fn lose(&self, engine: usize, reason: String) {
+        self.engines[engine].lost.store(true, Ordering::SeqCst);
+        *lock(&self.engines[engine].last_failure) = reason.clone();
+        let left = self
+            .engines
+            .iter()
+            .filter(|e| !e.lost.load(Ordering::SeqCst))
+            .count();
+        if left == 0 {
+            self.give_up(reason);
+        } else {
+            tracing::error!(engine, %reason, left, "engine lost; the others keep serving");
         }
     }
 
@@ -475,6 +540,8 @@ impl EngineClient {
                     ready: Mutex::new(ready),
                     load: AtomicUsize::new(0),
                     dead: AtomicBool::new(false),
+                    lost: AtomicBool::new(false),
+                    restarts: AtomicU64::new(0),
                     last_failure: Mutex::new(String::new()),
                     last_seen: Mutex::new(Instant::now()),
                     stats: Mutex::new(None),
@@ -483,7 +550,10 @@ impl EngineClient {
                     died,
                 }
             })
-            .collect();
+            .collect::<Vec<EngineSlot>>();
+        let block_size = engines
+            .first()
+            .map_or(1, |e| lock(&e.ready).block_size as usize);
         let inner = Arc::new(Inner {
             engines,
             streams: Mutex::new(HashMap::new()),
@@ -498,6 +568,13 @@ impl EngineClient {
             stream_capacity: config.stream_capacity.max(1),
             next_call_id: AtomicU64::new(1),
             utility_calls: Mutex::new(HashMap::new()),
+            policy: RoutingPolicy::default(),
+            prefixes: Mutex::new(PrefixIndex::new(
+                block_size,
+                PREFIX_MAX_BLOCKS,
+                PREFIX_INDEX_CAPACITY,
+            )),
+            next_turn: AtomicUsize::new(0),
         });
         // The tasks hold weak references so that dropping the last client handle stops them.
         tokio::spawn(writer_task(Arc::downgrade(&inner), router, command_rx));
@@ -554,28 +631,80 @@ impl EngineClient {
         self.health() == EngineHealth::Healthy
     }
 
-    /// Whether the engines serve, one restarts, or the client is finished.
+    /// True while at least one engine takes requests.
+    pub fn is_serving(&self) -> bool {
+        self.inner.dead.borrow().is_none()
+            && self
+                .inner
+                .engines
+                .iter()
+                .any(|e| !e.dead.load(Ordering::SeqCst))
+    }
+
+    /// Each engine's state, by index.
+    pub fn engine_states(&self) -> Vec<EngineState> {
+        self.inner
+            .engines
+            .iter()
+            .map(|e| {
+                if !e.dead.load(Ordering::SeqCst) {
+                    EngineState::Serving
+                } else if e.lost.load(Ordering::SeqCst) {
+                    EngineState::Lost(lock(&e.last_failure).clone())
+                } else {
+                    EngineState::Restarting(lock(&e.last_failure).clone())
+                }
+            })
+            .collect()
+    }
+
+    /// Whether every engine serves, some do, none does while one restarts, or the client is
+    /// finished.
     pub fn health(&self) -> EngineHealth {
         if let Some(reason) = self.inner.dead.borrow().clone() {
             return EngineHealth::Dead(reason);
         }
-        match self
-            .inner
-            .engines
+        let states = self.engine_states();
+        let down: Vec<String> = states
             .iter()
             .enumerate()
-            .find(|(_, e)| e.dead.load(Ordering::SeqCst))
-        {
-            Some((i, e)) => {
-                EngineHealth::Restarting(format!("engine {i}: {}", lock(&e.last_failure)))
-            }
-            None => EngineHealth::Healthy,
+            .filter_map(|(i, s)| match s {
+                EngineState::Serving => None,
+                EngineState::Restarting(why) => Some(format!("engine {i} restarting ({why})")),
+                EngineState::Lost(why) => Some(format!("engine {i} lost ({why})")),
+            })
+            .collect();
+        let serving = states.len() - down.len();
+        if down.is_empty() {
+            EngineHealth::Healthy
+        } else if serving > 0 {
+            EngineHealth::Degraded(down.join("; "))
+        } else {
+            EngineHealth::Restarting(down.join("; "))
         }
     }
 
     /// Engine restarts so far (all engines together).
     pub fn num_restarts(&self) -> u64 {
         self.inner.restarts.load(Ordering::SeqCst)
+    }
+
+    /// Restarts of each engine, by index.
+    pub fn engine_restarts(&self) -> Vec<u64> {
+        self.inner
+            .engines
+            .iter()
+            .map(|e| e.restarts.load(Ordering::SeqCst))
+            .collect()
+    }
+
+    /// Requests in flight on each engine, by index.
+    pub fn engine_in_flight(&self) -> Vec<usize> {
+        self.inner
+            .engines
+            .iter()
+            .map(|e| e.load.load(Ordering::Relaxed))
+            .collect()
     }
 
     /// Requests dropped so far because their reader fell `stream_capacity` outputs behind.
@@ -621,23 +750,40 @@ impl EngineClient {
         lock(&self.inner.streams).len()
     }
 
-    /// Sends a request to the least-loaded engine; its outputs arrive on the returned stream.
+    /// The engine a request with this prompt goes to (module [`routing`]), remembering its prefix
+    /// there; `None` when no engine serves.
+    fn route(&self, prompt: &[u32]) -> Option<usize> {
+        let engines = &self.inner.engines;
+        let loads: Vec<Option<EngineLoad>> = engines
+            .iter()
+            .map(|e| {
+                (!e.dead.load(Ordering::SeqCst)).then(|| EngineLoad {
+                    in_flight: e.load.load(Ordering::Relaxed),
+                    kv_cache_usage: lock(&e.stats).as_ref().map_or(0.0, |s| s.kv_cache_usage),
+                })
+            })
+            .collect();
+        let start = self.inner.next_turn.fetch_add(1, Ordering::Relaxed);
+        if engines.len() == 1 {
+            return self.inner.policy.least_loaded(&loads, start);
+        }
+        let mut prefixes = lock(&self.inner.prefixes);
+        let hashes = prefixes.block_hashes(prompt);
+        let affine = prefixes.lookup(&hashes);
+        let engine = self.inner.policy.choose(&loads, affine, start)?;
+        prefixes.record(&hashes, engine);
+        Some(engine)
+    }
+
+    /// Sends a request to the engine [`routing`] picks; its outputs arrive on the returned stream.
     pub fn add_request(
         &self,
         request: EngineCoreRequest,
     ) -> Result<RequestStream, EngineClientError> {
-        let engine = self
-            .inner
-            .engines
-            .iter()
-            .enumerate()
-            .filter(|(_, e)| !e.dead.load(Ordering::SeqCst))
-            .min_by_key(|(_, e)| e.load.load(Ordering::Relaxed))
-            .map(|(i, _)| i);
-        let Some(engine) = engine else {
+        let Some(engine) = self.route(&request.prompt_token_ids) else {
             let reason = match self.health() {
                 EngineHealth::Dead(reason) => reason,
-                EngineHealth::Restarting(reason) => format!("restarting after {reason}"),
+                EngineHealth::Restarting(reason) | EngineHealth::Degraded(reason) => reason,
                 EngineHealth::Healthy => "no engine is ready".into(),
             };
             return Err(EngineClientError::EngineDead {
@@ -730,9 +876,25 @@ impl EngineClient {
         method: &str,
         args: Vec<Value>,
     ) -> Result<Value, EngineClientError> {
+        // A call sent to an engine that is down would never be answered.
+        match self.engine_states().get(engine) {
+            Some(EngineState::Serving) => {}
+            Some(EngineState::Restarting(reason) | EngineState::Lost(reason)) => {
+                return Err(EngineClientError::EngineDead {
+                    engine_index: engine as u32,
+                    reason: reason.clone(),
+                })
+            }
+            None => {
+                return Err(EngineClientError::Utility {
+                    method: method.to_string(),
+                    message: format!("there is no engine {engine}"),
+                })
+            }
+        }
         let call_id = self.inner.next_call_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        lock(&self.inner.utility_calls).insert(call_id, tx);
+        lock(&self.inner.utility_calls).insert(call_id, (engine, tx));
         let call = UtilityCall {
             call_id,
             method: method.to_string(),
@@ -850,7 +1012,7 @@ async fn reader_task(inner: std::sync::Weak<Inner>, mut pull: zeromq::PullSocket
             },
             Ok(Message::Dead(e)) => inner.engine_died(e.engine_index as usize, e.message),
             Ok(Message::UtilityResult(r)) => {
-                if let Some(tx) = lock(&inner.utility_calls).remove(&r.call_id) {
+                if let Some((_, tx)) = lock(&inner.utility_calls).remove(&r.call_id) {
                     let _ = tx.send(if r.ok {
                         Ok(r.result)
                     } else {
@@ -977,13 +1139,18 @@ async fn supervise(
             let used = inner.restarts.fetch_add(1, Ordering::SeqCst);
             let slot = &inner.engines[engine];
             if used >= u64::from(launch.max_restarts) {
+                inner.restarts.fetch_sub(1, Ordering::SeqCst);
                 let failure = lock(&slot.last_failure).clone();
-                inner.give_up(format!(
-                    "engine {engine}: {failure} (gave up after {} restart(s), --max-engine-restarts)",
-                    launch.max_restarts
-                ));
+                inner.lose(
+                    engine,
+                    format!(
+                        "engine {engine}: {failure} (gave up after {} restart(s), --max-engine-restarts)",
+                        launch.max_restarts
+                    ),
+                );
                 return;
             }
+            slot.restarts.fetch_add(1, Ordering::SeqCst);
             let backoff = launch
                 .initial_backoff
                 .saturating_mul(1 << failures_in_a_row.min(16))
@@ -998,7 +1165,7 @@ async fn supervise(
             child = match spawn_engine(&launch, engine) {
                 Ok(child) => child,
                 Err(e) => {
-                    inner.give_up(format!("engine {engine}: {e}"));
+                    inner.lose(engine, format!("engine {engine}: {e}"));
                     return;
                 }
             };
@@ -1085,6 +1252,11 @@ impl RequestStream {
     /// The engine request id.
     pub fn request_id(&self) -> &str {
         &self.request_id
+    }
+
+    /// The index of the engine that runs it.
+    pub fn engine(&self) -> usize {
+        self.engine
     }
 
     /// The next output; `None` after the finished output was returned.
