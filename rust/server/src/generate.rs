@@ -21,7 +21,7 @@ use voltllm_protocol::{EngineCoreOutput, EngineCoreRequest, FinishReason, Sampli
 use voltllm_text::{IncrementalDetokenizer, StopChecker};
 
 use crate::error::ApiError;
-use crate::metrics::Rejected;
+use crate::metrics::{EngineMetrics, Rejected};
 use crate::openai::OutputOptions;
 use crate::state::AppState;
 
@@ -97,6 +97,8 @@ struct Choice {
     include_stop_str: bool,
     want_logprobs: bool,
     state: Arc<AppState>,
+    /// The series of the engine that runs this choice.
+    metrics: EngineMetrics,
     prompt_len: usize,
     first_prompt_token: u32,
     arrival: Instant,
@@ -116,7 +118,7 @@ impl Choice {
 
     fn record_timing(&mut self, num_tokens: usize) {
         let now = Instant::now();
-        let m = &self.state.metrics;
+        let m = &self.metrics;
         match self.last_output {
             None => m
                 .time_to_first_token
@@ -132,7 +134,7 @@ impl Choice {
     }
 
     fn finish(&mut self, reason: &'static str, output: Option<&EngineCoreOutput>) {
-        let m = &self.state.metrics;
+        let m = &self.metrics;
         m.e2e_request_latency
             .observe(self.arrival.elapsed().as_secs_f64());
         m.prompt_tokens.inc_by(self.prompt_len as u64);
@@ -322,9 +324,9 @@ pub fn start(state: &Arc<AppState>, generation: Generation) -> Result<DeltaStrea
             ),
         ));
     }
-    if !state.client.is_healthy() {
+    if !state.client.is_serving() {
         state.metrics.rejected(Rejected::EngineUnavailable);
-        return Err(ApiError::Unavailable("the engine is not healthy".into()));
+        return Err(ApiError::Unavailable("no engine is serving".into()));
     }
     let permits = state
         .admission
@@ -374,6 +376,7 @@ pub fn start(state: &Arc<AppState>, generation: Generation) -> Result<DeltaStrea
             )?;
             let stream = state.client.add_request(request)?;
             choices.push(Choice {
+                metrics: state.metrics.engine(stream.engine()),
                 index,
                 stream: Some(stream),
                 detokenizer,

@@ -8,6 +8,11 @@
 //! no such bounds): the admission capacity and what is admitted now (`--max-waiting-requests`),
 //! requests turned away by reason, requests dropped for reading too slowly
 //! (`--max-pending-outputs`), and engine restarts (`--max-engine-restarts`).
+//!
+//! Every per-engine series carries an `engine` label (the engine index, as vLLM labels its
+//! data-parallel engines), also with one engine: the request-level ones by the engine that ran the
+//! request, the scheduler state by the engine that reported it, plus `voltllm:engine_up` and
+//! `voltllm:engine_requests_in_flight` (what the front end's router sees).
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -20,13 +25,30 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use tokio::sync::Semaphore;
-use voltllm_engine_client::EngineClient;
+use voltllm_engine_client::{EngineClient, EngineState};
 
 /// Label set of `vllm:request_success`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FinishedLabels {
     pub finished_reason: String,
+    pub engine: String,
 }
+
+/// Label set of the per-engine series: the engine index.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EngineLabels {
+    pub engine: String,
+}
+
+impl EngineLabels {
+    fn of(engine: usize) -> Self {
+        Self {
+            engine: engine.to_string(),
+        }
+    }
+}
+
+type HistogramFamily = Family<EngineLabels, Histogram, fn() -> Histogram>;
 
 /// Label set of `voltllm:requests_rejected`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -62,14 +84,47 @@ impl Rejected {
 /// Front-end-recorded metrics; cloning shares the underlying values.
 #[derive(Clone)]
 pub struct Metrics {
+    pub prompt_tokens: Family<EngineLabels, Counter>,
+    pub generation_tokens: Family<EngineLabels, Counter>,
+    pub request_success: Family<FinishedLabels, Counter>,
+    pub time_to_first_token: HistogramFamily,
+    pub inter_token_latency: HistogramFamily,
+    pub e2e_request_latency: HistogramFamily,
+    pub request_queue_time: HistogramFamily,
+    pub requests_rejected: Family<RejectedLabels, Counter>,
+}
+
+/// One engine's request-level series, taken once per request (handles share the registry's
+/// values, so recording needs no label lookup per token).
+#[derive(Clone)]
+pub struct EngineMetrics {
+    engine: String,
+    request_success: Family<FinishedLabels, Counter>,
     pub prompt_tokens: Counter,
     pub generation_tokens: Counter,
-    pub request_success: Family<FinishedLabels, Counter>,
     pub time_to_first_token: Histogram,
     pub inter_token_latency: Histogram,
     pub e2e_request_latency: Histogram,
     pub request_queue_time: Histogram,
-    pub requests_rejected: Family<RejectedLabels, Counter>,
+}
+
+/// The `finished_reason` values a choice can end with.
+const FINISHED_REASONS: [&str; 4] = ["stop", "length", "abort", "error"];
+
+impl EngineMetrics {
+    fn finished_labels(&self, reason: &str) -> FinishedLabels {
+        FinishedLabels {
+            finished_reason: reason.to_string(),
+            engine: self.engine.clone(),
+        }
+    }
+
+    /// Counts one finished choice of this engine.
+    pub fn finished(&self, reason: &str) {
+        self.request_success
+            .get_or_create(&self.finished_labels(reason))
+            .inc();
+    }
 }
 
 const LATENCY_BUCKETS: [f64; 19] = [
@@ -83,6 +138,18 @@ const ITL_BUCKETS: [f64; 18] = [
 const E2E_BUCKETS: [f64; 16] = [
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
 ];
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(LATENCY_BUCKETS)
+}
+
+fn itl_histogram() -> Histogram {
+    Histogram::new(ITL_BUCKETS)
+}
+
+fn e2e_histogram() -> Histogram {
+    Histogram::new(E2E_BUCKETS)
+}
 
 impl Metrics {
     /// Creates the metrics and registers them, plus the collector of the engines' stats and the
@@ -101,16 +168,28 @@ impl Metrics {
             )]
             .into_iter(),
         );
+        let histograms = |make: fn() -> Histogram| HistogramFamily::new_with_constructor(make);
         let m = Self {
-            prompt_tokens: Counter::default(),
-            generation_tokens: Counter::default(),
+            prompt_tokens: Family::default(),
+            generation_tokens: Family::default(),
             request_success: Family::default(),
-            time_to_first_token: Histogram::new(LATENCY_BUCKETS),
-            inter_token_latency: Histogram::new(ITL_BUCKETS),
-            e2e_request_latency: Histogram::new(E2E_BUCKETS),
-            request_queue_time: Histogram::new(E2E_BUCKETS),
+            time_to_first_token: histograms(latency_histogram),
+            inter_token_latency: histograms(itl_histogram),
+            e2e_request_latency: histograms(e2e_histogram),
+            request_queue_time: histograms(e2e_histogram),
             requests_rejected: Family::default(),
         };
+        // Every engine's series exist from the start (at zero), so a dashboard sees each engine.
+        for engine in 0..client.engines().len() {
+            let series = m.engine(engine);
+            for reason in FINISHED_REASONS {
+                drop(
+                    series
+                        .request_success
+                        .get_or_create(&series.finished_labels(reason)),
+                );
+            }
+        }
         registry.register(
             "vllm:prompt_tokens",
             "Number of prefill tokens processed",
@@ -168,13 +247,19 @@ impl Metrics {
             .inc();
     }
 
-    /// Counts one finished choice.
-    pub fn finished(&self, reason: &str) {
-        self.request_success
-            .get_or_create(&FinishedLabels {
-                finished_reason: reason.to_string(),
-            })
-            .inc();
+    /// The request-level series of engine `engine`.
+    pub fn engine(&self, engine: usize) -> EngineMetrics {
+        let labels = EngineLabels::of(engine);
+        EngineMetrics {
+            engine: labels.engine.clone(),
+            request_success: self.request_success.clone(),
+            prompt_tokens: self.prompt_tokens.get_or_create(&labels).clone(),
+            generation_tokens: self.generation_tokens.get_or_create(&labels).clone(),
+            time_to_first_token: self.time_to_first_token.get_or_create(&labels).clone(),
+            inter_token_latency: self.inter_token_latency.get_or_create(&labels).clone(),
+            e2e_request_latency: self.e2e_request_latency.get_or_create(&labels).clone(),
+            request_queue_time: self.request_queue_time.get_or_create(&labels).clone(),
+        }
     }
 }
 
@@ -190,6 +275,24 @@ impl std::fmt::Debug for StatsCollector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("StatsCollector")
     }
+}
+
+/// One series with a sample per engine (`engine` label), `None` values left out.
+fn per_engine<M: EncodeMetric>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    metric_type: prometheus_client::metrics::MetricType,
+    values: impl IntoIterator<Item = Option<M>>,
+) -> std::fmt::Result {
+    let mut family = encoder.encode_descriptor(name, help, None, metric_type)?;
+    for (engine, value) in values.into_iter().enumerate() {
+        if let Some(metric) = value {
+            let labels = EngineLabels::of(engine);
+            metric.encode(family.encode_family(&labels)?)?;
+        }
+    }
+    Ok(())
 }
 
 fn gauge<N>(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: N) -> std::fmt::Result
@@ -212,55 +315,93 @@ fn counter(
 
 impl Collector for StatsCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let stats: Vec<_> = self
-            .client
-            .scheduler_stats()
-            .into_iter()
-            .flatten()
-            .collect();
-        let sum =
-            |f: fn(&voltllm_protocol::SchedulerStats) -> u64| stats.iter().map(f).sum::<u64>();
-        let kv_usage = if stats.is_empty() {
-            0.0
-        } else {
-            stats.iter().map(|s| s.kv_cache_usage).sum::<f64>() / stats.len() as f64
-        };
+        use prometheus_client::metrics::MetricType::{Counter as CounterType, Gauge as GaugeType};
+        let stats = self.client.scheduler_stats();
         let e = &mut encoder;
-        gauge(
+        // An engine that has not reported yet (starting, restarting) has no scheduler sample.
+        let gauges = |f: fn(&voltllm_protocol::SchedulerStats) -> i64| {
+            stats
+                .iter()
+                .map(move |s| s.as_ref().map(|s| ConstGauge::new(f(s))))
+        };
+        let counters = |f: fn(&voltllm_protocol::SchedulerStats) -> u64| {
+            stats
+                .iter()
+                .map(move |s| s.as_ref().map(|s| ConstCounter::new(f(s))))
+        };
+        per_engine(
             e,
             "vllm:num_requests_running",
             "Number of requests in model execution batches",
-            sum(|s| s.num_running) as i64,
+            GaugeType,
+            gauges(|s| s.num_running as i64),
         )?;
-        gauge(
+        per_engine(
             e,
             "vllm:num_requests_waiting",
             "Number of requests waiting to be processed",
-            sum(|s| s.num_waiting) as i64,
+            GaugeType,
+            gauges(|s| s.num_waiting as i64),
         )?;
-        gauge(
+        per_engine(
             e,
             "vllm:kv_cache_usage_perc",
             "KV-cache usage. 1 means 100 percent usage",
-            kv_usage,
+            GaugeType,
+            stats
+                .iter()
+                .map(|s| s.as_ref().map(|s| ConstGauge::new(s.kv_cache_usage))),
         )?;
-        counter(
+        per_engine(
             e,
             "vllm:prefix_cache_queries",
             "Prefix cache queries, in terms of number of queried tokens",
-            sum(|s| s.prefix_cache_queries),
+            CounterType,
+            counters(|s| s.prefix_cache_queries),
         )?;
-        counter(
+        per_engine(
             e,
             "vllm:prefix_cache_hits",
             "Prefix cache hits, in terms of number of cached tokens",
-            sum(|s| s.prefix_cache_hits),
+            CounterType,
+            counters(|s| s.prefix_cache_hits),
         )?;
-        counter(
+        per_engine(
             e,
             "vllm:num_preemptions",
             "Cumulative number of preemptions from the engine",
-            sum(|s| s.num_preemptions),
+            CounterType,
+            counters(|s| s.num_preemptions),
+        )?;
+        per_engine(
+            e,
+            "voltllm:engine_up",
+            "1 while the engine takes requests, 0 while it restarts or after it was lost",
+            GaugeType,
+            self.client
+                .engine_states()
+                .into_iter()
+                .map(|s| Some(ConstGauge::new(i64::from(s == EngineState::Serving)))),
+        )?;
+        per_engine(
+            e,
+            "voltllm:engine_requests_in_flight",
+            "Engine requests the front end has sent to the engine and not seen finish",
+            GaugeType,
+            self.client
+                .engine_in_flight()
+                .into_iter()
+                .map(|n| Some(ConstGauge::new(n as i64))),
+        )?;
+        per_engine(
+            e,
+            "voltllm:engine_restarts",
+            "Engine restarts (all engines together bounded by --max-engine-restarts)",
+            CounterType,
+            self.client
+                .engine_restarts()
+                .into_iter()
+                .map(|n| Some(ConstCounter::new(n))),
         )?;
         gauge(
             e,
@@ -280,12 +421,6 @@ impl Collector for StatsCollector {
             "voltllm:requests_dropped_slow_reader",
             "Requests dropped because their client fell --max-pending-outputs outputs behind",
             self.client.num_overflows(),
-        )?;
-        counter(
-            e,
-            "voltllm:engine_restarts",
-            "Engine restarts (bounded by --max-engine-restarts)",
-            self.client.num_restarts(),
         )?;
         Ok(())
     }

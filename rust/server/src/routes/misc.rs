@@ -8,7 +8,7 @@ use axum::Json as JsonResponse;
 use serde::Deserialize;
 use serde_json::{json, Value as Json};
 use voltllm_chat::RenderOptions;
-use voltllm_engine_client::EngineHealth;
+use voltllm_engine_client::{EngineHealth, EngineState};
 
 use super::{blocking, body_bytes, SharedState};
 use crate::error::ApiError;
@@ -41,14 +41,35 @@ pub async fn model(
     Ok(JsonResponse(model_card(&state, &id, unix_now() as u64)))
 }
 
-/// `GET /health` (and vLLM's `GET|POST /ping`): 200 while every engine serves; 503 while one
-/// restarts, after one died for good, or while the server drains.
+/// Each engine's state as `/health` reports it when one is down.
+fn engine_report(states: &[EngineState]) -> Vec<Json> {
+    states
+        .iter()
+        .enumerate()
+        .map(|(i, s)| match s {
+            EngineState::Serving => json!({"engine": i, "state": "serving"}),
+            EngineState::Restarting(why) => {
+                json!({"engine": i, "state": "restarting", "reason": why})
+            }
+            EngineState::Lost(why) => json!({"engine": i, "state": "lost", "reason": why}),
+        })
+        .collect()
+}
+
+/// `GET /health` (and vLLM's `GET|POST /ping`): 200 with an empty body while every engine serves;
+/// 200 with `{"status": "degraded", "engines": [...]}` while some engines serve and others restart
+/// or are lost (data parallelism: the server still answers); 503 while no engine serves (one
+/// restarts, or all died for good) or while the server drains.
 pub async fn health(state: SharedState) -> Response {
     if state.draining.load(std::sync::atomic::Ordering::SeqCst) {
         return ApiError::Draining.into_response();
     }
     match state.client.health() {
         EngineHealth::Healthy => StatusCode::OK.into_response(),
+        EngineHealth::Degraded(_) => {
+            let engines = engine_report(&state.client.engine_states());
+            JsonResponse(json!({"status": "degraded", "engines": engines})).into_response()
+        }
         EngineHealth::Restarting(reason) => {
             ApiError::Unavailable(format!("engine restarting after: {reason}")).into_response()
         }
