@@ -85,14 +85,18 @@ class EngineConfig:
     enforce_eager: bool = False  # no CUDA graphs
     # Ranks the model is sharded over, one process each; this one is rank 0 (`engine.tensor_parallel`).
     tensor_parallel_size: int = 1
+    # Engine processes (replicas, each of tensor_parallel_size ranks) behind one front end: only
+    # `voltllm serve` runs more than one (`engine.data_parallel`); each engine holds its own copy.
+    data_parallel_size: int = 1
     # torch's intra-op threads on the CPU; None leaves torch's default. An engine process beside a
     # front end does better with one core left free: on a busy CPU each parallel op otherwise waits
     # for a descheduled thread (measured 5-10x slower steps on 2 shared cores).
     cpu_threads: int | None = None
 
     def __post_init__(self) -> None:
-        tp = self.tensor_parallel_size
-        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-            raise ValueError(f"tensor_parallel_size must be an integer >= 1, got {tp!r}")
+        for name in ("tensor_parallel_size", "data_parallel_size"):
+            size = getattr(self, name)
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {size!r}")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ValueError(f"cpu_threads must be >= 1, got {self.cpu_threads}")

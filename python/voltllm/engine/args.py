@@ -20,7 +20,7 @@ from voltllm.config import (
     SchedulerConfig,
 )
 
-# (flag, argparse keywords): the one list both `add_engine_args` and `to_argv` read.
+# (flag, argparse keywords + "aliases"): the one list both `add_engine_args` and `to_argv` read.
 _FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--dtype", {"default": "auto", "choices": DTYPES, "help": "weight dtype (auto: the checkpoint's)"}),
     ("--max-model-len", {"type": int, "default": None, "help": "context length (default: the model's)"}),
@@ -41,7 +41,22 @@ _FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--block-size", {"type": int, "default": 16, "help": "tokens per KV block (default: %(default)s)"}),
     (
         "--tensor-parallel-size",
-        {"type": int, "default": 1, "help": "ranks the model is sharded over: a process (and a GPU) each"},
+        {
+            "aliases": ["-tp"],
+            "type": int,
+            "default": 1,
+            "help": "ranks the model is sharded over: a process (and a GPU) each",
+        },
+    ),
+    (
+        "--data-parallel-size",
+        {
+            "aliases": ["-dp"],
+            "type": int,
+            "default": 1,
+            "help": "engines (model replicas, of --tensor-parallel-size ranks each) behind one front end;"
+            " voltllm serve only",
+        },
     ),
     ("--seed", {"type": int, "default": 0, "help": "random seed of the engine (default: %(default)s)"}),
     ("--load-format", {"default": "auto", "choices": LOAD_FORMATS, "help": "how to read the weights"}),
@@ -78,7 +93,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help="model folder or .gguf file; omitted: the embedded SmolLM2-135M-Instruct",
     )
     for flag, kwargs in _FLAGS:
-        p.add_argument(flag, **kwargs)
+        options = {k: v for k, v in kwargs.items() if k != "aliases"}
+        p.add_argument(flag, *kwargs.get("aliases", ()), **options)
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -108,6 +124,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         attention_backend=args.attention_backend,
         enforce_eager=args.enforce_eager,
         tensor_parallel_size=args.tensor_parallel_size,
+        data_parallel_size=args.data_parallel_size,
         cpu_threads=args.cpu_threads,
     )
 

@@ -30,6 +30,7 @@ import zmq
 from voltllm import protocol
 from voltllm.engine.args import add_engine_args, engine_config_from_args
 from voltllm.engine.core import EngineCore, settle_garbage_collector
+from voltllm.engine.data_parallel import claim_engine_devices
 from voltllm.protocol import EngineCoreOutputs, EngineError, MessageType, UtilityCall, UtilityResult
 
 logger = logging.getLogger("voltllm.engine")
@@ -236,7 +237,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
-        core = EngineCore.from_config(engine_config_from_args(args), engine_index=args.engine_index)
+        config = engine_config_from_args(args)
+        # Before anything touches CUDA: a data-parallel engine sees only its own GPUs.
+        claim_engine_devices(args.engine_index, config)
+        core = EngineCore.from_config(config, engine_index=args.engine_index)
         proc.loaded = True
         settle_garbage_collector(freeze=True)  # this process only runs the engine from here on
         proc.send(MessageType.READY, core.ready_message(args.served_model_name or args.model))

@@ -13,7 +13,14 @@ class LLMEngine:
     """add_request / step / abort_requests / has_unfinished_requests, without sockets or threads."""
 
     def __init__(self, config: EngineConfig, core: EngineCore | None = None) -> None:
-        """Load the model named by `config`, or wrap an already built `core` (tests, benchmarks)."""
+        """Load the model named by `config`, or wrap an already built `core` (tests, benchmarks).
+        One process runs one engine: `data_parallel_size` > 1 is refused (vLLM refuses it too)."""
+        if config.data_parallel_size > 1:
+            raise ValueError(
+                f"data_parallel_size {config.data_parallel_size} needs one engine process per replica, "
+                "which an in-process LLM does not start: serve with `voltllm serve --data-parallel-size "
+                f"{config.data_parallel_size}`, or run one LLM per process"
+            )
         self.config = config
         self.core = core if core is not None else EngineCore.from_config(config)
 

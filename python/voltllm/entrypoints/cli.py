@@ -150,7 +150,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         "--max-engine-restarts",
         type=int,
         default=5,
-        help="restarts of a dead or hung engine before the server exits non-zero (default: %(default)s)",
+        help="restarts of dead or hung engines, all engines together; an engine that dies after them is"
+        " lost, and the server exits non-zero once every engine is (default: %(default)s)",
     )
     p.add_argument(
         "--engine-hang-timeout",

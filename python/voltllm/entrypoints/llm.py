@@ -78,6 +78,8 @@ class LLM:
     `LLM()` loads the embedded default model (SmolLM2-135M-Instruct). Arguments follow vLLM's `LLM`.
     `tensor_parallel_size=N` shards the model over N ranks: this process is rank 0 and starts the
     others as worker processes (or meets them through torchrun's variables: `docs/parallel.md`).
+    `data_parallel_size` above 1 is refused, as vLLM's `LLM` refuses it: one process runs one engine
+    (`voltllm serve --data-parallel-size N` runs N behind one endpoint).
     """
 
     def __init__(
@@ -88,6 +90,7 @@ class LLM:
         max_model_len: int | None = None,
         gpu_memory_utilization: float = 0.9,
         tensor_parallel_size: int = 1,
+        data_parallel_size: int = 1,
         seed: int = 0,
         load_format: str = "auto",
         quantization: str | None = None,
@@ -118,6 +121,7 @@ class LLM:
             device=device,
             enforce_eager=enforce_eager,
             tensor_parallel_size=tensor_parallel_size,
+            data_parallel_size=data_parallel_size,
         )
         self._start(config)
 
