@@ -16,7 +16,6 @@ on its own (`tp_worker` watches it; gloo also fails its next receive).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import shutil
@@ -136,10 +135,9 @@ def start_tensor_parallel_engine(engine_class: type, config: EngineConfig, engin
     """Rank 0: refuse what cannot run, start or meet the other ranks, load this rank's shard and build
     the engine with a `TensorParallelDriver` as its runner. Raises on failure with the others stopped."""
     device = resolve_device(config.device)
-    if device.type == "cuda" and not config.enforce_eager:
-        # Capturing the collectives in CUDA graphs has not been verified on GPUs yet: run eagerly.
-        logger.info("tensor parallel: decode steps run eagerly (no CUDA graphs yet)")
-        config = dataclasses.replace(config, enforce_eager=True)
+    # On CUDA every rank captures its decode graphs with the model's NCCL collectives inside (the
+    # capture is one broadcast command, so all ranks capture the same buckets in the same order and
+    # their all-reduces pair up); `enforce_eager` runs every step eagerly instead.
     check_tensor_parallel_config(config, load_hf_config(resolve_model_source(config.model)[0]), device)
     external = Rendezvous.from_env()
     rendezvous, timeout = _rank0_rendezvous(config.tensor_parallel_size, external)
