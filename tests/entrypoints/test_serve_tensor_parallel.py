@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import torch
-from voltllm_cli import serving
+from voltllm_cli import descendants, serving
 
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS / "models"))
@@ -19,28 +19,6 @@ from tiny_models import hf_greedy, save_plain_model  # noqa: E402
 TOKENIZER = TESTS / "fixtures" / "bytefallback"
 PROMPT = [5, 17, 42, 99, 7, 250, 31]
 NEW_TOKENS = 8
-
-
-def descendants(pid: int) -> list[tuple[int, bytes]]:
-    """(pid, command line) of every live process below `pid`."""
-    children: dict[int, list[int]] = {}
-    cmdlines: dict[int, bytes] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            state, ppid = stat.read_text().rsplit(")", 1)[1].split()[:2]
-            cmdline = (stat.parent / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if state != "Z":
-            child = int(stat.parent.name)
-            children.setdefault(int(ppid), []).append(child)
-            cmdlines[child] = cmdline
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append((child, cmdlines[child]))
-            todo.append(child)
-    return out
 
 
 def test_serve_tensor_parallel_answers_transformers_and_stops_its_worker(tmp_path: Path) -> None:

@@ -57,3 +57,25 @@ def serving(*args: str, stop_timeout: float = 30) -> Iterator[tuple[subprocess.P
         except subprocess.TimeoutExpired:
             proc.kill()
             raise
+
+
+def descendants(pid: int) -> list[tuple[int, bytes]]:
+    """(pid, command line) of every live process below `pid`."""
+    children: dict[int, list[int]] = {}
+    cmdlines: dict[int, bytes] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, ppid = stat.read_text().rsplit(")", 1)[1].split()[:2]
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if state != "Z":
+            child = int(stat.parent.name)
+            children.setdefault(int(ppid), []).append(child)
+            cmdlines[child] = cmdline
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append((child, cmdlines[child]))
+            todo.append(child)
+    return out
