@@ -1,10 +1,10 @@
-"""A tensor-parallel engine on CUDA captures its decode graphs with the NCCL all-reduces inside (issue
+"""A tensor-parallel engine on CUDA captures its decode graphs with the NCCL collectives inside (issue
 18), checked on one GPU: the engine is built through the tensor-parallel path (rank 0 of a world of
-one, its model group on NCCL, the `TensorParallelDriver` as its runner), and every row-parallel layer
-all-reduces over that NCCL group although one rank needs no sum (a one-rank NCCL all-reduce still
-launches its kernel, so the capture and the replays run real NCCL work). Greedy tokens must equal
-those of the engine without tensor parallelism, with graphs and eagerly. Two ranks need two GPUs
-(issue 19's `benches/parallel.py`)."""
+one, its model group on NCCL, the `TensorParallelDriver` as its runner), every row-parallel layer
+all-reduces and the LM head all-gathers its logits over that NCCL group although one rank needs
+neither (a one-rank NCCL collective still launches its kernel, so the capture and the replays run
+real NCCL work). Greedy tokens must equal those of the engine without tensor parallelism, with
+graphs and eagerly. Two ranks need two GPUs (issue 19's `benches/parallel.py`)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ from voltllm.distributed import get_tp_group
 from voltllm.engine.core import EngineCore
 from voltllm.engine.llm_engine import LLMEngine
 from voltllm.engine.tensor_parallel import start_tensor_parallel_engine
+from voltllm.layers.embedding import ParallelLMHead
 from voltllm.layers.linear import RowParallelLinear
+from voltllm.layers.linear_method import linear
 from voltllm.protocol import EngineCoreRequest, EngineSamplingParams
 from voltllm.worker.cuda_graphs import DecodeGraphs
 
@@ -65,18 +67,22 @@ def greedy(engine: LLMEngine) -> list[list[int]]:
 
 
 class NcclCounts:
-    """All-reduces run while a graph was being captured, and graph replays."""
+    """All-reduces run while a graph was being captured or eagerly, LM-head gathers captured, and
+    graph replays."""
 
     captured = 0
     eager = 0
+    gathers_captured = 0
     replays = 0
 
 
 @pytest.fixture
 def row_parallel_over_nccl(monkeypatch: pytest.MonkeyPatch) -> type[NcclCounts]:
-    """Every row-parallel layer all-reduces over the model group, whatever its size; replays counted."""
-    NcclCounts.captured = NcclCounts.eager = NcclCounts.replays = 0
+    """Every row-parallel layer all-reduces, and the LM head all-gathers, over the model group whatever
+    its size; replays counted."""
+    NcclCounts.captured = NcclCounts.eager = NcclCounts.gathers_captured = NcclCounts.replays = 0
     plain_forward = RowParallelLinear.forward
+    plain_head = ParallelLMHead.forward
 
     def forward(self: RowParallelLinear, x: torch.Tensor) -> torch.Tensor:
         group = get_tp_group().group
@@ -91,6 +97,18 @@ def row_parallel_over_nccl(monkeypatch: pytest.MonkeyPatch) -> type[NcclCounts]:
             NcclCounts.eager += 1
         return out
 
+    def head(self: ParallelLMHead, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        group = get_tp_group().group
+        if group is None:
+            return plain_head(self, hidden, out)
+        logits = linear(hidden, self.weight)  # the head's own GEMM, so the logits match the plain engine's
+        parts = [torch.empty_like(logits)]
+        dist.all_gather(parts, logits, group=group)
+        logits = torch.cat(parts, dim=-1)[:, : self.vocab_size]
+        if torch.cuda.is_current_stream_capturing():
+            NcclCounts.gathers_captured += 1
+        return logits.float() if out is None else out.copy_(logits)
+
     replay = DecodeGraphs.replay
 
     def counted_replay(self: DecodeGraphs, size: int) -> torch.Tensor:
@@ -98,6 +116,7 @@ def row_parallel_over_nccl(monkeypatch: pytest.MonkeyPatch) -> type[NcclCounts]:
         return replay(self, size)
 
     monkeypatch.setattr(RowParallelLinear, "forward", forward)
+    monkeypatch.setattr(ParallelLMHead, "forward", head)
     monkeypatch.setattr(DecodeGraphs, "replay", counted_replay)
     return NcclCounts
 
@@ -129,8 +148,9 @@ def test_nccl_all_reduce_inside_decode_graphs_matches_the_plain_engine(
     counts = row_parallel_over_nccl
     assert counts.eager > 0, "the eager steps ran no NCCL all-reduce"
     if enforce_eager:
-        assert counts.captured == 0 and counts.replays == 0
+        assert counts.captured == counts.gathers_captured == counts.replays == 0
     else:
         # Two row-parallel layers per decoder layer, in every captured bucket.
         assert counts.captured >= 2 * PLAIN_COMMON["num_hidden_layers"] * len(runner.graphs.sizes)
+        assert counts.gathers_captured >= len(runner.graphs.sizes)
         assert counts.replays > NEW_TOKENS // 2, "decode steps did not replay the graphs"
