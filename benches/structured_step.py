@@ -364,6 +364,9 @@ def main() -> None:
             steps = timed_steps(engine, args, VARIANTS[name], probe, f"{r}-{name}")
             medians[name].append(statistics.median(s.engine["total_s"] for s in steps))
             records[name] += steps
+        # One line per round as it ends, so a run cut short still reports what it timed.
+        done = ", ".join(f"{name} {medians[name][-1] * 1e3:.3f}" for name in names)
+        print(f"round {r + 1} step ms: {done}", flush=True)
     plain = min(medians["unconstrained"])
     shape = "tiny Qwen3" if args.tiny else "Qwen3-0.6B"
     print(f"{shape}, {args.device}, batch {args.batch}, {args.steps} decode steps x {args.rounds} rounds")
