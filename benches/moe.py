@@ -54,7 +54,9 @@ from voltllm.layers.activation import silu_and_mul  # noqa: E402
 from voltllm.layers.embedding import VocabParallelEmbedding  # noqa: E402
 from voltllm.layers.fused_moe import FusedMoE, UnquantizedFusedMoEMethod, select_experts  # noqa: E402
 from voltllm.layers.fused_moe.experts_torch import experts_grouped  # noqa: E402
-from voltllm.ops.moe import fused_moe, fused_moe_pairs, topk_softmax  # noqa: E402
+from voltllm.layers.norm import RMSNorm  # noqa: E402
+from voltllm.ops.linear import gemv  # noqa: E402
+from voltllm.ops.moe import fused_moe, fused_moe_pairs, moe_route, topk_softmax  # noqa: E402
 from voltllm.protocol import EngineCoreRequest, EngineSamplingParams  # noqa: E402
 
 
@@ -373,7 +375,7 @@ def bench_kernels(config: dict, args: argparse.Namespace) -> list[dict]:
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
     w13 = (torch.randn(experts, 2 * inter, hidden, device="cuda", generator=gen) * 0.02).half()
     w2 = (torch.randn(experts, hidden, inter, device="cuda", generator=gen) * 0.02).half()
-    rows = []
+    rows = [route_row(tokens, config, gen) for tokens in (1, 2)]
     for tokens in args.kernel_tokens:
         x = torch.randn(tokens, hidden, device="cuda", generator=gen).half()
         logits = torch.randn(tokens, experts, device="cuda", generator=gen).half()
@@ -384,6 +386,35 @@ def bench_kernels(config: dict, args: argparse.Namespace) -> list[dict]:
             flush=True,
         )
     return rows
+
+
+def route_row(tokens: int, config: dict, gen: torch.Generator) -> dict:
+    """A sparse block's front at `tokens` decode tokens: residual add + RMSNorm, the router linear and
+    the top-k as three kernels, against `moe_route`'s one, both replayed from CUDA graphs."""
+    hidden_size, experts, top_k = config["hidden_size"], config["num_experts"], config["num_experts_per_tok"]
+    hidden = torch.randn(tokens, hidden_size, device="cuda", generator=gen).half()
+    residual = torch.randn(tokens, hidden_size, device="cuda", generator=gen).half()
+    norm = RMSNorm(hidden_size).cuda().half()
+    gate = (torch.randn(experts, hidden_size, device="cuda", generator=gen) * 0.02).half()
+    counter = torch.zeros(1, dtype=torch.int32, device="cuda")
+
+    def unfused() -> torch.Tensor:
+        normed, _ = norm(hidden, residual)
+        return topk_softmax(gemv(normed, gate), top_k, True)[1]  # the router as the model runs it
+
+    def fused() -> torch.Tensor:
+        return moe_route(hidden, residual, norm.weight, norm.eps, gate, top_k, True, counter)[3]
+
+    row = {"figure": "route", "tokens": tokens}
+    with torch.inference_mode():
+        row["unfused_us"] = graph_time(unfused) * 1e6
+        row["fused_us"] = graph_time(fused) * 1e6
+    print(
+        f"route: {tokens} tokens: add+norm, router, top-k {row['unfused_us']:.1f} us; one kernel "
+        f"{row['fused_us']:.1f} us",
+        flush=True,
+    )
+    return row
 
 
 def transformers_generate_batch(model_dir: Path, args, prompts, output_lens) -> float:

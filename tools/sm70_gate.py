@@ -268,6 +268,7 @@ extern const uint3 blockIdx;
 extern const dim3 blockDim;
 extern const dim3 gridDim;
 void __syncthreads();
+void __threadfence();
 void __syncwarp(unsigned mask = 0xffffffffu);
 template <class T> T __shfl_sync(unsigned, T, int, int = 32);
 template <class T> T __shfl_xor_sync(unsigned, T, int, int = 32);

@@ -14,13 +14,9 @@ namespace voltllm {
 constexpr int kMoeTopkWarps = 4;  // tokens per thread block
 constexpr int kMoeExpertsPerLane = kMoeMaxExperts / 32;
 
-// grid: ceil(tokens / kMoeTopkWarps), block: 32 * kMoeTopkWarps.
+// One warp's work: the choices of `token` (every lane of the warp calls it).
 template <typename T>
-__global__ void __launch_bounds__(32 * kMoeTopkWarps) moe_topk_softmax_kernel(MoeTopkParams p) {
-  begin_dependent_grid();
-  const int lane = threadIdx.x & 31;
-  const int token = blockIdx.x * kMoeTopkWarps + (threadIdx.x >> 5);
-  if (token >= p.num_tokens) return;  // the whole warp
+__device__ __forceinline__ void moe_topk_softmax_token(const MoeTopkParams& p, int token, int lane) {
   const T* row = static_cast<const T*>(p.logits) + token * p.logits_stride;
   float prob[kMoeExpertsPerLane];
   float row_max = neg_inf();
@@ -74,6 +70,15 @@ __global__ void __launch_bounds__(32 * kMoeTopkWarps) moe_topk_softmax_kernel(Mo
     p.topk_weights[token * p.top_k + lane] = my_weight;
     p.topk_ids[token * p.top_k + lane] = my_id;
   }
+}
+
+// grid: ceil(tokens / kMoeTopkWarps), block: 32 * kMoeTopkWarps.
+template <typename T>
+__global__ void __launch_bounds__(32 * kMoeTopkWarps) moe_topk_softmax_kernel(MoeTopkParams p) {
+  begin_dependent_grid();
+  const int token = blockIdx.x * kMoeTopkWarps + (threadIdx.x >> 5);
+  if (token >= p.num_tokens) return;  // the whole warp
+  moe_topk_softmax_token<T>(p, token, threadIdx.x & 31);
 }
 
 }  // namespace voltllm

@@ -12,12 +12,14 @@ import pytest
 import torch
 
 from voltllm.layers.fused_moe import experts_grouped
+from voltllm.layers.norm import rms_norm
 from voltllm.ops.moe import (
     PAIRS_MAX_TOKENS,
     fused_moe,
     fused_moe_applies,
     fused_moe_pairs,
     moe_align,
+    moe_route,
     moe_tile_rows,
     topk_softmax,
     topk_softmax_ref,
@@ -185,3 +187,46 @@ def test_fused_moe_captures_in_a_cuda_graph(num_tokens):
             weights, ids = topk_softmax_ref(logits, 8, True)
             expected = experts_grouped(x.float(), w13.float(), w2.float(), weights, ids)
             torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 2])
+@pytest.mark.parametrize("num_experts,top_k,renormalize", [(128, 8, True), (60, 4, False), (512, 32, True)])
+def test_route_matches_its_parts(dtype, rows, num_experts, top_k, renormalize):
+    """add + RMSNorm + router + top-k in one launch, against the unfused definitions; replayed from a
+    CUDA graph with fresh inputs (its ticket counter must be back at 0 after every launch)."""
+    gen = _generator()
+    hidden_size = 2048
+    norm_weight = (1 + 0.1 * torch.randn(hidden_size, device="cuda", generator=gen)).to(dtype)
+    gate = (torch.randn(num_experts, hidden_size, device="cuda", generator=gen) / hidden_size**0.5).to(dtype)
+    hidden = torch.empty(rows, hidden_size, device="cuda", dtype=dtype)
+    residual = torch.empty_like(hidden)
+    counter = torch.zeros(1, dtype=torch.int32, device="cuda")
+
+    def route():
+        return moe_route(hidden, residual, norm_weight, 1e-6, gate, top_k, renormalize, counter)
+
+    with torch.inference_mode():
+        hidden.normal_(generator=gen)
+        residual.normal_(generator=gen)
+        route()  # warm-up, eagerly
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            normed, new_residual, weights, ids = route()
+        for _ in range(3):
+            hidden.normal_(generator=gen)
+            residual.normal_(generator=gen)
+            graph.replay()
+            summed = (hidden.float() + residual.float()).to(dtype)
+            assert torch.equal(new_residual, summed)
+            ref_normed = rms_norm(summed.float(), norm_weight.float(), 1e-6).to(dtype)
+            tol = 2e-2 if dtype == torch.float16 else 8e-2
+            torch.testing.assert_close(normed.float(), ref_normed.float(), atol=tol, rtol=tol)
+            logits = (normed @ gate.t()).float()  # the router linear on the kernel's own normed rows
+            probs = torch.softmax(logits, dim=-1)
+            chosen = probs.gather(1, ids.long())
+            ref_weights, _ = topk_softmax_ref(logits, top_k, renormalize)
+            # the k largest probabilities, up to the rounding of the logits (fp32 sums in another order)
+            torch.testing.assert_close(chosen, probs.topk(top_k).values, atol=2e-3, rtol=2e-2)
+            torch.testing.assert_close(weights, ref_weights, atol=2e-3, rtol=2e-2)
+            assert int(counter.item()) == 0

@@ -1,7 +1,8 @@
 """The mixture-of-experts kernels (csrc/moe/) on the CPU emulator (tests/kernels/emu): the fused top-k
 softmax against its definition (`topk_softmax_ref`), the align kernel's tiles against the invariants
 the expert stages rely on, and the whole expert pipeline (align, gated stage, down stage, combine) by
-both kernels, the decode GEMV and the tensor-core grouped GEMM, against the torch form of the experts.
+both kernels, the decode GEMV and the tensor-core grouped GEMM, and the pair-by-pair path, against the
+torch form of the experts; the fused front of a block (add + norm + router + top-k) against its parts.
 Fresh random inputs every run; the shapes leave partial tiles in every dimension."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 from emulator import build_emulator, needs_gxx, ptr
 
 from voltllm.layers.fused_moe import experts_grouped
+from voltllm.layers.norm import rms_norm
 from voltllm.ops.moe import moe_max_tiles, topk_softmax_ref
 
 pytestmark = needs_gxx
@@ -189,3 +191,40 @@ def test_pair_path_matches_the_torch_form(emu, dtype, num_tokens, top_k):
         torch.testing.assert_close(
             got.float(), expected, atol=tol, rtol=tol, msg=lambda m, n=name: f"{n}: {m}"
         )
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("rows,num_experts,top_k,renormalize", [(1, 40, 4, True), (2, 24, 8, False)])
+def test_route_matches_its_definition(emu, dtype, rows, num_experts, top_k, renormalize):
+    # 40 experts: a partial block of 16 warps; the last block to finish (seeded order) runs the top-k.
+    gen, seed = _generator()
+    k = 264  # a norm thread's second chunk is partial
+    hidden = torch.randn(rows, k, generator=gen).to(dtype)
+    residual = torch.randn(rows, k, generator=gen).to(dtype)
+    norm_weight = (1 + 0.1 * torch.randn(k, generator=gen)).to(dtype)
+    gate = (torch.randn(num_experts, k, generator=gen) / k**0.5).to(dtype)
+    normed = torch.full((rows, k), float("nan")).to(dtype)
+    new_residual = torch.full((rows, k), float("nan")).to(dtype)
+    logits = torch.full((rows, num_experts), float("nan")).to(dtype)
+    weights = torch.full((rows, top_k), float("nan"))
+    ids = torch.full((rows, top_k), -1, dtype=torch.int32)
+    counter = torch.zeros(1, dtype=torch.int32)
+    for _ in range(2):  # the counter is back at 0 after a launch
+        emu.emu_moe_route(
+            ctypes.c_int(int(dtype == torch.bfloat16)), ptr(normed), ptr(new_residual), ptr(logits),
+            ptr(weights), ptr(ids), ptr(counter), ptr(hidden), ptr(residual), ptr(norm_weight),
+            ctypes.c_float(1e-6), ptr(gate),
+            ctypes.c_int(rows), ctypes.c_int(k), ctypes.c_int(num_experts), ctypes.c_int(top_k),
+            ctypes.c_int(int(renormalize)), ctypes.c_uint(seed),
+        )  # fmt: skip
+        assert int(counter[0]) == 0
+    summed = (hidden.float() + residual.float()).to(dtype)
+    assert torch.equal(new_residual, summed)
+    ref_normed = (rms_norm(summed.float(), norm_weight.float(), 1e-6)).to(dtype)
+    tol = 2e-2 if dtype == torch.float16 else 8e-2
+    torch.testing.assert_close(normed.float(), ref_normed.float(), atol=tol, rtol=tol)
+    torch.testing.assert_close(logits.float(), normed.float() @ gate.float().t(), atol=tol, rtol=tol)
+    ref_weights, ref_ids = topk_softmax_ref(logits, top_k, renormalize)  # of the kernel's own logits
+    chosen = logits.float().gather(1, ids.long())  # by value: tied logits may pick either expert
+    assert torch.equal(chosen, logits.float().gather(1, ref_ids))
+    torch.testing.assert_close(weights, ref_weights, atol=1e-6, rtol=1e-5)

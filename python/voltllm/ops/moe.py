@@ -9,6 +9,9 @@ A step of `fused_moe` on CUDA is five launches and no host sync (so it captures 
 4. the down stage, `y[pair] = weight * (act[slot] @ down_e.T)` in fp32;
 5. `moe_combine`, `out[t] = sum_j y[t * top_k + j]`, rounded once.
 
+At one or two tokens the block's front is one launch too (`moe_route`, `route.cuh`): the residual add
+and RMSNorm after attention, the router linear and the top-k, replacing three kernels.
+
 Up to PAIRS_MAX_TOKENS tokens (small decode batches) the step is three launches instead:
 `topk_softmax`, then `fused_moe_pairs` (`pair_gemv.cuh`): the gated stage per pair, its expert taken
 straight from the routing (no align: a token's k experts are distinct, and at a few tokens tiles would
@@ -81,6 +84,63 @@ def topk_softmax(
     ids = torch.empty(num_tokens, top_k, dtype=torch.int32, device=router_logits.device)
     kernel_ops().moe_topk_softmax(weights, ids, router_logits, renormalize)
     return weights, ids
+
+
+# Rows the fused front of a sparse block (`moe_route`, csrc/moe/route.cuh) takes: its norm prologue
+# gives each row 256 threads of a 512-thread block.
+ROUTE_MAX_TOKENS = 2
+
+
+def moe_route_applies(
+    hidden: torch.Tensor, residual: torch.Tensor, gate_weight: torch.Tensor, top_k: int
+) -> bool:
+    """True where `moe_route` runs its kernel: CUDA fp16/bf16 contiguous `hidden` and `residual` of 1 to
+    ROUTE_MAX_TOKENS rows, a hidden size that is a multiple of 8 up to 8,192, a dense contiguous router
+    `[num_experts, hidden]` of their dtype, at most MAX_EXPERTS experts and MAX_TOP_K choices."""
+    if not (hidden.is_cuda and hidden.dim() == 2 and gate_weight.dim() == 2):
+        return False
+    rows, size = hidden.shape
+    return (
+        hidden.dtype in (torch.float16, torch.bfloat16)
+        and residual.dtype == hidden.dtype
+        and gate_weight.dtype == hidden.dtype
+        and 1 <= rows <= ROUTE_MAX_TOKENS
+        and residual.shape == hidden.shape
+        and size % 8 == 0
+        and size <= 8192
+        and gate_weight.shape[1] == size
+        and hidden.is_contiguous()
+        and residual.is_contiguous()
+        and gate_weight.is_contiguous()
+        and all(t.data_ptr() % 16 == 0 for t in (hidden, residual, gate_weight))
+        and gate_weight.shape[0] <= MAX_EXPERTS
+        and 0 < top_k <= min(MAX_TOP_K, gate_weight.shape[0])
+    )
+
+
+def moe_route(
+    hidden: torch.Tensor,  # [T, H]: the attention output to add
+    residual: torch.Tensor,  # [T, H]
+    norm_weight: torch.Tensor,  # [H]
+    eps: float,
+    gate_weight: torch.Tensor,  # [E, H]: the router
+    top_k: int,
+    renormalize: bool,
+    counter: torch.Tensor,  # [1] int32, 0: the kernel's ticket, left 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`(normed, new_residual, topk_weights, topk_ids)`: `fused_add_rms_norm`, the router linear and
+    `topk_softmax` in one launch (check `moe_route_applies` first); the ids are int32."""
+    rows = hidden.shape[0]
+    normed = torch.empty_like(hidden)
+    new_residual = torch.empty_like(hidden)
+    logits = torch.empty(rows, gate_weight.shape[0], dtype=hidden.dtype, device=hidden.device)
+    weights = torch.empty(rows, top_k, dtype=torch.float32, device=hidden.device)
+    ids = torch.empty(rows, top_k, dtype=torch.int32, device=hidden.device)
+    kernel_ops().moe_route(
+        normed, new_residual, logits, weights, ids, counter, hidden, residual, norm_weight, eps, gate_weight,
+        renormalize,
+    )  # fmt: skip
+    return normed, new_residual, weights, ids
 
 
 def moe_max_tiles(num_pairs: int, num_experts: int, tile_rows: int) -> int:

@@ -132,6 +132,7 @@ def _moe() -> dict[str, list[str]]:
         "moe/pair_gemv.cuh": [
             f"voltllm::moe_pair_{stage}_kernel<{t}>" for t in DTYPES for stage in ("gated", "down")
         ],
+        "moe/route.cuh": [f"voltllm::moe_route_kernel<{t}, {rows}>" for t in DTYPES for rows in (1, 2)],
     }
 
 
@@ -176,6 +177,9 @@ def dynamic_smem_probes() -> dict[str, str]:
             args = f"<{kind}, {bm}>"
             probes[f"voltllm::quant_gemm_wmma_kernel{args}"] = f"voltllm::quant_gemm_wmma_smem_bytes{args}"
     probes["voltllm::moe_align_kernel"] = "voltllm::moe_align_max_smem_bytes"
+    for t in DTYPES:
+        for rows in (1, 2):
+            probes[f"voltllm::moe_route_kernel<{t}, {rows}>"] = "voltllm::moe_route_max_smem_bytes"
     return probes
 
 

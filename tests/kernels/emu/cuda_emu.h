@@ -333,6 +333,8 @@ inline void __syncthreads() {
   emu::Block& b = emu::blk();
   emu::arrive_and_wait(b.cta, b.alive);
 }
+// Blocks run one after another, each to its end: every write of an earlier block is already visible.
+inline void __threadfence() {}
 inline void __syncwarp(unsigned mask = 0xffffffffu) {
   emu::check_full(mask);
   emu::warp_barrier();

@@ -8,6 +8,7 @@
 #include "moe/expert_gemv.cuh"
 #include "moe/grouped_gemm_wmma.cuh"
 #include "moe/pair_gemv.cuh"
+#include "moe/route.cuh"
 #include "moe/topk_softmax.cuh"
 
 extern "C" {
@@ -83,6 +84,43 @@ void emu_moe_pair_experts(int bf16, int gated, void* out, const void* a, const v
         voltllm::moe_pair_gated_kernel<T>(p);
       } else {
         voltllm::moe_pair_down_kernel<T>(p);
+      }
+    }, seed);
+  });
+}
+
+// The fused front of a sparse block: add + RMSNorm, the router logits and the top-k softmax, rows 1..2.
+void emu_moe_route(int bf16, void* normed_out, void* residual_out, void* logits, float* topk_weights, int* topk_ids,
+                   int* counter, const void* hidden, const void* residual, const void* norm_weight, float eps,
+                   const void* gate_weight, int rows, int k, int num_experts, int top_k, int renormalize,
+                   unsigned seed) {
+  voltllm::MoeRouteParams p{};
+  p.norm.out = logits;
+  p.norm.residual_out = residual_out;
+  p.norm.hidden = hidden;
+  p.norm.residual_in = residual;
+  p.norm.norm_weight = norm_weight;
+  p.norm.weight = gate_weight;
+  p.norm.out_stride = num_experts;
+  p.norm.residual_out_stride = k;
+  p.norm.hidden_stride = k;
+  p.norm.residual_in_stride = k;
+  p.norm.eps = eps;
+  p.norm.rows = rows;
+  p.norm.n = num_experts;
+  p.norm.k = k;
+  p.normed_out = normed_out;
+  p.topk = voltllm::MoeTopkParams{topk_weights, topk_ids, logits, num_experts, rows, num_experts, top_k, renormalize};
+  p.counter = counter;
+  const dim3 grid((num_experts + voltllm::kGemvNormWarps - 1) / voltllm::kGemvNormWarps);
+  const int smem = voltllm::gemv_norm_smem_bytes(rows, k);
+  emu::dispatch_dtype(bf16, [&](auto t) {
+    using T = decltype(t);
+    emu::launch(grid, dim3(32 * voltllm::kGemvNormWarps), smem, [&] {
+      if (rows == 1) {
+        voltllm::moe_route_kernel<T, 1>(p);
+      } else {
+        voltllm::moe_route_kernel<T, 2>(p);
       }
     }, seed);
   });
