@@ -69,9 +69,21 @@ __global__ void __launch_bounds__(32 * kMoePairWarps) moe_pair_down_kernel(MoePa
   const int lane = threadIdx.x & 31;
   const int token = blockIdx.x;
   const int feature = blockIdx.y * kMoePairWarps + (threadIdx.x >> 5);
-  begin_dependent_grid();  // act and the routing come from the kernels before this one
-  if (feature >= p.n) return;
   const T* weight = static_cast<const T*>(p.weight);
+  if (feature < p.n) {
+    // The routing is two kernels back (the gated stage is between), so it is final even before the
+    // wait (common.cuh): ask L2 for the first chunks of the token's rows while the gated stage ends.
+    for (int j = 0; j < p.top_k; ++j) {
+      const long long expert = p.topk_ids[token * p.top_k + j];
+      const T* row = weight + (expert * p.n + feature) * static_cast<long long>(p.k);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (lane * 8 + u * 256 < p.k) prefetch_l2(row + lane * 8 + u * 256);
+      }
+    }
+  }
+  begin_dependent_grid();  // act comes from the kernel before this one
+  if (feature >= p.n) return;
   const T* act = static_cast<const T*>(p.a);
   float sum = 0.f;  // this lane's share of the weighted sum over the token's pairs
   for (int j0 = 0; j0 < p.top_k; j0 += kInFlight) {
