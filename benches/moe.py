@@ -294,6 +294,7 @@ def bench_offline(model_dir: Path, config: dict, args: argparse.Namespace) -> di
         (model_dir / "config.json").write_text(json.dumps({**config, "num_hidden_layers": layers}))
         ours, n = offline_tok_s(model_dir, args, prompts, output_lens)
         row.update(voltllm_cut_tok_s=ours, tokens=n)
+        print(f"offline: first {layers} layers: voltllm {ours:.1f} tok/s ({n} tokens)", flush=True)
     base = transformers_generate_batch(model_dir, args, prompts, output_lens)
     row.update(baseline_layers=layers, transformers_tok_s=base, ratio=ours / base)
     return row
