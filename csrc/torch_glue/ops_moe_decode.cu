@@ -16,8 +16,10 @@ namespace {
 
 using Tensors = std::initializer_list<const at::Tensor*>;
 
-// Whether two contiguous tensors share bytes (the aliasing check of moe_route).
-bool overlap(const at::Tensor& a, const at::Tensor& b) {
+// Whether two contiguous tensors share bytes (the aliasing check of moe_route). Its own name: another
+// branch adds a general glue::overlap to torch_glue.h, and `using namespace glue` would make one name
+// ambiguous; once that lands this can go.
+bool contiguous_overlap(const at::Tensor& a, const at::Tensor& b) {
   const auto a0 = reinterpret_cast<uintptr_t>(a.data_ptr()), b0 = reinterpret_cast<uintptr_t>(b.data_ptr());
   const auto a1 = a0 + a.numel() * a.element_size(), b1 = b0 + b.numel() * b.element_size();
   return a0 < b1 && b0 < a1;
@@ -129,8 +131,9 @@ void moe_route(at::Tensor& normed_out, at::Tensor& residual_out, at::Tensor& log
     TORCH_CHECK(reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0, op, ": rows must be 16-byte aligned");
   }
   // Block 0 writes residual_out and normed_out while other blocks still read hidden and residual.
-  TORCH_CHECK(!overlap(residual_out, residual) && !overlap(residual_out, hidden) && !overlap(normed_out, residual) &&
-                  !overlap(normed_out, hidden) && !overlap(normed_out, residual_out),
+  TORCH_CHECK(!contiguous_overlap(residual_out, residual) && !contiguous_overlap(residual_out, hidden) &&
+                  !contiguous_overlap(normed_out, residual) && !contiguous_overlap(normed_out, hidden) &&
+                  !contiguous_overlap(normed_out, residual_out),
               op, ": normed_out and residual_out must not overlap each other, hidden or residual");
   const at::cuda::OptionalCUDAGuard guard(hidden.device());
   MoeRouteParams p{};
