@@ -6,8 +6,9 @@
 // (row seed, token id), so a row's draw depends on its seed alone, not on the batch, the block size or
 // the order threads run in.
 //
-// Every pass over a row is split over many blocks (kSplitTokens tokens each), so that a batch-1 step
-// uses the whole GPU and a row costs the same whatever its logits look like. Greedy rows (first argmax
+// Every pass over a row is split over blocks (`split_tokens` tokens each: many splits at batch 1, so
+// that a draw uses the whole GPU, fewer as the batch grows), and a row costs about the same whatever
+// its logits look like. Greedy rows (first argmax
 // of x) and rows with only a temperature (the race over x / T) take one split pass, race_partial_kernel
 // writing each split's winner, and race_merge_kernel picking the row's. Rows with a filter first find
 // the row's max (row_max_partial_kernel, row_max_merge_kernel). A filter is expressed through each
@@ -33,8 +34,10 @@ namespace voltllm {
 
 constexpr int kSampleBins = 2048;                     // 11-bit digits
 constexpr float kSampleMassScale = 1099511627776.0f;  // 2^40: e in (0, 1] as a fixed-point integer (exact)
-constexpr int kSplitTokens = 4096;                    // tokens per block of every split pass
+constexpr int kMinSplitTokens = 4096;                 // the fewest tokens a block of a split pass takes
 constexpr int kSplitThreads = 256;                    // the split kernels' block (a power of two, 32..256)
+constexpr int kSplitBlocksWanted = 1024;              // grid size the glue aims at (rows x splits)
+constexpr int kLoadBatch = 4;                         // loads a thread issues before it uses them
 constexpr int kSelectDigits = 3;                      // digits of a select: bits 31..21, 20..10, 9..0
 
 // A filtered row's progress, carried from one launch to the next in global memory.
@@ -61,13 +64,16 @@ struct SampleParams {
   unsigned long long* histogram;    // [rows, kSampleBins] scratch, zeroed by row_max_merge_kernel (splits > 1)
   unsigned* blocks_done;            // [rows] scratch: blocks of the current digit that have added theirs
   SelectState* state;               // [rows] scratch
-  int splits;                       // ceil(vocab / kSplitTokens)
+  int splits;                       // blocks per row of every split pass (split_sizes below)
+  int split_tokens;                 // tokens per split (the last one may have fewer)
   int vocab;
 };
 
-// Shared memory of select_digit_kernel: the block's histogram and the scan scratch.
+// Shared memory of select_digit_kernel: the block's histogram, each 64-bit bin as two 32-bit words
+// (64-bit shared atomics are compare-and-swap loops; 32-bit adds are native), and the scan scratch.
 struct SelectShared {
-  unsigned long long hist[kSampleBins];
+  unsigned lo[kSampleBins];
+  unsigned hi[kSampleBins];
   unsigned long long scan[32];
   unsigned long long remaining;
   unsigned chosen_bin;
@@ -80,6 +86,16 @@ struct ArgmaxShared {
   int index[32];
 };
 __device__ const int select_smem_bytes_probe = sizeof(SelectShared);  // for the sm70 gate's report
+
+// Splits per row and tokens per split for `rows` rows of `vocab` tokens: about kSplitBlocksWanted
+// blocks in all, at least kMinSplitTokens tokens a block. The draw does not depend on it.
+__host__ __device__ inline void split_sizes(long long rows, int vocab, int& splits, int& split_tokens) {
+  const long long most = (vocab + kMinSplitTokens - 1) / kMinSplitTokens;
+  long long wanted = (kSplitBlocksWanted + rows - 1) / rows;
+  wanted = wanted < 1 ? 1 : wanted > most ? most : wanted;
+  split_tokens = static_cast<int>((vocab + wanted - 1) / wanted);
+  splits = static_cast<int>((vocab + split_tokens - 1) / split_tokens);
+}
 __device__ const int argmax_smem_bytes_probe = sizeof(ArgmaxShared);
 
 __device__ __forceinline__ unsigned long long splitmix64(unsigned long long x) {
@@ -208,6 +224,28 @@ __device__ __forceinline__ int merge_splits(const SampleParams& p, int r, float&
   return index;
 }
 
+// Calls fn(i, x_i) for this thread's tokens of block (row, split): ascending, blockDim.x apart. Loads
+// go kLoadBatch at a time before any is used, so that a thread keeps several in flight.
+template <typename T, typename Fn>
+__device__ __forceinline__ void for_each_logit(const SampleParams& p, const T* row, Fn&& fn) {
+  const int begin = blockIdx.y * p.split_tokens;
+  const int end = min(p.vocab, begin + p.split_tokens);
+  const int stride = blockDim.x;
+  for (int base = begin + threadIdx.x; base < end; base += kLoadBatch * stride) {
+    float x[kLoadBatch];
+#pragma unroll
+    for (int u = 0; u < kLoadBatch; ++u) {
+      const int i = base + u * stride;
+      x[u] = i < end ? logit_at(row, i) : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < kLoadBatch; ++u) {
+      const int i = base + u * stride;
+      if (i < end) fn(i, x[u]);
+    }
+  }
+}
+
 __device__ __forceinline__ void write_split(const SampleParams& p, int r, float score, int index) {
   if (threadIdx.x == 0) {
     p.split_score[static_cast<long long>(r) * p.splits + blockIdx.y] = score;
@@ -225,17 +263,14 @@ __global__ void __launch_bounds__(kSplitThreads) row_max_partial_kernel(SamplePa
   VOLTLLM_DYNAMIC_SMEM(smem_raw);
   ArgmaxShared& s = *reinterpret_cast<ArgmaxShared*>(smem_raw);
   const T* row = static_cast<const T*>(p.logits) + static_cast<long long>(r) * p.logits_stride;
-  const int begin = blockIdx.y * kSplitTokens;
-  const int end = min(p.vocab, begin + kSplitTokens);
   float best = neg_inf();
-  int index = begin;
-  for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const float x = logit_at(row, i);
+  int index = blockIdx.y * p.split_tokens;
+  for_each_logit(p, row, [&](int i, float x) {
     if (x > best) {  // ascending per thread: the first of equal values
       best = x;
       index = i;
     }
-  }
+  });
   index = block_argmax(best, index, s.score, s.index);
   write_split(p, r, best, index);
 }
@@ -274,18 +309,27 @@ constexpr unsigned kNoBin = 0xffffffffu;
 struct PendingBin {
   unsigned bin = kNoBin;
   unsigned long long weight = 0;
-  __device__ __forceinline__ void add(unsigned b, unsigned long long w, unsigned long long* hist) {
+  __device__ __forceinline__ void add(unsigned b, unsigned long long w, SelectShared& s) {
     if (b != bin) {
-      flush(hist);
+      flush(s);
       bin = b;
     }
     weight += w;
   }
-  __device__ __forceinline__ void flush(unsigned long long* hist) {
-    if (weight != 0) atomicAdd(&hist[bin], weight);
+  // The low word's add returns the old word: a wrap carries into the high word, so hi:lo stays exact.
+  __device__ __forceinline__ void flush(SelectShared& s) {
+    if (weight == 0) return;
+    const unsigned low = static_cast<unsigned>(weight);
+    const unsigned old = atomicAdd(&s.lo[bin], low);
+    const unsigned high = static_cast<unsigned>(weight >> 32) + (old + low < old ? 1u : 0u);
+    if (high != 0) atomicAdd(&s.hi[bin], high);
     weight = 0;
   }
 };
+
+__device__ __forceinline__ unsigned long long shared_bin(const SelectShared& s, int b) {
+  return (static_cast<unsigned long long>(s.hi[b]) << 32) | s.lo[b];
+}
 
 // The bits of digit `level` (most significant first) and where they sit.
 __device__ __forceinline__ int digit_shift(int level) { return level == 0 ? 21 : level == 1 ? 10 : 0; }
@@ -298,15 +342,12 @@ template <bool MASS>
 __device__ void choose_bin(const SampleParams& p, int r, int level, SelectState& st, SelectShared& s) {
   const int per_thread = kSampleBins / blockDim.x;
   const int first = threadIdx.x * per_thread;
+  // The row's histogram: in global memory (other blocks' atomics: read from L2), or with one split
+  // this block's own.
+  volatile unsigned long long* hist = p.histogram + static_cast<long long>(r) * kSampleBins;
+  auto weight = [&](int b) { return p.splits > 1 ? hist[b] : shared_bin(s, b); };
   unsigned long long run = 0;
-  if (p.splits > 1) {  // the row's histogram is in global memory (one split: this block's is the row's)
-    unsigned long long* hist = p.histogram + static_cast<long long>(r) * kSampleBins;
-    for (int b = first; b < first + per_thread; ++b) {
-      s.hist[b] = *static_cast<volatile unsigned long long*>(hist + b);  // other blocks' atomics: read L2
-      hist[b] = 0;
-    }
-  }
-  for (int b = first; b < first + per_thread; ++b) run += s.hist[b];
+  for (int b = first; b < first + per_thread; ++b) run += weight(b);
   unsigned long long total;
   const unsigned long long before = block_exclusive_scan(run, s.scan, total);
   unsigned long long remaining = st.remaining;
@@ -323,15 +364,19 @@ __device__ void choose_bin(const SampleParams& p, int r, int level, SelectState&
   if (before < remaining && remaining <= before + run) {
     unsigned long long acc = before;
     for (int b = first; b < first + per_thread; ++b) {
-      acc += s.hist[b];
+      const unsigned long long w = weight(b);
+      acc += w;
       if (acc >= remaining) {
         s.chosen_bin = b;
-        s.remaining = remaining - (acc - s.hist[b]);
+        s.remaining = remaining - (acc - w);
         break;
       }
     }
   }
   __syncthreads();
+  if (p.splits > 1) {
+    for (int b = first; b < first + per_thread; ++b) hist[b] = 0;  // ready for the next digit
+  }
   if (threadIdx.x != 0) return;
   const unsigned prefix = st.prefix | (s.chosen_bin << digit_shift(level));
   if (level == kSelectDigits - 1) {  // the select is done: its threshold becomes the ceiling
@@ -362,7 +407,7 @@ __global__ void __launch_bounds__(kSplitThreads) select_digit_kernel(SampleParam
   if (max_logit == neg_inf()) return;  // settled by row_max_merge_kernel
   VOLTLLM_DYNAMIC_SMEM(smem_raw);
   SelectShared& s = *reinterpret_cast<SelectShared*>(smem_raw);
-  for (int b = threadIdx.x; b < kSampleBins; b += blockDim.x) s.hist[b] = 0;
+  for (int b = threadIdx.x; b < kSampleBins; b += blockDim.x) s.lo[b] = s.hi[b] = 0;
   __syncthreads();
   const T* row = static_cast<const T*>(p.logits) + static_cast<long long>(r) * p.logits_stride;
   const float inv_t = 1.f / p.temperature[r];
@@ -371,22 +416,21 @@ __global__ void __launch_bounds__(kSplitThreads) select_digit_kernel(SampleParam
   const unsigned prefix_mask = st.prefix_mask;
   const int shift = digit_shift(level);
   const unsigned mask = digit_mask(level);
-  const int begin = blockIdx.y * kSplitTokens;
-  const int end = min(p.vocab, begin + kSplitTokens);
   PendingBin pending;
-  for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const float d = (max_logit - logit_at(row, i)) * inv_t;
+  for_each_logit(p, row, [&](int, float x) {
+    const float d = (max_logit - x) * inv_t;
     const unsigned key = __float_as_uint(d);
-    if (key > ceiling || (key & prefix_mask) != prefix) continue;
+    if (key > ceiling || (key & prefix_mask) != prefix) return;
     const unsigned long long w = MASS ? fixed_mass(d) : 1ull;
-    if (w != 0) pending.add((key >> shift) & mask, w, s.hist);  // (a mass that rounds to 0 adds nothing)
-  }
-  pending.flush(s.hist);
+    if (w != 0) pending.add((key >> shift) & mask, w, s);  // (a mass that rounds to 0 adds nothing)
+  });
+  pending.flush(s);
   __syncthreads();
   if (p.splits > 1) {
     unsigned long long* hist = p.histogram + static_cast<long long>(r) * kSampleBins;
     for (int b = threadIdx.x; b < kSampleBins; b += blockDim.x) {
-      if (s.hist[b] != 0) atomicAdd(&hist[b], s.hist[b]);
+      const unsigned long long w = shared_bin(s, b);
+      if (w != 0) atomicAdd(&hist[b], w);
     }
     __threadfence();  // this block's bins are in the row's histogram before it counts itself done
     __syncthreads();
@@ -411,7 +455,7 @@ __global__ void __launch_bounds__(kSplitThreads) race_partial_kernel(SampleParam
   const bool filtered = filtered_row(p, r);
   float max_logit = 0.f;
   unsigned ceiling = 0xffffffffu;
-  int fallback = blockIdx.y * kSplitTokens;
+  int fallback = blockIdx.y * p.split_tokens;
   if (filtered) {
     const SelectState& st = p.state[r];
     max_logit = st.max_logit;
@@ -425,26 +469,24 @@ __global__ void __launch_bounds__(kSplitThreads) race_partial_kernel(SampleParam
   const float inv_t = greedy ? 1.f : 1.f / p.temperature[r];
   const float min_p = min_p_of(p, r);
   const unsigned long long seed = p.seeds[r];
-  const int begin = blockIdx.y * kSplitTokens;
-  const int end = min(p.vocab, begin + kSplitTokens);
   float score = neg_inf();
   int index = fallback;
-  for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
+  for_each_logit(p, row, [&](int i, float x) {
     float race;
     if (greedy) {
-      race = logit_at(row, i);
+      race = x;
     } else if (!filtered) {
-      race = logit_at(row, i) * inv_t - logf(exponential_noise(seed, i));
+      race = x * inv_t - logf(exponential_noise(seed, i));
     } else {
-      const float d = (max_logit - logit_at(row, i)) * inv_t;
-      if (__float_as_uint(d) > ceiling || (min_p > 0.f && expf(-d) < min_p)) continue;
+      const float d = (max_logit - x) * inv_t;
+      if (__float_as_uint(d) > ceiling || (min_p > 0.f && expf(-d) < min_p)) return;
       race = -d - logf(exponential_noise(seed, i));
     }
     if (race > score) {  // ascending per thread: the first of equal values
       score = race;
       index = i;
     }
-  }
+  });
   index = block_argmax(score, index, s.score, s.index);
   write_split(p, r, score, index);
 }

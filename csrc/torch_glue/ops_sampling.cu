@@ -45,7 +45,7 @@ void radix_sampling(at::Tensor& out, const at::Tensor& logits, const at::Tensor&
   p.min_p = optional_row_param<float>(min_p, at::kFloat, rows, "min_p");
   p.seeds = reinterpret_cast<const unsigned long long*>(seeds.data_ptr<int64_t>());
   p.vocab = static_cast<int>(logits.size(1));
-  p.splits = static_cast<int>((logits.size(1) + kSplitTokens - 1) / kSplitTokens);
+  split_sizes(rows, p.vocab, p.splits, p.split_tokens);
   const auto options = logits.options();
   at::Tensor split_score = at::empty({rows, p.splits}, options.dtype(at::kFloat));
   at::Tensor split_index = at::empty({rows, p.splits}, options.dtype(at::kInt));

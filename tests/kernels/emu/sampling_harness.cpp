@@ -15,7 +15,9 @@ extern "C" {
 void emu_radix_sampling(int dtype, long long* out, const void* logits, long long logits_stride,
                         const float* temperature, const int* top_k, const float* top_p, const float* min_p,
                         const unsigned long long* seeds, int rows, int vocab, int threads, unsigned seed) {
-  const int splits = (vocab + voltllm::kSplitTokens - 1) / voltllm::kSplitTokens;
+  int splits = 0;
+  int split_tokens = 0;
+  voltllm::split_sizes(rows, vocab, splits, split_tokens);
   std::vector<float> split_score(static_cast<size_t>(rows) * splits, -1.f);
   std::vector<int> split_index(split_score.size(), -1);
   std::vector<unsigned long long> histogram(static_cast<size_t>(rows) * voltllm::kSampleBins, 0x5a5a5a5aull);
@@ -36,6 +38,7 @@ void emu_radix_sampling(int dtype, long long* out, const void* logits, long long
   p.blocks_done = blocks_done.data();
   p.state = state.data();
   p.splits = splits;
+  p.split_tokens = split_tokens;
   p.vocab = vocab;
   const dim3 grid(rows, splits);
   auto run = [&](auto t) {
