@@ -287,6 +287,7 @@ float __uint_as_float(unsigned);
 float atomicAdd(float*, float);
 unsigned __float_as_uint(float);
 float __uint2float_rn(unsigned);
+int __popc(unsigned);
 void __threadfence();
 float rsqrtf(float);
 float __expf(float);
