@@ -24,6 +24,13 @@
 //   - min-p keeps e >= min_p;
 //   - the race over the kept tokens, with weight e (log weight -d), split like the others.
 //
+// Most rows with top-p (or top-k) are decided by few tokens: after top-k, one split pass
+// (gather_candidates_kernel) lists the tokens that can be in the top-p set at all (e >= (1 - p) / V:
+// the others together hold less than 1 - p of the mass; with top-k alone, the top-k set) and sums the
+// kept mass; a row whose list fits (kMaxCandidates) is finished by one block over the list
+// (finish_candidates_kernel: the top-p select and the race) and skips the passes over the row. A nearly
+// flat row lists nearly every token and takes the split top-p select and race.
+//
 // Ties at a threshold are kept whole (the sets are defined by values, not positions). The torch
 // reference (voltllm/ops/sampling.py, `sample_tokens_ref`) computes the same sets and the same noise.
 #pragma once
@@ -38,6 +45,7 @@ constexpr int kMinSplitTokens = 4096;                 // the fewest tokens a blo
 constexpr int kSplitThreads = 256;                    // the split kernels' block (a power of two, 32..256)
 constexpr int kSplitBlocksWanted = 1024;              // grid size the glue aims at (rows x splits)
 constexpr int kLoadBatch = 4;                         // loads a thread issues before it uses them
+constexpr int kMaxCandidates = 8192;                  // a row's candidate list (fewer for a smaller vocabulary)
 constexpr int kSelectDigits = 3;                      // digits of a select: bits 31..21, 20..10, 9..0
 
 // A filtered row's progress, carried from one launch to the next in global memory.
@@ -64,6 +72,11 @@ struct SampleParams {
   unsigned long long* histogram;    // [rows, kSampleBins] scratch, zeroed by row_max_merge_kernel (splits > 1)
   unsigned* blocks_done;            // [rows] scratch: blocks of the current digit that have added theirs
   SelectState* state;               // [rows] scratch
+  float* candidate_d;               // [rows, candidate_capacity] scratch: a row's candidates' d ...
+  int* candidate_token;             // [rows, candidate_capacity] ... and tokens, in no order
+  unsigned* num_candidates;         // [rows] scratch (may exceed the capacity: then the row has no list)
+  unsigned long long* kept_mass;    // [rows] scratch: the mass of the tokens top-k kept
+  int candidate_capacity;           // min(kMaxCandidates, vocab)
   int splits;                       // blocks per row of every split pass (split_sizes below)
   int split_tokens;                 // tokens per split (the last one may have fewer)
   int vocab;
@@ -75,6 +88,8 @@ struct SelectShared {
   unsigned lo[kSampleBins];
   unsigned hi[kSampleBins];
   unsigned long long scan[32];
+  float scan_score[32];  // block_argmax's per-warp scratch
+  int scan_index[32];
   unsigned long long remaining;
   unsigned chosen_bin;
   bool last_block;
@@ -295,6 +310,8 @@ __global__ void __launch_bounds__(32) row_max_merge_kernel(SampleParams p) {
     st.prefix_mask = 0;
     st.remaining = top_k_on(p, r) ? static_cast<unsigned long long>(p.top_k[r]) : 0ull;
     p.blocks_done[r] = 0;
+    p.num_candidates[r] = 0;
+    p.kept_mass[r] = 0;
   }
   if (settled || !(top_k_on(p, r) || top_p_on(p, r)) || p.splits == 1) return;
   unsigned long long* hist = p.histogram + static_cast<long long>(r) * kSampleBins;
@@ -335,24 +352,19 @@ __device__ __forceinline__ unsigned long long shared_bin(const SelectShared& s, 
 __device__ __forceinline__ int digit_shift(int level) { return level == 0 ? 21 : level == 1 ? 10 : 0; }
 __device__ __forceinline__ unsigned digit_mask(int level) { return level == 2 ? 0x3ffu : 0x7ffu; }
 
-// The row's last block of a digit: picks the bin where the weight of the smaller keys reaches what is
-// still wanted, fixes it in the state, and leaves the histogram and the block count zeroed for the
-// next digit. At the first digit of a top-p select the wanted weight is top_p of the whole set's.
-template <bool MASS>
-__device__ void choose_bin(const SampleParams& p, int r, int level, SelectState& st, SelectShared& s) {
+// The bin of a histogram (bin b's weight: weight(b)) where the weight of the smaller bins reaches
+// `remaining` (with share >= 0, `remaining` is instead share * the histogram's total, at least 1): left
+// in s.chosen_bin, and what is still wanted inside it in s.remaining (both read after the call).
+template <typename Weight>
+__device__ void find_bin(Weight&& weight, unsigned long long remaining, double share, SelectShared& s) {
   const int per_thread = kSampleBins / blockDim.x;
   const int first = threadIdx.x * per_thread;
-  // The row's histogram: in global memory (other blocks' atomics: read from L2), or with one split
-  // this block's own.
-  volatile unsigned long long* hist = p.histogram + static_cast<long long>(r) * kSampleBins;
-  auto weight = [&](int b) { return p.splits > 1 ? hist[b] : shared_bin(s, b); };
   unsigned long long run = 0;
   for (int b = first; b < first + per_thread; ++b) run += weight(b);
   unsigned long long total;
   const unsigned long long before = block_exclusive_scan(run, s.scan, total);
-  unsigned long long remaining = st.remaining;
-  if (MASS && level == 0) {
-    remaining = static_cast<unsigned long long>(static_cast<double>(p.top_p[r]) * static_cast<double>(total));
+  if (share >= 0.0) {
+    remaining = static_cast<unsigned long long>(share * static_cast<double>(total));
     remaining = remaining < 1 ? 1 : remaining;
   }
   if (remaining > total) remaining = total;  // fixed-point rounding at the last bin: keep everything
@@ -374,8 +386,20 @@ __device__ void choose_bin(const SampleParams& p, int r, int level, SelectState&
     }
   }
   __syncthreads();
+}
+
+// The row's last block of a digit: picks the bin where the weight of the smaller keys reaches what is
+// still wanted, fixes it in the state, and leaves the histogram and the block count zeroed for the
+// next digit. At the first digit of a top-p select the wanted weight is top_p of the whole set's.
+template <bool MASS>
+__device__ void choose_bin(const SampleParams& p, int r, int level, SelectState& st, SelectShared& s) {
+  // The row's histogram: in global memory (other blocks' atomics: read from L2), or with one split
+  // this block's own.
+  volatile unsigned long long* hist = p.histogram + static_cast<long long>(r) * kSampleBins;
+  auto weight = [&](int b) { return p.splits > 1 ? hist[b] : shared_bin(s, b); };
+  find_bin(weight, st.remaining, MASS && level == 0 ? static_cast<double>(p.top_p[r]) : -1.0, s);
   if (p.splits > 1) {
-    for (int b = first; b < first + per_thread; ++b) hist[b] = 0;  // ready for the next digit
+    for (int b = threadIdx.x; b < kSampleBins; b += blockDim.x) hist[b] = 0;  // ready for the next digit
   }
   if (threadIdx.x != 0) return;
   const unsigned prefix = st.prefix | (s.chosen_bin << digit_shift(level));
@@ -440,6 +464,130 @@ __global__ void __launch_bounds__(kSplitThreads) select_digit_kernel(SampleParam
     __threadfence();  // every block's bins are visible to the reads below
   }
   choose_bin<MASS>(p, r, level, st, s);
+}
+
+// Rows with top-k or top-p after top-k's select: block (row, split) appends its candidates (key <=
+// ceiling, and e >= (1 - p) / V with top-p) to the row's list, a warp at a time, and adds the mass of
+// its tokens with key <= ceiling to the row's. A warp that finds the list full stops appending (the
+// row then has no list). Launch: grid (rows, splits), kSplitThreads threads, sizeof(SelectShared).
+template <typename T>
+__global__ void __launch_bounds__(kSplitThreads) gather_candidates_kernel(SampleParams p) {
+  begin_dependent_grid();
+  const int r = blockIdx.x;
+  if (greedy_row(p, r) || !(top_k_on(p, r) || top_p_on(p, r))) return;
+  const SelectState& st = p.state[r];
+  const float max_logit = st.max_logit;
+  if (max_logit == neg_inf()) return;  // settled by row_max_merge_kernel
+  VOLTLLM_DYNAMIC_SMEM(smem_raw);
+  SelectShared& s = *reinterpret_cast<SelectShared*>(smem_raw);
+  const T* row = static_cast<const T*>(p.logits) + static_cast<long long>(r) * p.logits_stride;
+  const float inv_t = 1.f / p.temperature[r];
+  const unsigned ceiling = st.ceiling;
+  const bool top_p = top_p_on(p, r);
+  const float keep_e = top_p ? (1.f - p.top_p[r]) / p.vocab : 0.f;
+  const long long list = static_cast<long long>(r) * p.candidate_capacity;
+  const unsigned capacity = static_cast<unsigned>(p.candidate_capacity);
+  const int lane = threadIdx.x & 31;
+  bool full = false;  // warp-uniform
+  unsigned long long mass = 0;
+  const int begin = blockIdx.y * p.split_tokens;
+  const int end = min(p.vocab, begin + p.split_tokens);
+  for (int base = begin; base < end; base += blockDim.x) {  // warp-uniform trip count: the ballot below
+    const int i = base + threadIdx.x;
+    bool candidate = false;
+    float d = 0.f;
+    if (i < end) {
+      d = (max_logit - logit_at(row, i)) * inv_t;
+      if (__float_as_uint(d) <= ceiling) {
+        if (top_p) mass += fixed_mass(d);
+        candidate = !full && expf(-d) >= keep_e;
+      }
+    }
+    const unsigned ballot = __ballot_sync(0xffffffffu, candidate);
+    if (ballot == 0u) continue;
+    unsigned slot = 0;
+    if (lane == 0) slot = atomicAdd(&p.num_candidates[r], static_cast<unsigned>(__popc(ballot)));
+    slot = __shfl_sync(0xffffffffu, slot, 0);
+    full = slot + __popc(ballot) > capacity;  // past the capacity: the count says so, stop appending
+    slot += __popc(ballot & ((1u << lane) - 1u));
+    if (candidate && slot < capacity) {
+      p.candidate_d[list + slot] = d;
+      p.candidate_token[list + slot] = i;
+    }
+  }
+  if (!top_p) return;
+  unsigned long long total;
+  block_exclusive_scan(mass, s.scan, total);
+  if (threadIdx.x == 0 && total != 0) atomicAdd(&p.kept_mass[r], total);
+}
+
+// The select of select_digit_kernel (MASS), all three digits in this block, over a row's candidate
+// list: the smallest key K among the candidates with key <= ceiling whose {key <= K} holds `share` of
+// `total`, the kept mass of the row.
+__device__ unsigned select_candidates(const float* ds, int n, unsigned ceiling, double share,
+                                      unsigned long long total, SelectShared& s) {
+  unsigned prefix = 0;
+  unsigned prefix_mask = 0;
+  unsigned long long remaining = static_cast<unsigned long long>(share * static_cast<double>(total));
+  remaining = remaining < 1 ? 1 : remaining;
+  for (int level = 0; level < kSelectDigits; ++level) {
+    for (int b = threadIdx.x; b < kSampleBins; b += blockDim.x) s.lo[b] = s.hi[b] = 0;
+    __syncthreads();
+    PendingBin pending;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      const unsigned key = __float_as_uint(ds[i]);
+      if (key > ceiling || (key & prefix_mask) != prefix) continue;
+      const unsigned long long w = fixed_mass(ds[i]);
+      if (w != 0) pending.add((key >> digit_shift(level)) & digit_mask(level), w, s);
+    }
+    pending.flush(s);
+    __syncthreads();
+    find_bin([&](int b) { return shared_bin(s, b); }, remaining, -1.0, s);
+    prefix |= s.chosen_bin << digit_shift(level);
+    prefix_mask |= digit_mask(level) << digit_shift(level);
+    remaining = s.remaining;
+    __syncthreads();
+  }
+  return prefix;
+}
+
+// Rows whose candidate list fits: the top-p select over the list, then the race over its kept tokens
+// (key <= ceiling, e >= min_p); the row is settled here (the passes after it skip it). Launch: one
+// block of kSplitThreads threads per row, sizeof(SelectShared).
+__global__ void __launch_bounds__(kSplitThreads) finish_candidates_kernel(SampleParams p) {
+  begin_dependent_grid();
+  const int r = blockIdx.x;
+  if (greedy_row(p, r) || !(top_k_on(p, r) || top_p_on(p, r))) return;
+  SelectState& st = p.state[r];
+  if (st.max_logit == neg_inf()) return;  // settled by row_max_merge_kernel
+  const int n = static_cast<int>(p.num_candidates[r]);
+  if (n > p.candidate_capacity) return;  // no list: the split passes take the row
+  VOLTLLM_DYNAMIC_SMEM(smem_raw);
+  SelectShared& s = *reinterpret_cast<SelectShared*>(smem_raw);
+  const long long list = static_cast<long long>(r) * p.candidate_capacity;
+  const float* ds = p.candidate_d + list;
+  const int* tokens = p.candidate_token + list;
+  unsigned ceiling = st.ceiling;
+  if (top_p_on(p, r)) ceiling = select_candidates(ds, n, ceiling, p.top_p[r], p.kept_mass[r], s);
+  const float min_p = min_p_of(p, r);
+  const unsigned long long seed = p.seeds[r];
+  float score = neg_inf();
+  int index = st.argmax;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const float d = ds[i];
+    if (__float_as_uint(d) > ceiling || (min_p > 0.f && expf(-d) < min_p)) continue;
+    const int token = tokens[i];
+    const float race = -d - logf(exponential_noise(seed, token));
+    if (race > score || (race == score && token < index)) {  // the list is in no order: ties by token
+      score = race;
+      index = token;
+    }
+  }
+  index = block_argmax(score, index, s.scan_score, s.scan_index);
+  if (threadIdx.x == 0) {
+    p.out[r] = index;
+    st.max_logit = neg_inf();  // settled
+  }
 }
 
 // Every row, the draw's first half: block (row, split) races its tokens and writes its winner. Greedy

@@ -1,4 +1,6 @@
 // Torch glue for token sampling (sampling/radix_sampling.cuh): checks, device guard, stream, dtype dispatch.
+#include <algorithm>
+
 #include "torch_glue/torch_glue.h"
 #include "sampling/radix_sampling.cuh"
 
@@ -58,6 +60,17 @@ void radix_sampling(at::Tensor& out, const at::Tensor& logits, const at::Tensor&
   p.histogram = reinterpret_cast<unsigned long long*>(histogram.data_ptr<int64_t>());
   p.blocks_done = reinterpret_cast<unsigned*>(blocks_done.data_ptr<int>());
   p.state = reinterpret_cast<SelectState*>(state.data_ptr<uint8_t>());
+  const bool selects = p.top_k != nullptr || p.top_p != nullptr;
+  p.candidate_capacity = std::min(kMaxCandidates, p.vocab);
+  const int64_t list_rows = selects ? rows : 0;
+  at::Tensor candidate_d = at::empty({list_rows, p.candidate_capacity}, options.dtype(at::kFloat));
+  at::Tensor candidate_token = at::empty({list_rows, p.candidate_capacity}, options.dtype(at::kInt));
+  at::Tensor num_candidates = at::empty({rows}, options.dtype(at::kInt));
+  at::Tensor kept_mass = at::empty({rows}, options.dtype(at::kLong));
+  p.candidate_d = candidate_d.data_ptr<float>();
+  p.candidate_token = candidate_token.data_ptr<int>();
+  p.num_candidates = reinterpret_cast<unsigned*>(num_candidates.data_ptr<int>());
+  p.kept_mass = reinterpret_cast<unsigned long long*>(kept_mass.data_ptr<int64_t>());
   const auto stream = at::cuda::getCurrentCUDAStream();
   // Every pass is split over (rows, splits) blocks; each kernel skips the rows that are not its own
   // (radix_sampling.cuh says which rows take which kernels). A filter no row has launches nothing.
@@ -70,6 +83,10 @@ void radix_sampling(at::Tensor& out, const at::Tensor& logits, const at::Tensor&
     }
     for (int level = 0; p.top_k != nullptr && level < kSelectDigits; ++level) {
       launch(select_digit_kernel<T, false>, split_grid, kSplitThreads, sizeof(SelectShared), stream, p, level);
+    }
+    if (selects) {
+      launch(gather_candidates_kernel<T>, split_grid, kSplitThreads, sizeof(SelectShared), stream, p);
+      launch(finish_candidates_kernel, rows, kSplitThreads, sizeof(SelectShared), stream, p);
     }
     for (int level = 0; p.top_p != nullptr && level < kSelectDigits; ++level) {
       launch(select_digit_kernel<T, true>, split_grid, kSplitThreads, sizeof(SelectShared), stream, p, level);

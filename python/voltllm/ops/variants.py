@@ -25,7 +25,7 @@ DTYPES = (FP16, BF16)
 
 
 # The sampling kernels templated on the logits dtype alone (select_digit_kernel also takes MASS).
-SAMPLING_KERNELS = ("row_max_partial_kernel", "race_partial_kernel")
+SAMPLING_KERNELS = ("row_max_partial_kernel", "gather_candidates_kernel", "race_partial_kernel")
 
 
 def _elementwise() -> dict[str, list[str]]:
@@ -56,6 +56,7 @@ def _elementwise() -> dict[str, list[str]]:
                 for mass in ("false", "true")
             ),
             "voltllm::row_max_merge_kernel",
+            "voltllm::finish_candidates_kernel",
             "voltllm::race_merge_kernel",
         ],
         "ops/qk_norm_rope.cuh": [
@@ -155,10 +156,11 @@ def _merge(*parts: dict[str, list[str]]) -> dict[str, list[str]]:
 
 def dynamic_smem_probes() -> dict[str, str]:
     """Kernel expression -> a `__device__` constant holding the dynamic shared memory it launches with."""
-    probes = {}
+    probes = {"voltllm::finish_candidates_kernel": "voltllm::select_smem_bytes_probe"}
     for t in ("float", *DTYPES):
         probes[f"voltllm::row_max_partial_kernel<{t}>"] = "voltllm::argmax_smem_bytes_probe"
         probes[f"voltllm::race_partial_kernel<{t}>"] = "voltllm::argmax_smem_bytes_probe"
+        probes[f"voltllm::gather_candidates_kernel<{t}>"] = "voltllm::select_smem_bytes_probe"
         for mass in ("false", "true"):
             probes[f"voltllm::select_digit_kernel<{t}, {mass}>"] = "voltllm::select_smem_bytes_probe"
     for dtype in DTYPES:

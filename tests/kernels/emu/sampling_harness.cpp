@@ -1,5 +1,6 @@
 // C entry point that runs the sampling kernels (csrc/sampling/radix_sampling.cuh) on the CPU emulator, for
 // tests/kernels/test_sampling_emulated.py (loaded with ctypes; pointers are CPU torch tensors).
+#include <algorithm>
 #include <vector>
 
 #include "cuda_emu.h"
@@ -23,6 +24,11 @@ void emu_radix_sampling(int dtype, long long* out, const void* logits, long long
   std::vector<unsigned long long> histogram(static_cast<size_t>(rows) * voltllm::kSampleBins, 0x5a5a5a5aull);
   std::vector<unsigned> blocks_done(rows, 77u);
   std::vector<voltllm::SelectState> state(rows);
+  const int capacity = std::min(voltllm::kMaxCandidates, vocab);
+  std::vector<float> candidate_d(static_cast<size_t>(rows) * capacity, -3.f);
+  std::vector<int> candidate_token(candidate_d.size(), -3);
+  std::vector<unsigned> num_candidates(rows, 55u);
+  std::vector<unsigned long long> kept_mass(rows, 99ull);
   voltllm::SampleParams p{};
   p.out = out;
   p.logits = logits;
@@ -37,6 +43,11 @@ void emu_radix_sampling(int dtype, long long* out, const void* logits, long long
   p.histogram = histogram.data();
   p.blocks_done = blocks_done.data();
   p.state = state.data();
+  p.candidate_d = candidate_d.data();
+  p.candidate_token = candidate_token.data();
+  p.num_candidates = num_candidates.data();
+  p.kept_mass = kept_mass.data();
+  p.candidate_capacity = capacity;
   p.splits = splits;
   p.split_tokens = split_tokens;
   p.vocab = vocab;
@@ -50,6 +61,12 @@ void emu_radix_sampling(int dtype, long long* out, const void* logits, long long
       emu::launch(dim3(rows), dim3(32), 0, [&] { voltllm::row_max_merge_kernel(p); }, seed);
     }
     for (int mass = 0; mass < 2; ++mass) {
+      if (mass && (top_k != nullptr || top_p != nullptr)) {
+        emu::launch(grid, dim3(threads), sizeof(voltllm::SelectShared),
+                    [&] { voltllm::gather_candidates_kernel<T>(p); }, seed);
+        emu::launch(dim3(rows), dim3(threads), sizeof(voltllm::SelectShared),
+                    [&] { voltllm::finish_candidates_kernel(p); }, seed);
+      }
       if ((mass ? static_cast<const void*>(top_p) : static_cast<const void*>(top_k)) == nullptr) continue;
       for (int level = 0; level < voltllm::kSelectDigits; ++level) {
         emu::launch(grid, dim3(threads), sizeof(voltllm::SelectShared), [&] {
