@@ -7,6 +7,11 @@ overlays the tree's `csrc/` with its own `sampling/radix_sampling.cuh` and/or
 `torch_glue/ops_sampling.cu`. The first version is the baseline of the ratio columns. Every version's
 tokens are checked against `sample_tokens_ref` (the sort-based reference) on the timed inputs.
 
+Times are medians of single calls between CUDA events, which at small batches include the host's time
+to issue the call (the GPU waits for it); `--device-time` instead keeps the GPU busy (a sleep kernel)
+while the host queues 10 calls, so the events see device time alone, what a step pays when the sampler
+is queued behind the forward.
+
     python benches/sampling_ab.py --version main=/tmp/ab/main --version new=tree
 """
 
@@ -16,6 +21,7 @@ import argparse
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -126,6 +132,24 @@ def build_all(overlays: dict[str, Path], work: Path, arch: str) -> None:
         build(name, root, arch)
 
 
+def device_ms(call: Callable[[], None], reps: int, calls: int = 10) -> float:
+    """Median device time of one call: the host queues `calls` calls behind a sleep kernel (so it is
+    ahead of the GPU), the events around them see only the GPU's time."""
+    call()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(reps):
+        torch.cuda._sleep(2_000_000)  # ~1 ms: longer than the host needs to queue the calls
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            call()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / calls)
+    return statistics.median(samples)
+
+
 def op_of(name: str, source: str) -> Callable[..., None]:
     if source == "tree":
         load()
@@ -142,6 +166,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--version", action="append", default=[], help="NAME=tree or NAME=DIR (repeatable)")
     p.add_argument("--reps", type=int, default=50)
+    p.add_argument("--device-time", action="store_true", help="device time per call (see above)")
     p.add_argument("--build-one", nargs=3, metavar=("NAME", "ROOT", "ARCH"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.build_one:
@@ -158,7 +183,8 @@ def main() -> None:
     names = list(ops)
     base = names[0]
     gpu = torch.cuda.get_device_name()
-    print(f"GPU: {gpu}; vocab {VOCAB}; fp32 logits; median of {args.reps} single calls (ms)")
+    kind = "device time per call" if args.device_time else "single calls"
+    print(f"GPU: {gpu}; vocab {VOCAB}; fp32 logits; median of {args.reps} {kind} (ms)")
     ratios = " | ".join(f"{n} / {base}" for n in names[1:])
     print(f"| logits | batch | sampling | {' | '.join(names)} | {ratios} | mismatches vs reference |")
     print("| --- " * (3 + 2 * len(names) - 1 + 1) + "|")
@@ -193,7 +219,10 @@ def main() -> None:
                     op(out, *args_)
                     wrong.append(f"{n} {int((out != want).sum())}")
                     call = partial(op, out, *args_)
-                    times[n] = time_ms(lambda i, call=call: call(), iters=1, repeats=args.reps)
+                    if args.device_time:
+                        times[n] = device_ms(call, args.reps)
+                    else:
+                        times[n] = time_ms(lambda i, call=call: call(), iters=1, repeats=args.reps)
                 cells = " | ".join(f"{times[n]:.3f}" for n in names)
                 ratio_cells = " | ".join(f"{times[n] / times[base]:.2f}" for n in names[1:])
                 print(f"| {label} | {rows} | {setting} | {cells} | {ratio_cells} | {', '.join(wrong)} |")
