@@ -29,7 +29,7 @@ from voltllm.worker import kv_cache_sizing
 from voltllm.worker.cuda_graphs import DecodeGraphs, graph_batch_sizes, graph_memory_reserve
 from voltllm.worker.input_builder import InputBuilder, StepInputs
 from voltllm.worker.request_state import CachedRequestState, RequestArrays
-from voltllm.worker.sampler import Sampler
+from voltllm.worker.sampler import Sampler, SamplingMetadata
 from voltllm.worker.sampling_metadata import build_sampling_metadata, is_plain_greedy
 from voltllm.worker.step_inputs import BlockTable, StepBuffers
 
@@ -256,6 +256,7 @@ class ModelRunner:
         wants_masks = self._num_constrained and self.samples  # a rank that samples nothing masks nothing
         masks = self._start_masks(inputs, ahead) if wants_masks or ahead else None
         prompt_starts = self.arrays.num_computed[rows].copy() if scoring_prompt else None
+        metadata = self._sampling_metadata(inputs) if self.samples else None
         t1 = time.perf_counter()
         num_sampling = len(inputs.sampling_req_ids)
         prompt_logprobs: dict[str, list[TokenLogprobs]] = {}
@@ -275,7 +276,7 @@ class ModelRunner:
         if num_sampling and self.samples:
             if masks is not None:
                 self.masks.apply(masks, logits)
-            sampled, out = self._sample(logits, inputs)
+            sampled, out = self._sample(logits, inputs, metadata)
             self.buffers.device_synced()  # the sampled ids are on the host: the step has run
         else:
             sampled, out = None, ModelRunnerOutput([None] * len(inputs.rows))
@@ -317,22 +318,36 @@ class ModelRunner:
         self.arrays.token_ids[rows, ends] = token_ids
         self.arrays.num_tokens[rows] = ends + 1
 
-    def _sample(self, logits: torch.Tensor, inputs: StepInputs) -> tuple[np.ndarray, ModelRunnerOutput]:
-        """The step's sampled tokens in sampling order, and the runner output (in batch order)."""
-        req_ids = inputs.sampling_req_ids
+    def _sampling_metadata(self, inputs: StepInputs) -> SamplingMetadata | None:
+        """The sampler's inputs for a step that samples beyond plain greedy, with its seeds on the device.
+
+        Built before the forward is queued: a host-to-device copy of a host list waits for the stream,
+        which is idle here, while after the forward it would wait for the whole forward and leave the
+        device idle while the host then queues the draw."""
+        if not inputs.sampling_req_ids or inputs.plain_greedy:
+            return None
+        metadata = build_sampling_metadata(
+            [self.requests[r] for r in inputs.sampling_req_ids],
+            self.arrays,
+            device=self.device,
+            vocab_size=self.vocab_size,
+            eos_token_ids=self.eos_token_ids,
+        )
+        rows = len(inputs.sampling_req_ids)
+        metadata.seed_tensor = self.sampler.seed_tensor(metadata, rows, self.device)
+        return metadata
+
+    def _sample(
+        self, logits: torch.Tensor, inputs: StepInputs, metadata: SamplingMetadata | None
+    ) -> tuple[np.ndarray, ModelRunnerOutput]:
+        """The step's sampled tokens in sampling order, and the runner output (in batch order);
+        `metadata` is `_sampling_metadata`'s (None: plain greedy)."""
         logprobs = None
-        if inputs.plain_greedy:
+        if metadata is None:
             # One kernel and one device->host copy: the common greedy batch needs nothing else.
             sampled = logits.argmax(dim=-1).cpu().numpy()
             tokens = sampled.tolist()
         else:
-            metadata = build_sampling_metadata(
-                [self.requests[r] for r in req_ids],
-                self.arrays,
-                device=self.device,
-                vocab_size=self.vocab_size,
-                eos_token_ids=self.eos_token_ids,
-            )
             result = self.sampler(logits, metadata)
             tokens = result.sampled_token_ids
             sampled = np.array(tokens, dtype=np.int64)

@@ -43,6 +43,9 @@ class SamplingMetadata:
     logit_bias: list[tuple[int, torch.Tensor, torch.Tensor]] = field(default_factory=list)  # row, ids, bias
     banned_token_ids: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # row, ids (min_tokens)
     num_logprobs: list[int | None] = field(default_factory=list)  # per row, None = not requested
+    # This step's [N] int64 noise seeds on the device (`Sampler.seed_tensor`), when the runner made them
+    # before queueing the forward; None: the sampler makes them.
+    seed_tensor: torch.Tensor | None = None
 
 
 @dataclass
@@ -78,14 +81,23 @@ class Sampler:
             logprobs = _gather_logprobs(logits.float() / temperature.unsqueeze(1), sampled, md.num_logprobs)
         return SamplerOutput(sampled.tolist(), logprobs)
 
-    def _sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
-        """Greedy rows take the argmax; the others draw under their temperature and filters."""
-        rows, device = logits.shape[0], logits.device
+    def seed_tensor(self, md: SamplingMetadata, rows: int, device: torch.device) -> torch.Tensor:
+        """The step's `[rows]` int64 noise seeds on `device`: each seeded row's, fresh ones elsewhere.
+
+        Its host-to-device copies wait for the device stream, so the runner calls this before it queues
+        the forward (and stores the result in `md.seed_tensor`)."""
         seeds = random_seeds(rows, device, self.generator)
         if md.seeds:
             index = torch.tensor(list(md.seeds), dtype=torch.int64, device=device)
             values = [seed_as_int64(v) for v in md.seeds.values()]
             seeds[index] = torch.tensor(values, dtype=torch.int64, device=device)
+        return seeds
+
+    def _sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        """Greedy rows take the argmax; the others draw under their temperature and filters."""
+        seeds = md.seed_tensor
+        if seeds is None:
+            seeds = self.seed_tensor(md, logits.shape[0], logits.device)
         top_k = md.top_k.int() if md.top_k is not None else None
         return sample_tokens(logits, md.temperature, top_k, md.top_p, md.min_p, seeds)
 
