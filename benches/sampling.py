@@ -45,12 +45,12 @@ def main() -> None:
         logits = torch.randn(rows, VOCAB, device="cuda") * scale
         seeds = random_seeds(rows, torch.device("cuda"))
         for name, (t, k, p) in SETTINGS.items():
-            args = (
+            args = (  # a filter no row uses is None, as the sampler passes it
                 logits,
                 torch.full((rows,), t, device="cuda"),
-                torch.full((rows,), k, dtype=torch.int32, device="cuda"),
-                torch.full((rows,), p, device="cuda"),
-                torch.zeros(rows, device="cuda"),
+                torch.full((rows,), k, dtype=torch.int32, device="cuda") if k else None,
+                torch.full((rows,), p, device="cuda") if p < 1 else None,
+                None,
                 seeds,
             )
             kernel = median_ms(lambda args=args: sample_tokens(*args))
