@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from voltllm.ops.sampling import sample_tokens_ref
 from voltllm.worker.sampler import Sampler, SamplingMetadata, seed_for_step
 
 V = 8
@@ -148,3 +149,17 @@ def test_seeded_rows_do_not_depend_on_batch():
     for step in range(20):
         draws.add(Sampler()(logits[2:3], md(1, 1.0, seeds={0: seed_for_step(42, step)})).sampled_token_ids[0])
     assert len(draws) > 1  # different steps draw differently
+
+
+def test_seeds_made_ahead_draw_what_the_sampler_would():
+    """The runner makes the step's seeds before queueing the forward (`Sampler.seed_tensor`, kept in
+    `SamplingMetadata.seed_tensor`); the draw is the one the sampler makes with its own seeds."""
+    logits = torch.randn(5, 50)
+    meta = md(5, 0.9, top_p=torch.full((5,), 0.8), seeds={1: seed_for_step(7, 2), 3: seed_for_step(9, 0)})
+    own = Sampler(torch.Generator().manual_seed(11))(logits, meta).sampled_token_ids
+    ahead_sampler = Sampler(torch.Generator().manual_seed(11))
+    meta.seed_tensor = ahead_sampler.seed_tensor(meta, 5, logits.device)
+    assert ahead_sampler(logits, meta).sampled_token_ids == own
+    meta.seed_tensor = torch.zeros(5, dtype=torch.int64)  # the seeds given are the ones drawn with
+    zeros = sample_tokens_ref(logits, meta.temperature, None, meta.top_p, None, meta.seed_tensor)
+    assert ahead_sampler(logits, meta).sampled_token_ids == zeros.tolist()
