@@ -468,8 +468,10 @@ __global__ void __launch_bounds__(kSplitThreads) select_digit_kernel(SampleParam
 
 // Rows with top-k or top-p after top-k's select: block (row, split) appends its candidates (key <=
 // ceiling, and e >= (1 - p) / V with top-p) to the row's list, a warp at a time, and adds the mass of
-// its tokens with key <= ceiling to the row's. A warp that finds the list full stops appending (the
-// row then has no list). Launch: grid (rows, splits), kSplitThreads threads, sizeof(SelectShared).
+// its tokens with key <= ceiling to the row's. A warp that finds the list overflowed stops: the row
+// then has no list and takes the split passes, which sum its mass themselves (a nearly flat row
+// overflows within its first few thousand tokens). Launch: grid (rows, splits), kSplitThreads threads,
+// sizeof(SelectShared).
 template <typename T>
 __global__ void __launch_bounds__(kSplitThreads) gather_candidates_kernel(SampleParams p) {
   begin_dependent_grid();
@@ -488,7 +490,6 @@ __global__ void __launch_bounds__(kSplitThreads) gather_candidates_kernel(Sample
   const long long list = static_cast<long long>(r) * p.candidate_capacity;
   const unsigned capacity = static_cast<unsigned>(p.candidate_capacity);
   const int lane = threadIdx.x & 31;
-  bool full = false;  // warp-uniform
   unsigned long long mass = 0;
   const int begin = blockIdx.y * p.split_tokens;
   const int end = min(p.vocab, begin + p.split_tokens);
@@ -500,7 +501,7 @@ __global__ void __launch_bounds__(kSplitThreads) gather_candidates_kernel(Sample
       d = (max_logit - logit_at(row, i)) * inv_t;
       if (__float_as_uint(d) <= ceiling) {
         if (top_p) mass += fixed_mass(d);
-        candidate = !full && expf(-d) >= keep_e;
+        candidate = expf(-d) >= keep_e;
       }
     }
     const unsigned ballot = __ballot_sync(0xffffffffu, candidate);
@@ -508,9 +509,9 @@ __global__ void __launch_bounds__(kSplitThreads) gather_candidates_kernel(Sample
     unsigned slot = 0;
     if (lane == 0) slot = atomicAdd(&p.num_candidates[r], static_cast<unsigned>(__popc(ballot)));
     slot = __shfl_sync(0xffffffffu, slot, 0);
-    full = slot + __popc(ballot) > capacity;  // past the capacity: the count says so, stop appending
+    if (slot + __popc(ballot) > capacity) break;  // overflowed (warp-uniform): the count says so for good
     slot += __popc(ballot & ((1u << lane) - 1u));
-    if (candidate && slot < capacity) {
+    if (candidate) {
       p.candidate_d[list + slot] = d;
       p.candidate_token[list + slot] = i;
     }
