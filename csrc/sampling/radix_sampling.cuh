@@ -8,12 +8,12 @@
 //
 // Every pass over a row is split over blocks (`split_tokens` tokens each: many splits at batch 1, so
 // that a draw uses the whole GPU, fewer as the batch grows), and a row costs about the same whatever
-// its logits look like. Greedy rows (first argmax
-// of x) and rows with only a temperature (the race over x / T) take one split pass, race_partial_kernel
-// writing each split's winner, and race_merge_kernel picking the row's. Rows with a filter first find
-// the row's max (row_max_partial_kernel, row_max_merge_kernel). A filter is expressed through each
-// token's distance from the best logit in units of temperature, d = (max - x) * (1 / T) >= 0, and its
-// relative probability e = exp(-d):
+// its logits look like. Greedy rows (the first argmax of x) and rows with only a temperature (the race
+// over x / T) take one split pass, race_partial_kernel writing each split's winner and
+// race_merge_kernel picking the row's. Rows with a filter first find the row's max
+// (row_max_partial_kernel, row_max_merge_kernel). A filter is expressed through each token's distance
+// from the best logit in units of temperature, d = (max - x) * (1 / T) >= 0, and its relative
+// probability e = exp(-d):
 //
 //   - top-k: a radix select over the bit patterns of d (a non-negative float's bits order like the
 //     float) finds the k-th smallest d, K_k, one 11/11/10-bit digit per select_digit_kernel launch:
@@ -50,7 +50,8 @@ constexpr int kSelectDigits = 3;                      // digits of a select: bit
 
 // A filtered row's progress, carried from one launch to the next in global memory.
 struct SelectState {
-  float max_logit;                // the row's best logit (-inf: every logit is -inf, the row is settled)
+  float max_logit;                // the row's best logit; -inf once the row is settled (its logits are
+                                  // all -inf, or finish_candidates_kernel drew its token)
   int argmax;                     // its first index
   unsigned ceiling;               // keys (bits of d) <= ceiling are kept: top-k's K_k, then top-p's K_p
   unsigned prefix;                // the digits the select in progress has fixed so far ...
