@@ -41,7 +41,9 @@ def vectors() -> dict[str, tuple[p.MessageType, object]]:
         logprobs=5,
         logit_bias={0: -100.0, 65535: 2.5},
         structured_output=p.StructuredOutput(
-            kind="json", spec='{"type": "object", "properties": {"name": {"type": "string"}}}'
+            kind="json",
+            spec='{"type": "object", "properties": {"name": {"type": "string"}}}',
+            whitespace_pattern="[ ]?",
         ),
         prompt_logprobs=0,
     )

@@ -56,6 +56,8 @@ class StructuredOutput(msgspec.Struct, kw_only=True):
 
     kind: str
     spec: str = ""
+    # JSON kinds only: a regular expression for the whitespace allowed between JSON tokens (None: none).
+    whitespace_pattern: str | None = None
 
 
 class EngineSamplingParams(msgspec.Struct, kw_only=True):

@@ -104,19 +104,31 @@ def _check_structured_output(constraint: StructuredOutput) -> None:
         raise ValueError(f"structured_output.spec must be a string, got {constraint.spec!r}")
     if constraint.kind != StructuredOutputKind.JSON_OBJECT.value and not constraint.spec:
         raise ValueError(f"structured_output.spec is empty; a {constraint.kind!r} constraint needs one")
+    pattern = constraint.whitespace_pattern
+    if pattern is not None:
+        if not isinstance(pattern, str):
+            raise ValueError(f"structured_output.whitespace_pattern must be a string, got {pattern!r}")
+        json_kinds = (StructuredOutputKind.JSON.value, StructuredOutputKind.JSON_OBJECT.value)
+        if constraint.kind not in json_kinds:
+            raise ValueError(
+                f"structured_output.whitespace_pattern applies to json and json_object constraints, not {constraint.kind!r}"
+            )
 
 
 @dataclass
 class StructuredOutputsParams:
     """One constraint on the output, as vLLM's `StructuredOutputsParams` spells it: set exactly one of
     `json` (a JSON Schema, as a dict or its text), `regex`, `choice` (strings), `grammar` (Lark, or
-    GBNF) or `json_object=True` (any JSON object). Raises `ValueError` otherwise."""
+    GBNF) or `json_object=True` (any JSON object). With `json` or `json_object`, `whitespace_pattern`
+    (a regular expression) is the whitespace allowed between JSON tokens; without it the output is
+    compact JSON. Raises `ValueError` otherwise."""
 
     json: str | dict[str, Any] | None = None
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    whitespace_pattern: str | None = None
 
     def __post_init__(self) -> None:
         given = [name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None]
@@ -146,6 +158,7 @@ class StructuredOutputsParams:
             constraint = StructuredOutput(kind=StructuredOutputKind.GRAMMAR.value, spec=self.grammar)
         else:
             constraint = StructuredOutput(kind=StructuredOutputKind.JSON_OBJECT.value, spec="")
+        constraint.whitespace_pattern = self.whitespace_pattern
         _check_structured_output(constraint)
         return constraint
 

@@ -104,3 +104,35 @@ def test_the_tensor_parallel_step_command_carries_no_grammar(compiler) -> None:
     decoded = _STEP_DECODER.decode(encode_step(plan, None))
     assert decoded.plan.scheduled_new_reqs[0].grammar is None
     assert decoded.plan.scheduled_new_reqs[0].request_id == "r"
+
+
+def _accepts(compiler: StructuredOutputCompiler, constraint: StructuredOutput, text: str) -> bool:
+    """Whether the compiled constraint lets `text` through, token by token, to an accepting end."""
+    grammar = compiler.compile(constraint)
+    return all(grammar.accept(t) for t in compiler.tokenizer.tokenize_str(text)) and grammar.matcher.is_accepting()
+
+
+def test_a_whitespace_pattern_is_what_json_may_have_between_tokens(compiler) -> None:
+    schema = json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
+    compact, spaced, newline = '{"a":1}', '{ "a": 1 }', '{\n"a":1}'
+    plain = StructuredOutput(kind="json", spec=schema)
+    assert _accepts(compiler, plain, compact)
+    assert not _accepts(compiler, plain, spaced)
+    one_space = StructuredOutput(kind="json", spec=schema, whitespace_pattern="[ ]?")
+    assert _accepts(compiler, one_space, compact) and _accepts(compiler, one_space, spaced)
+    assert not _accepts(compiler, one_space, newline)
+    any_object = StructuredOutput(kind="json_object", whitespace_pattern="[\n ]*")
+    assert _accepts(compiler, any_object, newline) and _accepts(compiler, any_object, spaced)
+
+
+@pytest.mark.parametrize(
+    ("constraint", "message"),
+    [
+        (StructuredOutput(kind="json", spec='{"type": "object"}', whitespace_pattern="("), "unclosed group"),
+        (StructuredOutput(kind="regex", spec="a+", whitespace_pattern=" ?"), "applies to json and json_object"),
+    ],
+)
+def test_a_bad_whitespace_pattern_is_named(compiler, constraint: StructuredOutput, message: str) -> None:
+    with pytest.raises(ValueError, match="structured_output") as e:
+        compiler.compile(constraint)
+    assert message in str(e.value)

@@ -1,7 +1,8 @@
 """Wire constraints (`StructuredOutput`) compiled into llguidance grammars.
 
 Every kind becomes one llguidance grammar: a JSON Schema through llguidance's JSON compiler (compact:
-no whitespace between tokens, as OpenAI's strict mode writes JSON), `json_object` as the schema
+no whitespace between tokens, as OpenAI's strict mode writes JSON, unless the constraint carries a
+`whitespace_pattern`, which llguidance then allows between tokens), `json_object` as the schema
 `{"type": "object"}`, a regex as-is, a choice as a Lark alternation of string literals, a grammar as Lark
 (GBNF, recognised by its `::=` rules, converted by llguidance's own converter). Compilation happens when
 the engine accepts a request, so a constraint that does not compile fails that request at once.
@@ -68,9 +69,11 @@ def llguidance_grammar(constraint: StructuredOutput) -> str:
     """The llguidance grammar text of a constraint (its syntax is checked by the matcher later)."""
     kind, spec = constraint.kind, constraint.spec
     if kind == StructuredOutputKind.JSON.value:
-        return llguidance.LLMatcher.grammar_from_json_schema(_parse_json_schema(spec), defaults=_JSON_OPTIONS)
+        return llguidance.LLMatcher.grammar_from_json_schema(_parse_json_schema(spec), defaults=_json_options(constraint))
     if kind == StructuredOutputKind.JSON_OBJECT.value:
-        return llguidance.LLMatcher.grammar_from_json_schema(_ANY_OBJECT_SCHEMA, defaults=_JSON_OPTIONS)
+        return llguidance.LLMatcher.grammar_from_json_schema(_ANY_OBJECT_SCHEMA, defaults=_json_options(constraint))
+    if constraint.whitespace_pattern is not None:
+        raise ValueError(f"structured_output: whitespace_pattern applies to json and json_object, not {kind}")
     if kind == StructuredOutputKind.REGEX.value:
         return llguidance.LLMatcher.grammar_from_regex(spec)
     if kind == StructuredOutputKind.CHOICE.value:
@@ -82,6 +85,13 @@ def llguidance_grammar(constraint: StructuredOutput) -> str:
             raise ValueError(f"structured_output: invalid grammar: {e}") from None
         return llguidance.LLMatcher.grammar_from_lark(lark)
     raise ValueError(f"structured_output: unknown kind {kind!r}")
+
+
+def _json_options(constraint: StructuredOutput) -> dict[str, object]:
+    """llguidance's JSON options: compact, or the constraint's whitespace pattern between tokens."""
+    if constraint.whitespace_pattern is None:
+        return _JSON_OPTIONS
+    return {**_JSON_OPTIONS, "whitespace_pattern": constraint.whitespace_pattern}
 
 
 def _parse_json_schema(spec: str) -> str:

@@ -198,9 +198,28 @@ pub struct StructuredOutput {
     pub kind: StructuredOutputKind,
     #[serde(default)]
     pub spec: String,
+    /// JSON kinds only: a regular expression for the whitespace allowed between JSON tokens
+    /// (`None`: none, the output is compact JSON).
+    #[serde(default)]
+    pub whitespace_pattern: Option<String>,
 }
 
-map_struct!(StructuredOutput { kind, spec });
+impl StructuredOutput {
+    /// A constraint of `kind` with `spec` and no whitespace pattern.
+    pub fn new(kind: StructuredOutputKind, spec: impl Into<String>) -> Self {
+        Self {
+            kind,
+            spec: spec.into(),
+            whitespace_pattern: None,
+        }
+    }
+}
+
+map_struct!(StructuredOutput {
+    kind,
+    spec,
+    whitespace_pattern
+});
 
 /// Sampling settings of one request, as they travel (a map: new fields can be added).
 #[derive(Debug, Clone, PartialEq, Deserialize)]

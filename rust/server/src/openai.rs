@@ -1,13 +1,19 @@
 //! OpenAI / vLLM request bodies and their validation into engine sampling parameters.
 //!
-//! Unknown fields are accepted and ignored (clients send many harmless extras); known fields with
-//! wrong types or out-of-range values are rejected with a 400 naming the parameter.
+//! Every field a body carries is read or refused: the fields the types below do not read land in
+//! their `other` map, which [`request_fields::check`] turns into a 400 naming the first one that is
+//! unknown or set to a value voltllm cannot honour. Known fields with wrong types or out-of-range
+//! values are a 400 naming the parameter. The same types describe the bodies in `/openapi.json`
+//! (`ToSchema`), so the description cannot drift from what is parsed.
 
 use serde::Deserialize;
-use serde_json::Value as Json;
+use serde_json::{Map, Value as Json};
+use utoipa::ToSchema;
 use voltllm_protocol::{LogitBias, SamplingParams};
 
 use crate::error::ApiError;
+use crate::request_fields::{self, Route};
+use crate::structured::StructuredFields;
 
 /// Largest `n` accepted: each choice is an engine request.
 pub const MAX_N: u32 = 128;
@@ -15,7 +21,7 @@ pub const MAX_N: u32 = 128;
 pub const MAX_LOGPROBS: u32 = 20;
 
 /// `stop`: one string or a list.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(untagged)]
 pub enum StopField {
     One(String),
@@ -23,62 +29,167 @@ pub enum StopField {
 }
 
 /// `stream_options`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct StreamOptions {
+    /// Send a last chunk with the request's `usage`.
     #[serde(default)]
     pub include_usage: bool,
+    /// vLLM's usage in every chunk: only `false` (not supported).
+    pub continuous_usage_stats: Option<bool>,
 }
 
-/// Sampling fields shared by chat and completions.
-#[derive(Debug, Clone, Default, Deserialize)]
+/// Sampling fields shared by chat and completions. (The `structured.rs` fields and the unread
+/// `other` ones sit beside this struct, not inside it: serde hands a flattened struct only the
+/// fields it names when it has no flattened field of its own, which leaves `other` the rest.)
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 pub struct CommonParams {
+    /// A served model name (`/v1/models`); any when omitted.
     pub model: Option<String>,
+    /// At most this many generated tokens (at least 1; 0 only with `echo` on completions, which
+    /// scores the prompt); the default fills the context window (16 on completions).
+    #[schema(minimum = 0)]
     pub max_tokens: Option<i64>,
+    /// 0 is greedy.
+    #[schema(minimum = 0)]
     pub temperature: Option<f64>,
+    #[schema(exclusive_minimum = 0, maximum = 1)]
     pub top_p: Option<f64>,
+    /// -1 or 0: off.
+    #[schema(minimum = -1)]
     pub top_k: Option<i64>,
+    #[schema(minimum = 0, maximum = 1)]
     pub min_p: Option<f64>,
+    #[schema(minimum = -2, maximum = 2)]
     pub presence_penalty: Option<f64>,
+    #[schema(minimum = -2, maximum = 2)]
     pub frequency_penalty: Option<f64>,
+    #[schema(exclusive_minimum = 0)]
     pub repetition_penalty: Option<f64>,
     pub seed: Option<i64>,
+    /// Strings that end the output (not included unless `include_stop_str_in_output`).
     pub stop: Option<StopField>,
+    /// Token ids that end the output.
     #[serde(default)]
     pub stop_token_ids: Vec<i64>,
     #[serde(default)]
     pub ignore_eos: bool,
+    #[schema(minimum = 0)]
     pub min_tokens: Option<i64>,
+    /// Choices to generate.
+    #[schema(minimum = 1, maximum = 128)]
     pub n: Option<i64>,
-    pub logit_bias: Option<serde_json::Map<String, Json>>,
+    /// Token id (as a string) to a bias in [-100, 100] added to its logit.
+    pub logit_bias: Option<Map<String, Json>>,
+    /// Answer with server-sent events.
     #[serde(default)]
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
     #[serde(default)]
     pub include_stop_str_in_output: bool,
+    /// Leave special tokens out of the text (default true).
     pub skip_special_tokens: Option<bool>,
+    /// Lower runs first under `--scheduling-policy priority`.
     pub priority: Option<i64>,
-    /// `response_format`, `structured_outputs`, `guided_*` and `prompt_logprobs` (`structured.rs`).
-    #[serde(flatten)]
-    pub structured: crate::structured::StructuredFields,
+    /// The end user the request is made for: written to the server's log with the request id.
+    pub user: Option<String>,
+    /// OpenAI's successor of `user`: logged the same way.
+    pub safety_identifier: Option<String>,
+    /// A hint for prompt-cache hits: the prefix cache matches prompts by their tokens, so any key
+    /// gets the hits it asks for without being read.
+    pub prompt_cache_key: Option<String>,
+}
+
+/// The schema of `messages` as [`normalize_messages`] accepts it (the field is parsed as JSON and
+/// checked by hand, so `/openapi.json` puts this in place of the derived schema).
+pub fn messages_schema() -> Json {
+    serde_json::json!({
+        "type": "array",
+        "minItems": 1,
+        "items": {
+            "type": "object",
+            "required": ["role"],
+            "properties": {
+                "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
+                "content": {
+                    "description": "Text, a list of text parts, or null on an assistant turn that made tool calls",
+                    "oneOf": [
+                        {"type": "string"},
+                        {"type": "null"},
+                        {"type": "array", "items": {
+                            "type": "object", "required": ["type", "text"],
+                            "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}}
+                    ]
+                },
+                "name": {"type": "string"},
+                "tool_calls": {"type": "array", "items": {"type": "object"}},
+                "tool_call_id": {"type": "string"}
+            }
+        }
+    })
+}
+
+/// The schema of `prompt` as [`PromptField`] parses it (by hand, so `/openapi.json` puts this in
+/// place of the derived schema).
+pub fn prompt_schema() -> Json {
+    serde_json::json!({
+        "description": "Text, texts, token ids, or lists of token ids (one choice set each)",
+        "oneOf": [
+            {"type": "string"},
+            {"type": "array", "items": {"type": "string"}},
+            {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
+            {"type": "array", "items": {"type": "array", "minItems": 1,
+                                        "items": {"type": "integer", "minimum": 0}}}
+        ]
+    })
 }
 
 /// `POST /v1/chat/completions` body.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 pub struct ChatRequest {
+    /// The conversation, rendered with the model's chat template.
+    #[schema(value_type = Vec<Object>)]
     pub messages: Vec<Json>,
-    #[serde(flatten)]
-    pub common: CommonParams,
+    /// OpenAI's newer name of `max_tokens` (wins when both are set).
+    #[schema(minimum = 1)]
     pub max_completion_tokens: Option<i64>,
+    /// Return the sampled tokens' logprobs.
     #[serde(default)]
     pub logprobs: bool,
+    /// Alternatives per token (needs `logprobs`).
+    #[schema(minimum = 0, maximum = 20)]
     pub top_logprobs: Option<i64>,
+    /// Default: true unless `continue_final_message`.
     pub add_generation_prompt: Option<bool>,
+    /// Continue the last (assistant) message instead of starting a new one.
     #[serde(default)]
     pub continue_final_message: bool,
-    pub chat_template_kwargs: Option<serde_json::Map<String, Json>>,
+    /// Extra variables for the chat template (e.g. `enable_thinking`).
+    pub chat_template_kwargs: Option<Map<String, Json>>,
+    /// Tokenize the rendered prompt with the tokenizer's special tokens (default false: the
+    /// template writes them).
+    pub add_special_tokens: Option<bool>,
+    /// Function tools (`{"type": "function", "function": {"name", "parameters", ...}}`).
     pub tools: Option<Vec<Json>>,
+    /// `none`, `auto`, `required` or `{"type": "function", "function": {"name"}}`.
     pub tool_choice: Option<Json>,
     pub parallel_tool_calls: Option<bool>,
+    #[serde(flatten)]
+    pub common: CommonParams,
+    #[serde(flatten)]
+    pub structured: StructuredFields,
+    /// The fields none of the above read (checked by [`request_fields::check`]); must come last.
+    #[serde(flatten)]
+    pub other: Map<String, Json>,
+}
+
+impl ChatRequest {
+    /// Parses a body; an unknown field or one voltllm cannot honour is a 400 naming it.
+    pub fn parse(body: &[u8]) -> Result<Self, ApiError> {
+        let req: Self = parse_body(body)?;
+        request_fields::check(Route::Chat, &req.other)?;
+        Ok(req)
+    }
 }
 
 /// `prompt` of a completion: text, texts, token ids, or lists of token ids.
@@ -189,14 +300,47 @@ impl<'de> Deserialize<'de> for PromptField {
 }
 
 /// `POST /v1/completions` body.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 pub struct CompletionRequest {
+    #[schema(value_type = Value)]
     pub prompt: PromptField,
-    #[serde(flatten)]
-    pub common: CommonParams,
+    /// Alternatives per token to return (the sampled token's logprob comes with them).
+    #[schema(minimum = 0, maximum = 20)]
     pub logprobs: Option<i64>,
+    /// Put the prompt before the completion (with `logprobs`: the prompt's logprobs too).
     #[serde(default)]
     pub echo: bool,
+    /// Tokenize a text prompt with the tokenizer's special tokens (BOS; default true).
+    pub add_special_tokens: Option<bool>,
+    #[serde(flatten)]
+    pub common: CommonParams,
+    #[serde(flatten)]
+    pub structured: StructuredFields,
+    /// The fields none of the above read (checked by [`request_fields::check`]); must come last.
+    #[serde(flatten)]
+    pub other: Map<String, Json>,
+}
+
+impl CompletionRequest {
+    /// Parses a body; an unknown field or one voltllm cannot honour is a 400 naming it.
+    pub fn parse(body: &[u8]) -> Result<Self, ApiError> {
+        let req: Self = parse_body(body)?;
+        request_fields::check(Route::Completions, &req.other)?;
+        Ok(req)
+    }
+}
+
+/// Writes the end user a request is made for (`user`, `safety_identifier`) to the log, with the
+/// request id, as those fields ask.
+pub fn log_end_user(request_id: &str, common: &CommonParams) {
+    if common.user.is_some() || common.safety_identifier.is_some() {
+        tracing::info!(
+            request_id,
+            user = common.user.as_deref(),
+            safety_identifier = common.safety_identifier.as_deref(),
+            "request for an end user"
+        );
+    }
 }
 
 /// What the generation pipeline needs beyond the engine's sampling parameters.
@@ -256,6 +400,7 @@ pub fn prompt_ids(ids: &[i64], vocab_size: u32) -> Result<Vec<u32>, ApiError> {
 /// which depends on the prompt length and is settled by [`resolve_max_tokens`]).
 pub fn sampling_params(
     common: &CommonParams,
+    structured: &StructuredFields,
     logprobs: Option<u32>,
     vocab_size: u32,
 ) -> Result<(SamplingParams, OutputOptions), ApiError> {
@@ -351,7 +496,7 @@ pub fn sampling_params(
         }
     }
     p.logprobs = logprobs;
-    crate::structured::apply(&common.structured, &mut p)?;
+    crate::structured::apply(structured, &mut p)?;
     let n = common.n.unwrap_or(1);
     if !(1..=MAX_N as i64).contains(&n) {
         return Err(ApiError::bad(
@@ -366,6 +511,14 @@ pub fn sampling_params(
     };
     if stop.iter().any(String::is_empty) {
         return Err(ApiError::bad("stop", "stop strings must not be empty"));
+    }
+    if let Some(o) = &common.stream_options {
+        if o.continuous_usage_stats == Some(true) {
+            return Err(ApiError::bad(
+                "stream_options.continuous_usage_stats",
+                "stream_options.continuous_usage_stats is not supported: use include_usage",
+            ));
+        }
     }
     let options = OutputOptions {
         n: n as u32,
@@ -542,6 +695,10 @@ mod tests {
         serde_json::from_value(v).unwrap()
     }
 
+    fn params(v: Json) -> Result<(SamplingParams, OutputOptions), ApiError> {
+        sampling_params(&common(v), &StructuredFields::default(), None, 100)
+    }
+
     #[test]
     fn ranges_are_enforced_with_the_parameter_named() {
         for (body, param) in [
@@ -557,10 +714,16 @@ mod tests {
             (json!({"logit_bias": {"x": 1}}), "logit_bias"),
             (json!({"stop": ["a", ""]}), "stop"),
         ] {
-            let err = sampling_params(&common(body.clone()), None, 100).unwrap_err();
+            let err = params(body.clone()).unwrap_err();
             assert_eq!(err.body()["error"]["param"], param, "{body}");
         }
-        let err = sampling_params(&common(json!({})), Some(21), 100).unwrap_err();
+        let err = sampling_params(
+            &common(json!({})),
+            &StructuredFields::default(),
+            Some(21),
+            100,
+        )
+        .unwrap_err();
         assert_eq!(err.body()["error"]["param"], "logprobs");
     }
 
@@ -568,9 +731,9 @@ mod tests {
     fn valid_values_reach_the_engine_params() {
         let c = common(
             json!({"temperature": 0, "top_k": -1, "seed": -7, "stop": "x",
-                              "logit_bias": {"3": -100, "1": 2.5}, "n": 3, "unknown_field": 1}),
+                              "logit_bias": {"3": -100, "1": 2.5}, "n": 3}),
         );
-        let (p, o) = sampling_params(&c, Some(2), 100).unwrap();
+        let (p, o) = sampling_params(&c, &StructuredFields::default(), Some(2), 100).unwrap();
         assert_eq!(p.temperature, 0.0);
         assert_eq!(p.top_k, 0);
         assert_eq!(p.seed, Some(-7));
@@ -578,6 +741,34 @@ mod tests {
         assert_eq!(p.logit_bias, Some(LogitBias(vec![(3, -100.0), (1, 2.5)])));
         assert_eq!(o.n, 3);
         assert_eq!(o.stop, vec!["x".to_string()]);
+    }
+
+    #[test]
+    fn every_field_is_read_or_refused() {
+        let body = json!({"messages": [{"role": "user", "content": "hi"}], "temperature": 0.5,
+                          "guided_regex": "a+", "logprobs": true, "user": "u-1", "store": false});
+        let req = ChatRequest::parse(body.to_string().as_bytes()).unwrap();
+        // Each flattened struct took its own fields; only the unread one reached `other`.
+        assert_eq!(req.common.temperature, Some(0.5));
+        assert_eq!(req.structured.guided_regex, Some(json!("a+")));
+        assert_eq!(req.common.user.as_deref(), Some("u-1"));
+        assert_eq!(req.other.keys().collect::<Vec<_>>(), ["store"]);
+        let err = ChatRequest::parse(br#"{"messages": [], "temprature": 1}"#).unwrap_err();
+        assert_eq!(err.body()["error"]["param"], "temprature");
+        let err = CompletionRequest::parse(br#"{"prompt": "x", "max_completion_tokens": 3}"#)
+            .unwrap_err();
+        assert_eq!(err.body()["error"]["param"], "max_completion_tokens");
+        let req = CompletionRequest::parse(br#"{"prompt": [1, 2], "echo": true, "suffix": null}"#)
+            .unwrap();
+        assert!(req.echo && req.other.len() == 1);
+        let err = CompletionRequest::parse(br#"{"prompt": "x", "stream_options": {"a": 1}}"#)
+            .unwrap_err();
+        assert!(err.to_string().contains("unknown field `a`"), "{err}");
+        let err = params(json!({"stream_options": {"continuous_usage_stats": true}})).unwrap_err();
+        assert_eq!(
+            err.body()["error"]["param"],
+            "stream_options.continuous_usage_stats"
+        );
     }
 
     #[test]

@@ -315,6 +315,7 @@ pub fn router(state: Arc<AppState>, cors: CorsLayer) -> Router {
             get(routes::misc::health).post(routes::misc::health),
         )
         .merge(routes::page::router())
+        .merge(crate::openapi::router())
         .merge(api)
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(max_body))

@@ -7,25 +7,48 @@
 //! compiles it (a spec that does not compile comes back as a rejected request, which the route
 //! answers with a 400 before sending anything). Two constraints in one request are a 400. Other
 //! front-end features (forced tool calls) attach theirs with [`attach`].
+//!
+//! vLLM's `guided_decoding_backend` picks the grammar engine: the names that mean llguidance
+//! (`guidance`, `llguidance`, `auto`) are accepted, any other is a 400. `guided_whitespace_pattern`
+//! (or `structured_outputs.whitespace_pattern`) travels with a JSON constraint to the engine, which
+//! lets llguidance allow that whitespace between JSON tokens.
 
 use serde::Deserialize;
 use serde_json::Value as Json;
+use utoipa::ToSchema;
 use voltllm_protocol::{SamplingParams, StructuredOutput, StructuredOutputKind};
 
 use crate::error::ApiError;
 use crate::generate::PromptLogprobs;
 use crate::openai::MAX_LOGPROBS;
 
+/// Grammar engines `guided_decoding_backend` may name: all mean this server's llguidance.
+pub const GRAMMAR_BACKENDS: [&str; 3] = ["auto", "guidance", "llguidance"];
+
 /// The request fields this module reads (flattened into both routes' bodies).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 pub struct StructuredFields {
+    /// OpenAI's `{"type": "text"}`, `{"type": "json_object"}` or
+    /// `{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`.
     pub response_format: Option<Json>,
+    /// vLLM's: exactly one of `json`, `regex`, `choice`, `grammar`, `json_object`, and with a JSON
+    /// one optionally `whitespace_pattern`.
     pub structured_outputs: Option<Json>,
+    /// vLLM's older spelling: a JSON Schema (an object or its text).
     pub guided_json: Option<Json>,
+    /// A regular expression the whole output matches.
     pub guided_regex: Option<Json>,
+    /// A non-empty list of strings; the output is one of them.
     pub guided_choice: Option<Json>,
+    /// A Lark (or GBNF) grammar.
     pub guided_grammar: Option<Json>,
+    /// The grammar engine: `auto`, `guidance` or `llguidance` (all llguidance); any other is a 400.
+    pub guided_decoding_backend: Option<String>,
+    /// With a JSON constraint: a regular expression for the whitespace allowed between JSON tokens
+    /// (without it the output is compact JSON).
+    pub guided_whitespace_pattern: Option<String>,
     /// vLLM's extra: top-N alternatives per prompt position.
+    #[schema(minimum = 0, maximum = 20)]
     pub prompt_logprobs: Option<i64>,
 }
 
@@ -52,14 +75,32 @@ pub fn attach(
 
 /// Applies every structured-output field of a request to its sampling parameters.
 pub fn apply(fields: &StructuredFields, params: &mut SamplingParams) -> Result<(), ApiError> {
+    if let Some(backend) = &fields.guided_decoding_backend {
+        check_backend(backend)?;
+    }
     let mut found: Vec<(&'static str, StructuredOutput)> = Vec::new();
+    let mut whitespace = fields
+        .guided_whitespace_pattern
+        .clone()
+        .map(|p| ("guided_whitespace_pattern", p));
     if let Some(v) = &fields.response_format {
         if let Some(c) = response_format(v)? {
             found.push(("response_format", c));
         }
     }
     if let Some(v) = &fields.structured_outputs {
-        found.extend(structured_outputs(v)?);
+        let (constraints, pattern) = structured_outputs(v)?;
+        found.extend(constraints);
+        if let Some(p) = pattern {
+            if whitespace.is_some() {
+                return Err(ApiError::bad(
+                    "structured_outputs.whitespace_pattern",
+                    "give the whitespace pattern once: structured_outputs.whitespace_pattern \
+                     conflicts with guided_whitespace_pattern",
+                ));
+            }
+            whitespace = Some(("structured_outputs.whitespace_pattern", p));
+        }
     }
     let guided = [
         ("guided_json", &fields.guided_json),
@@ -82,13 +123,60 @@ pub fn apply(fields: &StructuredFields, params: &mut SamplingParams) -> Result<(
             ),
         ));
     }
-    if let Some((param, c)) = found.pop() {
+    let mut constraint = found.pop();
+    if let Some((param, pattern)) = whitespace {
+        with_whitespace(constraint.as_mut().map(|(_, c)| c), param, pattern)?;
+    }
+    if let Some((param, c)) = constraint {
         attach(params, c, param)?;
     }
     if let Some(n) = fields.prompt_logprobs {
         params.prompt_logprobs = Some(prompt_logprobs(n)?);
     }
     Ok(())
+}
+
+/// A 400 unless `backend` names llguidance, the one grammar engine here.
+fn check_backend(backend: &str) -> Result<(), ApiError> {
+    if GRAMMAR_BACKENDS.contains(&backend) {
+        return Ok(());
+    }
+    Err(ApiError::bad(
+        "guided_decoding_backend",
+        format!(
+            "guided_decoding_backend {backend:?} is not available: this server's grammar engine is \
+             llguidance (accepted names: {})",
+            GRAMMAR_BACKENDS.join(", ")
+        ),
+    ))
+}
+
+/// Puts the whitespace pattern on the request's JSON constraint; a 400 naming `param` when there
+/// is none (the pattern would change nothing, or means nothing for a regex, choice or grammar).
+fn with_whitespace(
+    constraint: Option<&mut StructuredOutput>,
+    param: &str,
+    pattern: String,
+) -> Result<(), ApiError> {
+    match constraint {
+        Some(c)
+            if matches!(
+                c.kind,
+                StructuredOutputKind::Json | StructuredOutputKind::JsonObject
+            ) =>
+        {
+            c.whitespace_pattern = Some(pattern);
+            Ok(())
+        }
+        _ => Err(ApiError::bad(
+            param,
+            format!(
+                "{param} applies to a JSON constraint (response_format json_schema or \
+                 json_object, guided_json, structured_outputs.json or json_object), and this \
+                 request has none"
+            ),
+        )),
+    }
 }
 
 /// Checks a requested number of prompt alternatives (`prompt_logprobs`, or completions' `logprobs`
@@ -139,10 +227,10 @@ fn response_format(v: &Json) -> Result<Option<StructuredOutput>, ApiError> {
     })?;
     match kind {
         "text" => Ok(None),
-        "json_object" => Ok(Some(StructuredOutput {
-            kind: StructuredOutputKind::JsonObject,
-            spec: String::new(),
-        })),
+        "json_object" => Ok(Some(StructuredOutput::new(
+            StructuredOutputKind::JsonObject,
+            "",
+        ))),
         "json_schema" => {
             let schema = v
                 .get("json_schema")
@@ -176,27 +264,39 @@ fn response_format(v: &Json) -> Result<Option<StructuredOutput>, ApiError> {
     }
 }
 
-/// vLLM's `structured_outputs` object: exactly one of its constraint keys; other keys are a 400.
-fn structured_outputs(v: &Json) -> Result<Vec<(&'static str, StructuredOutput)>, ApiError> {
+/// The constraints found in a `structured_outputs` object, and its whitespace pattern.
+type StructuredOutputsObject = (Vec<(&'static str, StructuredOutput)>, Option<String>);
+
+/// vLLM's `structured_outputs` object: its constraint keys (the caller refuses more than one) and
+/// `whitespace_pattern`; other keys are a 400.
+fn structured_outputs(v: &Json) -> Result<StructuredOutputsObject, ApiError> {
     let object = v.as_object().ok_or_else(|| {
         ApiError::bad("structured_outputs", "structured_outputs must be an object")
     })?;
     let mut found = Vec::new();
+    let mut whitespace = None;
     for (key, value) in object {
         if value.is_null() {
             continue;
         }
         let (param, kind) = match key.as_str() {
+            "whitespace_pattern" => {
+                let pattern = value.as_str().ok_or_else(|| {
+                    ApiError::bad(
+                        "structured_outputs.whitespace_pattern",
+                        "structured_outputs.whitespace_pattern must be a string",
+                    )
+                })?;
+                whitespace = Some(pattern.to_string());
+                continue;
+            }
             "json" => ("structured_outputs.json", StructuredOutputKind::Json),
             "regex" => ("structured_outputs.regex", StructuredOutputKind::Regex),
             "choice" => ("structured_outputs.choice", StructuredOutputKind::Choice),
             "grammar" => ("structured_outputs.grammar", StructuredOutputKind::Grammar),
             "json_object" => {
                 if value.as_bool() == Some(true) {
-                    let c = StructuredOutput {
-                        kind: StructuredOutputKind::JsonObject,
-                        spec: String::new(),
-                    };
+                    let c = StructuredOutput::new(StructuredOutputKind::JsonObject, "");
                     found.push(("structured_outputs.json_object", c));
                 } else if !value.is_boolean() {
                     return Err(ApiError::bad(
@@ -211,14 +311,14 @@ fn structured_outputs(v: &Json) -> Result<Vec<(&'static str, StructuredOutput)>,
                     "structured_outputs",
                     format!(
                         "structured_outputs.{other} is not supported (supported: json, regex, \
-                         choice, grammar, json_object)"
+                         choice, grammar, json_object, whitespace_pattern)"
                     ),
                 ))
             }
         };
         found.push((param, constraint_of(param, kind, value)?));
     }
-    Ok(found)
+    Ok((found, whitespace))
 }
 
 /// The wire constraint of one field's value: a schema as an object (or its JSON text), a regex or
@@ -270,7 +370,7 @@ fn constraint_of(
         }
         StructuredOutputKind::JsonObject => String::new(),
     };
-    Ok(StructuredOutput { kind, spec })
+    Ok(StructuredOutput::new(kind, spec))
 }
 
 #[cfg(test)]
@@ -383,14 +483,69 @@ mod tests {
     #[test]
     fn attach_refuses_a_second_constraint() {
         let mut p = parse(json!({"guided_regex": "a"})).unwrap();
-        let c = StructuredOutput {
-            kind: StructuredOutputKind::Json,
-            spec: "{}".into(),
-        };
+        let c = StructuredOutput::new(StructuredOutputKind::Json, "{}");
         assert!(attach(&mut p, c.clone(), "tool_choice").is_err());
         let mut q = SamplingParams::default();
         attach(&mut q, c.clone(), "tool_choice").unwrap();
         assert_eq!(q.structured_output, Some(c));
+    }
+
+    #[test]
+    fn the_backend_must_name_llguidance() {
+        for name in GRAMMAR_BACKENDS {
+            assert!(parse(json!({"guided_decoding_backend": name, "guided_regex": "a"})).is_ok());
+        }
+        for name in [
+            "xgrammar",
+            "outlines",
+            "lm-format-enforcer",
+            "guidance:no-fallback",
+        ] {
+            let err = parse(json!({"guided_decoding_backend": name})).unwrap_err();
+            assert_eq!(err.body()["error"]["param"], "guided_decoding_backend");
+            assert!(err.to_string().contains(name), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_whitespace_pattern_rides_on_a_json_constraint_only() {
+        let schema = json!({"type": "object"});
+        let p = parse(json!({"guided_json": schema, "guided_whitespace_pattern": "[ ]?"})).unwrap();
+        let c = p.structured_output.unwrap();
+        assert_eq!(c.kind, StructuredOutputKind::Json);
+        assert_eq!(c.whitespace_pattern.as_deref(), Some("[ ]?"));
+        let p = parse(
+            json!({"structured_outputs": {"json_object": true, "whitespace_pattern": "\n?"}}),
+        )
+        .unwrap();
+        assert_eq!(
+            p.structured_output.unwrap().whitespace_pattern.as_deref(),
+            Some("\n?")
+        );
+        let p = parse(json!({"response_format": {"type": "json_object"}})).unwrap();
+        assert_eq!(p.structured_output.unwrap().whitespace_pattern, None);
+        for body in [
+            json!({"guided_whitespace_pattern": " "}),
+            json!({"guided_regex": "a+", "guided_whitespace_pattern": " "}),
+            json!({"response_format": {"type": "text"}, "guided_whitespace_pattern": " "}),
+        ] {
+            assert_eq!(
+                param_of(body.clone()),
+                Some("guided_whitespace_pattern".into()),
+                "{body}"
+            );
+        }
+        assert_eq!(
+            param_of(json!({"structured_outputs": {"choice": ["a"], "whitespace_pattern": " "}})),
+            Some("structured_outputs.whitespace_pattern".into())
+        );
+        assert_eq!(
+            param_of(
+                json!({"guided_json": schema, "guided_whitespace_pattern": " ",
+                            "structured_outputs": {"whitespace_pattern": " "}})
+            ),
+            Some("structured_outputs.whitespace_pattern".into())
+        );
     }
 
     #[test]

@@ -86,7 +86,7 @@ async fn chat_streaming_with_n_and_usage() {
         .sse(
             "/v1/chat/completions",
             json!({"model": "smol", "messages": messages, "max_tokens": 5, "n": 2, "stream": true,
-                   "stream_options": {"include_usage": true}, "some_unknown_field": [1, 2]}),
+                   "stream_options": {"include_usage": true}, "store": false}),
         )
         .await;
     assert_eq!(events.last().unwrap(), "[DONE]");

@@ -80,7 +80,7 @@ pub async fn chat_completions(
 ) -> Result<Response, ApiError> {
     let state = state.0;
     let body = body_bytes(&state, body)?;
-    let req: ChatRequest = openai::parse_body(&body)?;
+    let req = ChatRequest::parse(&body)?;
     state.check_model(req.common.model.as_deref())?;
     let template = state.template.clone().ok_or_else(|| {
         ApiError::bad(
@@ -105,7 +105,7 @@ pub async fn chat_completions(
         (false, _) => None,
     };
     let (mut params, mut options) =
-        openai::sampling_params(&req.common, logprobs, state.vocab_size)?;
+        openai::sampling_params(&req.common, &req.structured, logprobs, state.vocab_size)?;
     let tools = ToolRequest::parse(
         req.tools.as_deref(),
         req.tool_choice.as_ref(),
@@ -143,11 +143,12 @@ pub async fn chat_completions(
     };
     let tokenizer = state.tokenizer.clone();
     let limits = state.clone();
+    // The template already wrote BOS and friends, unless the client says otherwise.
+    let add_special_tokens = req.add_special_tokens.unwrap_or(false);
     let prompt_ids = blocking(move || {
         let text = template.render(&messages, &render)?;
         limits.check_prompt_bytes("messages", text.len())?;
-        // The template already wrote BOS and friends.
-        Ok(tokenizer.encode(&text, false)?)
+        Ok(tokenizer.encode(&text, add_special_tokens)?)
     })
     .await?;
     if prompt_ids.is_empty() {
@@ -162,6 +163,7 @@ pub async fn chat_completions(
     )?;
 
     let id = new_id("chatcmpl");
+    openai::log_end_user(&id, &req.common);
     let created = unix_now() as u64;
     let model = state.model_name().to_string();
     let n = options.n as usize;

@@ -90,7 +90,7 @@ pub async fn completions(
 ) -> Result<Response, ApiError> {
     let state = state.0;
     let body = body_bytes(&state, body)?;
-    let req: CompletionRequest = openai::parse_body(&body)?;
+    let req = CompletionRequest::parse(&body)?;
     state.check_model(req.common.model.as_deref())?;
     let logprobs = match req.logprobs {
         Some(n) if n < 0 => {
@@ -103,7 +103,7 @@ pub async fn completions(
         None => None,
     };
     let (mut base_params, options) =
-        openai::sampling_params(&req.common, logprobs, state.vocab_size)?;
+        openai::sampling_params(&req.common, &req.structured, logprobs, state.vocab_size)?;
     let echo_logprobs = if req.echo { logprobs } else { None };
     let vllm_prompt_logprobs = base_params.prompt_logprobs;
     // `echo` with `logprobs`: the prompt's logprobs lead the legacy logprobs object.
@@ -118,19 +118,20 @@ pub async fn completions(
     let vocab = state.vocab_size;
     let tokenizer = state.tokenizer.clone();
     let echo = req.echo;
+    let add_special_tokens = req.add_special_tokens.unwrap_or(true);
     let limits = state.clone();
     // (token ids, echo text) per prompt; tokenization and decoding run off the async workers.
     let prompts: Vec<(Vec<u32>, String)> = blocking(move || {
         let prompts: Vec<(Vec<u32>, Option<String>)> = match req.prompt {
             PromptField::Text(t) => {
                 limits.check_prompt_bytes("prompt", t.len())?;
-                vec![(tokenizer.encode(&t, true)?, Some(t))]
+                vec![(tokenizer.encode(&t, add_special_tokens)?, Some(t))]
             }
             PromptField::Texts(ts) => ts
                 .into_iter()
                 .map(|t| {
                     limits.check_prompt_bytes("prompt", t.len())?;
-                    Ok((tokenizer.encode(&t, true)?, Some(t)))
+                    Ok((tokenizer.encode(&t, add_special_tokens)?, Some(t)))
                 })
                 .collect::<Result<_, ApiError>>()?,
             PromptField::Tokens(ids) => {
@@ -177,6 +178,7 @@ pub async fn completions(
     }
 
     let id = new_id("cmpl");
+    openai::log_end_user(&id, &req.common);
     let created = unix_now() as u64;
     let model = state.model_name().to_string();
     let n = options.n as usize;

@@ -99,14 +99,21 @@ pub async fn metrics(state: SharedState) -> Result<Response, ApiError> {
         .into_response())
 }
 
-#[derive(Deserialize)]
-struct TokenizeRequest {
+/// `POST /tokenize` body: exactly one of `prompt` and `messages`; any other field is a 400.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TokenizeRequest {
     model: Option<String>,
+    /// Text to tokenize.
     prompt: Option<String>,
+    /// A conversation, rendered with the chat template first.
     messages: Option<Vec<Json>>,
+    /// With `prompt`: add the tokenizer's special tokens (default true).
     #[serde(default = "yes")]
     add_special_tokens: bool,
+    /// With `messages` (default true).
     add_generation_prompt: Option<bool>,
+    /// With `messages`: extra chat template variables.
     chat_template_kwargs: Option<serde_json::Map<String, Json>>,
 }
 
@@ -151,9 +158,12 @@ pub async fn tokenize(
     })))
 }
 
-#[derive(Deserialize)]
-struct DetokenizeRequest {
+/// `POST /detokenize` body; any other field is a 400.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DetokenizeRequest {
     model: Option<String>,
+    /// Token ids of the vocabulary.
     tokens: Vec<i64>,
 }
 

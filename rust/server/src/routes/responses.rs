@@ -28,9 +28,9 @@ use crate::tools::ToolRequest;
 
 /// The request body. Every field the API defines that voltllm reads is here; any other field is
 /// a 400 naming it (`deny_unknown_fields`), never silently dropped.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct ResponsesRequest {
+pub struct ResponsesRequest {
     model: Option<String>,
     input: InputField,
     instructions: Option<String>,
@@ -84,14 +84,16 @@ struct ResponsesRequest {
     chat_template_kwargs: Option<Map<String, Json>>,
 }
 
-#[derive(Debug, Deserialize)]
+/// `input`: a text, or a list of input items (messages, function calls and their outputs).
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 enum InputField {
     Text(String),
     Items(Vec<Json>),
 }
 
-#[derive(Debug, Deserialize)]
+/// `text`: the output's format and verbosity.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct TextOptions {
     format: Option<Json>,
@@ -106,10 +108,10 @@ fn text_constraint(format: Option<&Json>) -> Result<Option<StructuredOutput>, Ap
     let kind = format.get("type").and_then(Json::as_str).unwrap_or("");
     match kind {
         "text" => Ok(None),
-        "json_object" => Ok(Some(StructuredOutput {
-            kind: StructuredOutputKind::JsonObject,
-            spec: String::new(),
-        })),
+        "json_object" => Ok(Some(StructuredOutput::new(
+            StructuredOutputKind::JsonObject,
+            "",
+        ))),
         "json_schema" => {
             let schema = format
                 .get("schema")
@@ -724,7 +726,12 @@ pub async fn responses(
         stream: req.stream,
         ..Default::default()
     };
-    let (mut params, options) = openai::sampling_params(&common, None, state.vocab_size)?;
+    let (mut params, options) = openai::sampling_params(
+        &common,
+        &crate::structured::StructuredFields::default(),
+        None,
+        state.vocab_size,
+    )?;
     let tools = ToolRequest::parse(
         req.tools.as_deref(),
         req.tool_choice.as_ref(),

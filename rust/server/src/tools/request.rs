@@ -318,10 +318,7 @@ impl ToolRequest {
 
 /// The engine constraint for a JSON schema.
 pub fn json_constraint(schema: &Json) -> StructuredOutput {
-    StructuredOutput {
-        kind: StructuredOutputKind::Json,
-        spec: schema.to_string(),
-    }
+    StructuredOutput::new(StructuredOutputKind::Json, schema.to_string())
 }
 
 #[cfg(test)]
