@@ -111,7 +111,8 @@ def _check_structured_output(constraint: StructuredOutput) -> None:
         json_kinds = (StructuredOutputKind.JSON.value, StructuredOutputKind.JSON_OBJECT.value)
         if constraint.kind not in json_kinds:
             raise ValueError(
-                f"structured_output.whitespace_pattern applies to json and json_object constraints, not {constraint.kind!r}"
+                "structured_output.whitespace_pattern applies to json and json_object constraints, "
+                f"not {constraint.kind!r}"
             )
 
 

@@ -1,4 +1,5 @@
-"""How the entry-point tests run `voltllm`, and a started-and-healthy `voltllm serve`."""
+"""How the entry-point tests run `voltllm`, a started-and-healthy `voltllm serve`, and a tiny random
+model to serve when what is tested is the server, not the model."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+
+_SMOLLM2_FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "smollm2"
 
 # The installed console script when there is one (the wheel's entry point), else the module.
 _SCRIPT = Path(sys.executable).parent / "voltllm"
@@ -78,4 +81,32 @@ def descendants(pid: int) -> list[tuple[int, bytes]]:
         for child in children.get(todo.pop(), []):
             out.append((child, cmdlines[child]))
             todo.append(child)
+    return out
+
+
+def tiny_llama(out: Path, max_len: int = 512) -> Path:
+    """A 2-layer random Llama (hidden size 64) over the SmolLM2 tokenizer and chat template, written
+    to `out`: a generated token costs milliseconds on the CPU."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_len,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=True,
+    )
+    config.architectures = ["LlamaForCausalLM"]
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(_SMOLLM2_FIXTURE / name, out / name)
     return out

@@ -68,10 +68,9 @@ class StructuredOutputCompiler:
 def llguidance_grammar(constraint: StructuredOutput) -> str:
     """The llguidance grammar text of a constraint (its syntax is checked by the matcher later)."""
     kind, spec = constraint.kind, constraint.spec
-    if kind == StructuredOutputKind.JSON.value:
-        return llguidance.LLMatcher.grammar_from_json_schema(_parse_json_schema(spec), defaults=_json_options(constraint))
-    if kind == StructuredOutputKind.JSON_OBJECT.value:
-        return llguidance.LLMatcher.grammar_from_json_schema(_ANY_OBJECT_SCHEMA, defaults=_json_options(constraint))
+    if kind in (StructuredOutputKind.JSON.value, StructuredOutputKind.JSON_OBJECT.value):
+        schema = _parse_json_schema(spec) if kind == StructuredOutputKind.JSON.value else _ANY_OBJECT_SCHEMA
+        return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_json_options(constraint))
     if constraint.whitespace_pattern is not None:
         raise ValueError(f"structured_output: whitespace_pattern applies to json and json_object, not {kind}")
     if kind == StructuredOutputKind.REGEX.value:

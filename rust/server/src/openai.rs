@@ -33,10 +33,13 @@ pub enum StopField {
 #[serde(deny_unknown_fields)]
 pub struct StreamOptions {
     /// Send a last chunk with the request's `usage`.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
+    #[schema(value_type = Option<bool>)]
     pub include_usage: bool,
     /// vLLM's usage in every chunk: only `false` (not supported).
     pub continuous_usage_stats: Option<bool>,
+    /// OpenAI's random padding of stream events: only `false` (none is sent).
+    pub include_obfuscation: Option<bool>,
 }
 
 /// Sampling fields shared by chat and completions. (The `structured.rs` fields and the unread
@@ -70,9 +73,11 @@ pub struct CommonParams {
     /// Strings that end the output (not included unless `include_stop_str_in_output`).
     pub stop: Option<StopField>,
     /// Token ids that end the output.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
+    #[schema(value_type = Option<Vec<i64>>)]
     pub stop_token_ids: Vec<i64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
+    #[schema(value_type = Option<bool>)]
     pub ignore_eos: bool,
     #[schema(minimum = 0)]
     pub min_tokens: Option<i64>,
@@ -82,10 +87,12 @@ pub struct CommonParams {
     /// Token id (as a string) to a bias in [-100, 100] added to its logit.
     pub logit_bias: Option<Map<String, Json>>,
     /// Answer with server-sent events.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
+    #[schema(value_type = Option<bool>)]
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
+    #[schema(value_type = Option<bool>)]
     pub include_stop_str_in_output: bool,
     /// Leave special tokens out of the text (default true).
     pub skip_special_tokens: Option<bool>,
@@ -132,15 +139,27 @@ pub fn messages_schema() -> Json {
 /// The schema of `prompt` as [`PromptField`] parses it (by hand, so `/openapi.json` puts this in
 /// place of the derived schema).
 pub fn prompt_schema() -> Json {
+    let ids = serde_json::json!({"type": "array", "minItems": 1,
+                                 "items": {"type": "integer", "minimum": 0}});
     serde_json::json!({
-        "description": "Text, texts, token ids, or lists of token ids (one choice set each)",
+        "description": "Text, texts, token ids, or lists of token ids (one choice set each); \
+                        none may be empty",
         "oneOf": [
-            {"type": "string"},
-            {"type": "array", "items": {"type": "string"}},
-            {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
-            {"type": "array", "items": {"type": "array", "minItems": 1,
-                                        "items": {"type": "integer", "minimum": 0}}}
+            {"type": "string", "minLength": 1},
+            {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
+            ids,
+            {"type": "array", "minItems": 1, "items": ids}
         ]
+    })
+}
+
+/// The schema of `logit_bias` as [`sampling_params`] checks it.
+pub fn logit_bias_schema() -> Json {
+    serde_json::json!({
+        "type": ["object", "null"],
+        "description": "Token id (as a string) to a bias in [-100, 100] added to its logit",
+        "propertyNames": {"pattern": "^[0-9]+$"},
+        "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}
     })
 }
 
@@ -154,7 +173,8 @@ pub struct ChatRequest {
     #[schema(minimum = 1)]
     pub max_completion_tokens: Option<i64>,
     /// Return the sampled tokens' logprobs.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
+    #[schema(value_type = Option<bool>)]
     pub logprobs: bool,
     /// Alternatives per token (needs `logprobs`).
     #[schema(minimum = 0, maximum = 20)]
@@ -162,7 +182,8 @@ pub struct ChatRequest {
     /// Default: true unless `continue_final_message`.
     pub add_generation_prompt: Option<bool>,
     /// Continue the last (assistant) message instead of starting a new one.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
+    #[schema(value_type = Option<bool>)]
     pub continue_final_message: bool,
     /// Extra variables for the chat template (e.g. `enable_thinking`).
     pub chat_template_kwargs: Option<Map<String, Json>>,
@@ -186,7 +207,7 @@ pub struct ChatRequest {
 impl ChatRequest {
     /// Parses a body; an unknown field or one voltllm cannot honour is a 400 naming it.
     pub fn parse(body: &[u8]) -> Result<Self, ApiError> {
-        let req: Self = parse_body(body)?;
+        let req: Self = parse_body(body).map_err(|e| name_flattened_field(e, body))?;
         request_fields::check(Route::Chat, &req.other)?;
         Ok(req)
     }
@@ -308,7 +329,8 @@ pub struct CompletionRequest {
     #[schema(minimum = 0, maximum = 20)]
     pub logprobs: Option<i64>,
     /// Put the prompt before the completion (with `logprobs`: the prompt's logprobs too).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
+    #[schema(value_type = Option<bool>)]
     pub echo: bool,
     /// Tokenize a text prompt with the tokenizer's special tokens (BOS; default true).
     pub add_special_tokens: Option<bool>,
@@ -324,10 +346,41 @@ pub struct CompletionRequest {
 impl CompletionRequest {
     /// Parses a body; an unknown field or one voltllm cannot honour is a 400 naming it.
     pub fn parse(body: &[u8]) -> Result<Self, ApiError> {
-        let req: Self = parse_body(body)?;
+        let req: Self = parse_body(body).map_err(|e| name_flattened_field(e, body))?;
         request_fields::check(Route::Completions, &req.other)?;
         Ok(req)
     }
+}
+
+/// Bodies up to this size are parsed a second time to name a flattened field at fault.
+const NAME_FIELD_MAX_BODY: usize = 1 << 20;
+
+/// Names the field of a parse error that serde could not place: a field of a flattened struct
+/// (`CommonParams`, `StructuredFields`) is read from a buffer that keeps no path. Each top-level
+/// field of the body is parsed alone into those (all-optional) structs; the first that fails is
+/// the one at fault. Only on the error path, and only for bodies up to 1 MiB.
+fn name_flattened_field(error: ApiError, body: &[u8]) -> ApiError {
+    let unplaced = matches!(&error, ApiError::BadRequest { param: None, .. });
+    if !unplaced || body.len() > NAME_FIELD_MAX_BODY {
+        return error;
+    }
+    let Ok(Json::Object(fields)) = serde_json::from_slice::<Json>(body) else {
+        return error;
+    };
+    for (name, value) in fields {
+        let alone = Json::Object(Map::from_iter([(name, value)]));
+        let failure = serde_path_to_error::deserialize::<_, CommonParams>(alone.clone())
+            .err()
+            .or_else(|| serde_path_to_error::deserialize::<_, StructuredFields>(alone).err());
+        if let Some(e) = failure {
+            let path = e.path().to_string();
+            return ApiError::bad(
+                &path,
+                format!("invalid request body: {path}: {}", e.inner()),
+            );
+        }
+    }
+    error
 }
 
 /// Writes the end user a request is made for (`user`, `safety_identifier`) to the log, with the
@@ -358,12 +411,32 @@ pub struct OutputOptions {
     pub priority: i64,
 }
 
-/// Parses a JSON body, turning every serde failure into a 400.
+/// `null` read as the type's default, as OpenAI's and vLLM's optional fields read it.
+fn null_as_default<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(deserializer)?.unwrap_or_default())
+}
+
+/// Parses a JSON body, turning every serde failure into a 400 that names the field at fault
+/// (`param`, e.g. `stream_options.include_usage` or `messages[2]`) when there is one.
 pub fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|e| ApiError::BadRequest {
-        message: format!("invalid request body: {e}"),
-        param: None,
-    })
+    let bad = |path: Option<String>, e: serde_json::Error| {
+        let at = path.as_deref().map_or(String::new(), |p| format!("{p}: "));
+        ApiError::BadRequest {
+            message: format!("invalid request body: {at}{e}"),
+            param: path,
+        }
+    };
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {
+        let path = e.path().to_string();
+        bad((path != ".").then_some(path), e.into_inner())
+    })?;
+    deserializer.end().map_err(|e| bad(None, e))?;
+    Ok(value)
 }
 
 fn check_range(param: &str, value: f64, lo: f64, hi: f64) -> Result<(), ApiError> {
@@ -517,6 +590,12 @@ pub fn sampling_params(
             return Err(ApiError::bad(
                 "stream_options.continuous_usage_stats",
                 "stream_options.continuous_usage_stats is not supported: use include_usage",
+            ));
+        }
+        if o.include_obfuscation == Some(true) {
+            return Err(ApiError::bad(
+                "stream_options.include_obfuscation",
+                "stream_options.include_obfuscation is not supported: events are sent unpadded",
             ));
         }
     }
@@ -769,6 +848,28 @@ mod tests {
             err.body()["error"]["param"],
             "stream_options.continuous_usage_stats"
         );
+    }
+
+    #[test]
+    fn a_body_that_does_not_parse_names_the_field_and_null_is_the_default() {
+        let err = ChatRequest::parse(br#"{"messages": [], "temperature": "hot"}"#).unwrap_err();
+        assert_eq!(err.body()["error"]["param"], "temperature", "{err}");
+        let err =
+            ChatRequest::parse(br#"{"messages": [], "stream_options": {"include_usage": 3}}"#)
+                .unwrap_err();
+        assert_eq!(
+            err.body()["error"]["param"],
+            "stream_options.include_usage",
+            "{err}"
+        );
+        let err = CompletionRequest::parse(br#"{"prompt": [1, "a"]}"#).unwrap_err();
+        assert!(err.to_string().contains("prompt"), "{err}");
+        assert!(ChatRequest::parse(br#"{"messages": []} x"#).is_err());
+        let req = ChatRequest::parse(
+            br#"{"messages": [], "stream": null, "logprobs": null, "stop_token_ids": null}"#,
+        )
+        .unwrap();
+        assert!(!req.common.stream && !req.logprobs && req.common.stop_token_ids.is_empty());
     }
 
     #[test]

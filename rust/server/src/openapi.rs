@@ -434,9 +434,16 @@ fn document() -> Json {
     {
         close_schema(schemas, "ChatRequest", Route::Chat);
         close_schema(schemas, "CompletionRequest", Route::Completions);
-        // The fields parsed by hand, described by hand.
+        // The fields parsed or checked by hand, described by hand.
         schemas["ChatRequest"]["properties"]["messages"] = openai::messages_schema();
         schemas["CompletionRequest"]["properties"]["prompt"] = openai::prompt_schema();
+        for request in ["ChatRequest", "CompletionRequest"] {
+            schemas[request]["properties"]["logit_bias"] = openai::logit_bias_schema();
+        }
+        let tokenize = &mut schemas["TokenizeRequest"];
+        tokenize["properties"]["messages"] = openai::messages_schema();
+        tokenize["oneOf"] =
+            serde_json::json!([{"required": ["prompt"]}, {"required": ["messages"]}]);
         // Only chat and completions were merged: the parts they were made of are not used elsewhere.
         for part in ["CommonParams", "StructuredFields"] {
             schemas.remove(part);
