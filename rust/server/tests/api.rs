@@ -309,7 +309,11 @@ async fn bad_requests_get_openai_errors() {
             Some("logit_bias"),
         ),
         (json!({"prompt": [49152]}), 400, Some("prompt")),
-        (json!({"prompt": "x", "temperature": "hot"}), 400, None),
+        (
+            json!({"prompt": "x", "temperature": "hot"}),
+            400,
+            Some("temperature"),
+        ),
         (json!({"prompt": "x", "model": "gpt-4"}), 404, Some("model")),
         (json!({"nothing": true}), 400, None),
     ] {
