@@ -140,3 +140,14 @@ def test_a_bad_whitespace_pattern_is_named(compiler, constraint: StructuredOutpu
     with pytest.raises(ValueError, match="structured_output") as e:
         compiler.compile(constraint)
     assert message in str(e.value)
+
+
+def test_the_offline_params_carry_a_whitespace_pattern_on_json_only() -> None:
+    from voltllm.sampling_params import StructuredOutputsParams
+
+    wire = StructuredOutputsParams(json={"type": "object"}, whitespace_pattern="[ ]?").to_wire()
+    assert wire.kind == "json" and wire.whitespace_pattern == "[ ]?"
+    any_object = StructuredOutputsParams(json_object=True, whitespace_pattern="\n?").to_wire()
+    assert any_object.whitespace_pattern == "\n?"
+    with pytest.raises(ValueError, match="whitespace_pattern applies to json"):
+        StructuredOutputsParams(regex="a+", whitespace_pattern=" ")
