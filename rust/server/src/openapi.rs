@@ -146,6 +146,15 @@ pub struct ResponseUsage {
     pub total_tokens: u64,
 }
 
+/// `GET /health` while some data-parallel engines serve and others do not (healthy: no body).
+#[derive(ToSchema)]
+pub struct HealthReport {
+    /// `degraded`.
+    pub status: String,
+    /// Per engine: `{"engine": i, "state": "serving" | "restarting" | "lost", "reason"?}`.
+    pub engines: Vec<Json>,
+}
+
 /// `GET /v1/models`.
 #[derive(ToSchema)]
 pub struct ModelList {
@@ -304,15 +313,18 @@ fn metrics() {}
 
 #[utoipa::path(get, path = "/health", tag = "operations",
     responses(
-        (status = 200, description = "Every engine serves"),
-        (status = 503, description = "An engine restarts or died, or the server drains", body = ErrorBody),
+        (status = 200, description = "Every engine serves (an empty body), or with data parallelism \
+                                      some do and the others restart or are lost (a degraded report)",
+         body = HealthReport),
+        (status = 503, description = "No engine serves (restarting, or all died), or the server drains",
+         body = ErrorBody),
     ))]
 #[allow(dead_code)]
 fn health() {}
 
 #[utoipa::path(get, path = "/ping", tag = "operations",
     responses(
-        (status = 200, description = "As /health"),
+        (status = 200, description = "As /health", body = HealthReport),
         (status = 503, description = "As /health", body = ErrorBody),
     ))]
 #[allow(dead_code)]
@@ -320,7 +332,7 @@ fn ping_get() {}
 
 #[utoipa::path(post, path = "/ping", tag = "operations",
     responses(
-        (status = 200, description = "As /health"),
+        (status = 200, description = "As /health", body = HealthReport),
         (status = 503, description = "As /health", body = ErrorBody),
     ))]
 #[allow(dead_code)]
