@@ -102,6 +102,48 @@ __device__ __forceinline__ unsigned code_pair_bits(unsigned word, int j) {
   }
 }
 
+// The magic-number conversion of a whole 4-bit word in 1 shift and 4 LOP3: its 4 pairs as fp16 bit
+// patterns, pairs 0 and 2 as (1024 + code), pairs 1 and 3 as (1024 + 16 code) (their nibbles sit 4 bits
+// higher; shifting them down would cost an instruction per pair). Pair j holds codes 8w + 2j, 8w + 2j + 1.
+__device__ __forceinline__ void int4_word_bits(unsigned word, unsigned (&bits)[4]) {
+  const unsigned high = word >> 8;
+  bits[0] = and_or<0x000f000fu, 0x64006400u>(word);
+  bits[1] = and_or<0x00f000f0u, 0x64006400u>(word);
+  bits[2] = and_or<0x000f000fu, 0x64006400u>(high);
+  bits[3] = and_or<0x00f000f0u, 0x64006400u>(high);
+}
+
+// For kernels that apply the scale once per chunk (the GEMV): an int word's pairs as (code - zero) /
+// 2^bits, exact in fp16 (|value| < 1, at most 9 significant bits), from the magic-number patterns with
+// one HFMA2 each: p * 2^-s - (zero term), where the power-of-two product is exact and the difference is
+// representable, so the FMA's one rounding changes nothing. The zero terms depend only on the group.
+struct IntOffsetTerms {
+  __half2 lo;  // int4 pairs 0, 2 and int8: subtracted from p / 16 (int4) or p / 256 (int8)
+  __half2 hi;  // int4 pairs 1, 3: subtracted from p / 256
+};
+
+template <int KIND>
+__device__ __forceinline__ IntOffsetTerms int_offset_terms(__half2 zero2) {
+  static_assert(KIND == kQuantInt4 || KIND == kQuantInt8, "integer kinds only");
+  IntOffsetTerms t;
+  if constexpr (KIND == kQuantInt4) {
+    // (1024 + c) / 16 - (64 + z / 16) and (1024 + 16 c) / 256 - (4 + z / 16) are both (c - z) / 16.
+    t.lo = __hmul2(zero2, __float2half2_rn(0.0625f));          // 64 + z / 16, exact
+    t.hi = __hadd2(t.lo, __float2half2_rn(-60.f));              // 4 + z / 16, exact
+  } else {
+    // (1024 + c) / 256 - (4 + z / 256) is (c - z) / 256.
+    t.lo = __hmul2(zero2, __float2half2_rn(0.00390625f));      // 4 + z / 256, exact
+    t.hi = t.lo;
+  }
+  return t;
+}
+
+// The int kinds' fp32 factor that turns a sum of x * (code - zero) / 2^bits into x * weight.
+template <int KIND>
+__device__ __forceinline__ float int_offset_scale(const GroupParams<KIND>& g) {
+  return __low2float(g.scale2) * (KIND == kQuantInt4 ? 16.f : 256.f);
+}
+
 // The dequantized fp16 weights of pair j of a word, rounded once as `dequantize(..., float16)` rounds:
 // int (code - zero) * scale (exact difference, one rounding of the product); fp8 value * scale computed
 // in fp32 from the exact value / 256.
@@ -116,6 +158,22 @@ __device__ __forceinline__ __half2 dequant_pair(unsigned word, int j, const Grou
   }
 }
 
+// The 4 dequantized pairs of a 4-bit word, from int4_word_bits: pairs 0 and 2 by (p - (1024 + zero)),
+// pairs 1 and 3 by p / 16 - (64 + zero) (both the exact integer code - zero), then times the scale.
+__device__ __forceinline__ void dequant_int4_word(unsigned word, const GroupParams<kQuantInt4>& g,
+                                                  __half2 (&out)[4]) {
+  unsigned bits[4];
+  int4_word_bits(word, bits);
+  const __half2 zero_hi = __hadd2(g.zero2, __float2half2_rn(-960.f));  // 64 + zero, exact
+  const __half2 sixteenth = __float2half2_rn(0.0625f);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const __half2 h = half2_of_bits(bits[j]);
+    const __half2 diff = (j & 1) ? __hfma2(h, sixteenth, __hneg2(zero_hi)) : __hsub2(h, g.zero2);
+    out[j] = __hmul2(diff, g.scale2);
+  }
+}
+
 // A 16-byte chunk of codes dequantized to kChunk fp16 weights in column order (as 16-byte vectors).
 template <int KIND>
 __device__ __forceinline__ void dequant_chunk(const uint4& raw, const GroupParams<KIND>& g,
@@ -124,9 +182,17 @@ __device__ __forceinline__ void dequant_chunk(const uint4& raw, const GroupParam
   const unsigned words[4] = {raw.x, raw.y, raw.z, raw.w};
   unsigned pairs[4 * kPairs];
 #pragma unroll
-  for (int w = 0; w < 4; ++w)
+  for (int w = 0; w < 4; ++w) {
+    if constexpr (KIND == kQuantInt4) {
+      __half2 word_pairs[4];
+      dequant_int4_word(words[w], g, word_pairs);
 #pragma unroll
-    for (int j = 0; j < kPairs; ++j) pairs[w * kPairs + j] = bits_of_half2(dequant_pair<KIND>(words[w], j, g));
+      for (int j = 0; j < 4; ++j) pairs[w * 4 + j] = bits_of_half2(word_pairs[j]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kPairs; ++j) pairs[w * kPairs + j] = bits_of_half2(dequant_pair<KIND>(words[w], j, g));
+    }
+  }
 #pragma unroll
   for (int v = 0; v < QuantTraits<KIND>::kChunk / 8; ++v)
     out[v] = make_uint4(pairs[4 * v], pairs[4 * v + 1], pairs[4 * v + 2], pairs[4 * v + 3]);

@@ -37,122 +37,119 @@ struct QuantGemvParams {
   int chunk_group_shift;  // log2(chunks per group); unused when num_groups == 1
 };
 
-constexpr int kQuantGemvWarps = 4;  // warps per thread block
-constexpr int kQuantGemvMats = 2;   // weight rows per warp
-constexpr int kQuantGemvUnroll = 4;  // 16-byte chunks per weight row in flight per lane
+// The default shape: warps per thread block, weight rows per warp, 16-byte chunks per weight row in
+// flight per lane. Kernels take them as template arguments so that a benchmark can time others.
+constexpr int kQuantGemvWarps = 4;
+constexpr int kQuantGemvMats = 2;
+constexpr int kQuantGemvUnroll = 4;
 
-// Output features one block covers: two per warp, or one per warp with SWIGLU (gate and up rows).
-template <bool SWIGLU>
+// Output features one block covers: MATS per warp, or MATS / 2 with SWIGLU (a gate and an up row each).
+template <bool SWIGLU, int MATS = kQuantGemvMats, int WARPS = kQuantGemvWarps>
 __host__ __device__ constexpr int quant_gemv_features_per_block() {
-  return SWIGLU ? kQuantGemvWarps : kQuantGemvWarps * kQuantGemvMats;
+  return WARPS * (SWIGLU ? MATS / 2 : MATS);
 }
 
-// fp16 pair j of a word as the GEMV multiplies it: the reference's weights (int), the value / 256 (fp8).
-template <int KIND>
-__device__ __forceinline__ __half2 gemv_weight_pair(unsigned word, int j, const GroupParams<KIND>& g) {
-  if constexpr (KIND == kQuantFp8) {
-    return half2_of_bits(code_pair_bits<KIND>(word, j));
-  } else {
-    return dequant_pair<KIND>(word, j, g);
-  }
-}
-
-// acc += the chunk's products with x (its kChunk fp16 values, as 16-byte vectors), in runs of 8 fp16
-// products.
+// acc + the chunk's products with x (its kChunk fp16 values, as 16-byte vectors).
+// int: x * (code - zero) / 2^bits in fp16 pairs (HFMA2; exact offsets from int_offset_terms, so one
+// conversion instruction per pair), summed 8 per fp16 half in two accumulators, then converted to fp32
+// and scaled once: acc + 2^bits scale * sum. fp8: x * value / 256 the same way, times 256 scale.
 template <int KIND>
 __device__ __forceinline__ float chunk_dot(const uint4& raw, const GroupParams<KIND>& g,
                                            const uint4 (&x_chunk)[QuantTraits<KIND>::kChunk / 8], float acc) {
-  constexpr int kPairs = QuantTraits<KIND>::kPairsPerWord;
-  constexpr int kWordsPerRun = 4 / kPairs;  // 8 products = 4 pairs: two 8-bit words
   const unsigned words[4] = {raw.x, raw.y, raw.z, raw.w};
-  float chunk_sum = 0.f;
+  __half2 sum[2] = {__float2half2_rn(0.f), __float2half2_rn(0.f)};
+  if constexpr (KIND == kQuantInt4) {
+    const IntOffsetTerms t = int_offset_terms<KIND>(g.zero2);
+    const __half2 sixteenth = __float2half2_rn(0.0625f), s256 = __float2half2_rn(0.00390625f);
 #pragma unroll
-  for (int run = 0; run < 4 / kWordsPerRun; ++run) {
-    const unsigned xw[4] = {x_chunk[run].x, x_chunk[run].y, x_chunk[run].z, x_chunk[run].w};
-    __half2 run_sum = __float2half2_rn(0.f);
+    for (int w = 0; w < 4; ++w) {
+      unsigned bits[4];
+      int4_word_bits(words[w], bits);
+      const unsigned xw[4] = {x_chunk[w].x, x_chunk[w].y, x_chunk[w].z, x_chunk[w].w};
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int w = run * kWordsPerRun + q / kPairs;
-      run_sum = __hfma2(gemv_weight_pair<KIND>(words[w], q % kPairs, g), half2_of_bits(xw[q]), run_sum);
+      for (int j = 0; j < 4; ++j) {
+        const __half2 h = half2_of_bits(bits[j]);
+        const __half2 offset = (j & 1) ? __hfma2(h, s256, __hneg2(t.hi)) : __hfma2(h, sixteenth, __hneg2(t.lo));
+        sum[j & 1] = __hfma2(offset, half2_of_bits(xw[j]), sum[j & 1]);
+      }
     }
-    const float2 f = __half22float2(run_sum);
-    chunk_sum += f.x + f.y;
-  }
-  if constexpr (KIND == kQuantFp8) return fmaf(chunk_sum, g.scale, acc);
-  return acc + chunk_sum;
-}
-
-// The 4-bit form, with fewer integer instructions: pairs 0 and 2 of a word are the nibbles at bits 0-3
-// (and 16-19) of the word and of the word >> 8, pairs 1 and 3 those at bits 4-7, which OR'd into
-// 1024's exponent give 1024 + 16 code: subtracting 1024 + 16 zero and scaling yields 16 times the
-// weight, exactly (a power of two). Those products go to a second accumulator, scaled by 1/16 in fp32.
-// Each accumulator sums 8 products per fp16 half over the chunk's 4 words.
-template <>
-__device__ __forceinline__ float chunk_dot<kQuantInt4>(const uint4& raw, const GroupParams<kQuantInt4>& g,
-                                                       const uint4 (&x_chunk)[4], float acc) {
-  const unsigned words[4] = {raw.x, raw.y, raw.z, raw.w};
-  // 1024 + 16 zero = 16 (1024 + zero) - 15360, exact in fp16.
-  const __half2 zero16 = __hfma2(g.zero2, __float2half2_rn(16.f), __float2half2_rn(-15360.f));
-  __half2 sum_lo = __float2half2_rn(0.f), sum_hi = __float2half2_rn(0.f);
+  } else {
+    // 8-bit: word w holds columns 4w .. 4w + 3, pairs (0, 1) and (2, 3); x vector v covers words 2v, 2v + 1.
+    [[maybe_unused]] IntOffsetTerms t;
+    if constexpr (KIND == kQuantInt8) t = int_offset_terms<KIND>(g.zero2);
 #pragma unroll
-  for (int w = 0; w < 4; ++w) {
-    const unsigned xw[4] = {x_chunk[w].x, x_chunk[w].y, x_chunk[w].z, x_chunk[w].w};
+    for (int w = 0; w < 4; ++w) {
+      const uint4& xv = x_chunk[w / 2];
+      const unsigned xw[2] = {(w & 1) ? xv.z : xv.x, (w & 1) ? xv.w : xv.y};
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const unsigned word = half == 0 ? words[w] : words[w] >> 8;
-      const __half2 lo = half2_of_bits(and_or<0x000f000fu, 0x64006400u>(word));  // pair 2 half
-      const __half2 hi = half2_of_bits(and_or<0x00f000f0u, 0x64006400u>(word));  // pair 2 half + 1, x16
-      sum_lo = __hfma2(__hmul2(__hsub2(lo, g.zero2), g.scale2), half2_of_bits(xw[2 * half]), sum_lo);
-      sum_hi = __hfma2(__hmul2(__hsub2(hi, zero16), g.scale2), half2_of_bits(xw[2 * half + 1]), sum_hi);
+      for (int j = 0; j < 2; ++j) {
+        const __half2 h = half2_of_bits(code_pair_bits<KIND>(words[w], j));
+        __half2 value;
+        if constexpr (KIND == kQuantInt8) {
+          value = __hfma2(h, __float2half2_rn(0.00390625f), __hneg2(t.lo));
+        } else {
+          value = h;
+        }
+        sum[w / 2] = __hfma2(value, half2_of_bits(xw[j]), sum[w / 2]);
+      }
     }
   }
-  const float2 lo = __half22float2(sum_lo), hi = __half22float2(sum_hi);
-  return acc + (lo.x + lo.y) + 0.0625f * (hi.x + hi.y);
+  const float2 a = __half22float2(sum[0]), b = __half22float2(sum[1]);
+  const float scale = KIND == kQuantFp8 ? g.scale : int_offset_scale<KIND>(g);
+  return fmaf((a.x + a.y) + (b.x + b.y), scale, acc);
 }
 
-// grid: ceil(n / quant_gemv_features_per_block<SWIGLU>()), block: 32 * kQuantGemvWarps.
-template <int KIND, int ROWS, bool SWIGLU>
-__global__ void __launch_bounds__(32 * kQuantGemvWarps) quant_gemv_kernel(QuantGemvParams p) {
+// The warp's weight rows: for SWIGLU the gate rows of features f0 .. f0 + MATS / 2 - 1 and then their up
+// rows (n rows further), else MATS neighbouring rows. A row past n repeats the warp's first row (its
+// result is not stored).
+template <bool SWIGLU, int MATS>
+__device__ __forceinline__ int gemv_row_of(int warp, int m, int n) {
+  constexpr int kFeats = SWIGLU ? MATS / 2 : MATS;
+  const int feature = warp * kFeats + m % kFeats;
+  if (feature >= n) return SWIGLU ? warp * kFeats + (m / kFeats) * n : warp * kFeats;
+  return SWIGLU ? feature + (m / kFeats) * n : feature;
+}
+
+// grid: ceil(n / quant_gemv_features_per_block<SWIGLU, MATS, WARPS>()), block: 32 * WARPS.
+template <int KIND, int ROWS, bool SWIGLU, int MATS = kQuantGemvMats, int UNROLL = kQuantGemvUnroll,
+          int WARPS = kQuantGemvWarps>
+__global__ void __launch_bounds__(32 * WARPS) quant_gemv_kernel(QuantGemvParams p) {
   using Traits = QuantTraits<KIND>;
-  constexpr int kMats = kQuantGemvMats, kUnroll = kQuantGemvUnroll;
+  static_assert(!SWIGLU || MATS % 2 == 0, "SWIGLU pairs gate and up rows");
+  constexpr int kFeats = SWIGLU ? MATS / 2 : MATS;
   const int lane = threadIdx.x & 31;
-  const int warp = blockIdx.x * kQuantGemvWarps + (threadIdx.x >> 5);
-  // The warp's weight rows: gate and up of feature `warp` (SWIGLU), else features 2 warp and 2 warp + 1.
-  int rows_of[kMats];
-#pragma unroll
-  for (int m = 0; m < kMats; ++m) rows_of[m] = SWIGLU ? warp + m * p.n : warp * kMats + m;
-  if (rows_of[0] >= p.n) return;
-  const bool second = SWIGLU || rows_of[1] < p.n;  // an odd n leaves the last warp one row
+  const int warp = blockIdx.x * WARPS + (threadIdx.x >> 5);
+  if (warp * kFeats >= p.n) return;
   const int chunks = p.k / Traits::kChunk;
-  const uint4* w_rows[kMats];
-  const unsigned* g_rows[kMats];
+  const uint4* w_rows[MATS];
+  const unsigned* g_rows[MATS];
 #pragma unroll
-  for (int m = 0; m < kMats; ++m) {
-    const int row = (m == 0 || second) ? rows_of[m] : rows_of[0];  // a missing row repeats the first
+  for (int m = 0; m < MATS; ++m) {
+    const int row = gemv_row_of<SWIGLU, MATS>(warp, m, p.n);
     w_rows[m] = p.weight + static_cast<long long>(row) * chunks;
     g_rows[m] = p.group_params + static_cast<long long>(row) * p.num_groups;
   }
   // Weights are never written by a kernel: their first chunks can be on the way to L2 while the kernel
   // before this one (whose output is x) still runs.
 #pragma unroll
-  for (int m = 0; m < kMats; ++m)
+  for (int m = 0; m < MATS; ++m)
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
+    for (int u = 0; u < UNROLL; ++u)
       if (lane + 32 * u < chunks) prefetch_l2(w_rows[m] + lane + 32 * u);
   begin_dependent_grid();
   const __half* x = static_cast<const __half*>(p.x);
-  float acc[kMats][ROWS];
+  float acc[MATS][ROWS];
 #pragma unroll
-  for (int m = 0; m < kMats; ++m)
+  for (int m = 0; m < MATS; ++m)
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) acc[m][r] = 0.f;
-  for (int base = lane; base < chunks; base += 32 * kUnroll) {
-    uint4 w_raw[kMats][kUnroll];
-    unsigned g_raw[kMats][kUnroll];
+  for (int base = lane; base < chunks; base += 32 * UNROLL) {
+    uint4 w_raw[MATS][UNROLL];
+    unsigned g_raw[MATS][UNROLL];
 #pragma unroll
-    for (int m = 0; m < kMats; ++m)
+    for (int m = 0; m < MATS; ++m)
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
+      for (int u = 0; u < UNROLL; ++u) {
         const int c = base + 32 * u;
         if (c < chunks) {
           w_raw[m][u] = w_rows[m][c];
@@ -160,22 +157,20 @@ __global__ void __launch_bounds__(32 * kQuantGemvWarps) quant_gemv_kernel(QuantG
         }
       }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < UNROLL; ++u) {
       const int c = base + 32 * u;
       if (c >= chunks) break;
-      GroupParams<KIND> g[kMats];
-#pragma unroll
-      for (int m = 0; m < kMats; ++m) g[m] = unpack_group_params<KIND>(g_raw[m][u]);
 #pragma unroll
       for (int r = 0; r < ROWS; ++r) {
         if (r >= p.rows) break;
-        // x is loaded once per row and chunk and serves both weight rows.
+        // x is loaded once per row and chunk and serves every weight row of the warp.
         uint4 x_chunk[Traits::kChunk / 8];
         const uint4* x_src = reinterpret_cast<const uint4*>(x + r * p.x_stride + c * Traits::kChunk);
 #pragma unroll
         for (int v = 0; v < Traits::kChunk / 8; ++v) x_chunk[v] = x_src[v];
 #pragma unroll
-        for (int m = 0; m < kMats; ++m) acc[m][r] = chunk_dot<KIND>(w_raw[m][u], g[m], x_chunk, acc[m][r]);
+        for (int m = 0; m < MATS; ++m)
+          acc[m][r] = chunk_dot<KIND>(w_raw[m][u], unpack_group_params<KIND>(g_raw[m][u]), x_chunk, acc[m][r]);
       }
     }
   }
@@ -185,18 +180,22 @@ __global__ void __launch_bounds__(32 * kQuantGemvWarps) quant_gemv_kernel(QuantG
   const __half* bias = static_cast<const __half*>(p.bias);
 #pragma unroll
   for (int r = 0; r < ROWS; ++r) {
-    float value[kMats];
+    float value[MATS];
 #pragma unroll
-    for (int m = 0; m < kMats; ++m) {
-      const float b = bias ? __half2float(bias[second ? rows_of[m] : rows_of[0]]) : 0.f;
+    for (int m = 0; m < MATS; ++m) {
+      const float b = bias ? __half2float(bias[gemv_row_of<SWIGLU, MATS>(warp, m, p.n)]) : 0.f;
       value[m] = __half2float(__float2half_rn(warp_sum(acc[m][r]) + b));
     }
     if (lane != 0 || r >= p.rows) continue;
-    if constexpr (SWIGLU) {
-      out[r * p.out_stride + warp] = __float2half_rn(silu(value[0]) * value[1]);
-    } else {
-      out[r * p.out_stride + rows_of[0]] = __float2half_rn(value[0]);
-      if (second) out[r * p.out_stride + rows_of[1]] = __float2half_rn(value[1]);
+#pragma unroll
+    for (int f = 0; f < kFeats; ++f) {
+      const int feature = warp * kFeats + f;
+      if (feature >= p.n) break;
+      if constexpr (SWIGLU) {
+        out[r * p.out_stride + feature] = __float2half_rn(silu(value[f]) * value[f + kFeats]);
+      } else {
+        out[r * p.out_stride + feature] = __float2half_rn(value[f]);
+      }
     }
   }
 }

@@ -44,3 +44,13 @@ inline __half2 __hsub2(__half2 a, __half2 b) {
   return __half2{__float2half_rn(__half2float(a.x) - __half2float(b.x)),
                  __float2half_rn(__half2float(a.y) - __half2float(b.y))};
 }
+inline __half2 __hadd2(__half2 a, __half2 b) {
+  return __half2{__float2half_rn(__half2float(a.x) + __half2float(b.x)),
+                 __float2half_rn(__half2float(a.y) + __half2float(b.y))};
+}
+inline __half2 __hneg2(__half2 a) {
+  a.x.bits ^= 0x8000u;
+  a.y.bits ^= 0x8000u;
+  return a;
+}
+inline float __low2float(__half2 a) { return __half2float(a.x); }
