@@ -1,0 +1,259 @@
+"""Times quantized GEMV kernel variants side by side in one process on a GPU: session 8's kernel (the
+copy under tools/quant_ab/session8/) against the current header's kernel at several shapes (weight rows
+per warp, chunks in flight, warps per block), on the Llama-3-8B projections.
+
+Each variant is compiled by nvcc to a cubin (no torch extension build) and launched through the CUDA
+driver API on torch's stream, inside CUDA graphs over weight copies larger than L2 (benches/
+quantization.py's timing), without programmatic dependent launch; the `ext` column is the built
+extension's kernel (`voltllm.ops.quantized_linear.quant_gemv`, with it). Every variant's output is
+checked against the dequantize + fp32 product first.
+
+    python tools/quant_ab/gemv_ab.py [--rows 1,2,4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import dataclasses
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benches"))
+from quantization import LLAMA_SHAPES, packed_copies, time_us  # noqa: E402
+
+from voltllm.ops import quantized_linear as ql  # noqa: E402
+
+# (label, kind, swiglu, MATS, UNROLL, WARPS); MATS None = session 8's kernel.
+INT4_VARIANTS = [
+    ("s8", None, 0, 0),
+    ("2x4w4", 2, 4, 4),
+    ("4x4w4", 4, 4, 4),
+    ("4x2w4", 4, 2, 4),
+    ("2x8w4", 2, 8, 4),
+    ("4x4w2", 4, 4, 2),
+    ("8x2w4", 8, 2, 4),
+    ("2x4w8", 2, 4, 8),
+]
+FORMAT_OF_KIND = {0: "AWQ int4 g128", 1: "int8 channel", 2: "fp8 block 128"}
+
+
+class Params(ctypes.Structure):
+    """csrc/quantization/quant_gemv.cuh QuantGemvParams."""
+
+    _fields_ = [
+        ("out", ctypes.c_void_p),
+        ("x", ctypes.c_void_p),
+        ("weight", ctypes.c_void_p),
+        ("group_params", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+        ("out_stride", ctypes.c_longlong),
+        ("x_stride", ctypes.c_longlong),
+        ("rows", ctypes.c_int),
+        ("n", ctypes.c_int),
+        ("k", ctypes.c_int),
+        ("num_groups", ctypes.c_int),
+        ("chunk_group_shift", ctypes.c_int),
+    ]
+
+
+def mangled(kind: int, rows: int, swiglu: bool, shape: tuple[int, int, int] | None) -> str:
+    args = f"Li{kind}ELi{rows}ELb{int(swiglu)}E"
+    if shape is not None:
+        args += "".join(f"Li{v}E" for v in shape)
+    return f"_ZN7voltllm17quant_gemv_kernelI{args}EEvNS_15QuantGemvParamsE"
+
+
+def explicit(kind: int, rows: int, swiglu: bool, shape: tuple[int, int, int] | None) -> str:
+    args = f"{kind}, {rows}, {'true' if swiglu else 'false'}"
+    if shape is not None:
+        args += ", " + ", ".join(map(str, shape))
+    return f"template __global__ void voltllm::quant_gemv_kernel<{args}>(voltllm::QuantGemvParams);\n"
+
+
+@dataclasses.dataclass
+class Variant:
+    label: str
+    kind: int
+    rows: int
+    swiglu: bool
+    shape: tuple[int, int, int] | None  # (MATS, UNROLL, WARPS); None: session 8
+
+    @property
+    def features_per_block(self) -> int:
+        mats, _, warps = self.shape or (2, 4, 4)
+        return warps * (mats // 2 if self.swiglu else mats)
+
+    @property
+    def threads(self) -> int:
+        return 32 * (self.shape or (2, 4, 4))[2]
+
+
+def build(variants: list[Variant], workdir: Path) -> dict[str, object]:
+    """nvcc both translation units (in parallel), load the cubins, return mangled name -> CUfunction."""
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    nvcc = Path(CUDA_HOME or "/usr/local/cuda") / "bin" / "nvcc"
+    major, minor = torch.cuda.get_device_capability()
+    units = {"old": [v for v in variants if v.shape is None], "new": [v for v in variants if v.shape]}
+    procs = {}
+    for unit, members in units.items():
+        src = workdir / f"{unit}.cu"
+        include = '#include "quantization/quant_gemv.cuh"\n'
+        instances = sorted({explicit(v.kind, v.rows, v.swiglu, v.shape) for v in members})
+        src.write_text(include + "".join(instances))
+        includes = [f"-I{REPO / 'tools' / 'quant_ab' / 'session8'}"] if unit == "old" else []
+        cmd = [str(nvcc), "-cubin", f"-arch=sm_{major}{minor}", "-O3", "-std=c++17", *includes,
+               f"-I{REPO / 'csrc'}", "-o", str(workdir / f"{unit}.cubin"), str(src)]  # fmt: skip
+        procs[unit] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    cuda = ctypes.CDLL("libcuda.so.1")
+    functions: dict[str, object] = {}
+    for unit, proc in procs.items():
+        out, _ = proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"nvcc {unit}: {out}")
+        module = ctypes.c_void_p()
+        image = (workdir / f"{unit}.cubin").read_bytes()
+        check(cuda.cuModuleLoadData(ctypes.byref(module), image), "cuModuleLoadData")
+        for v in units[unit]:
+            name = mangled(v.kind, v.rows, v.swiglu, v.shape)
+            fn = ctypes.c_void_p()
+            check(cuda.cuModuleGetFunction(ctypes.byref(fn), module, name.encode()), name)
+            functions[name] = fn
+    functions["_cuda"] = cuda
+    return functions
+
+
+def check(status: int, what: str) -> None:
+    if status != 0:
+        raise RuntimeError(f"{what}: CUDA driver error {status}")
+
+
+def launcher(fns: dict[str, object], v: Variant, weights: list[ql.PackedQuantWeight], x: torch.Tensor):
+    """fn(i): the variant's kernel on weight copy i, into a preallocated output."""
+    cuda = fns["_cuda"]
+    fn = fns[mangled(v.kind, v.rows, v.swiglu, v.shape)]
+    n_rows, k = weights[0].shape
+    n = n_rows // 2 if v.swiglu else n_rows
+    out = torch.empty(x.shape[0], n, dtype=torch.float16, device="cuda")
+    chunk = 32 if v.kind == 0 else 16
+    num_groups = weights[0].group_params.shape[1]
+    shift = 0 if num_groups == 1 else (weights[0].group_size // chunk).bit_length() - 1
+    params = [
+        Params(
+            out.data_ptr(),
+            x.data_ptr(),
+            w.packed.data_ptr(),
+            w.group_params.data_ptr(),
+            None,
+            out.stride(0),
+            x.stride(0),
+            x.shape[0],
+            n,
+            k,
+            num_groups,
+            shift,
+        )  # fmt: skip
+        for w in weights
+    ]
+    arg_arrays = [(ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(p), ctypes.c_void_p)) for p in params]
+    grid = (n + v.features_per_block - 1) // v.features_per_block
+
+    def run(i: int) -> torch.Tensor:
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        check(cuda.cuLaunchKernel(fn, grid, 1, 1, v.threads, 1, 1, 0, stream, arg_arrays[i], None), v.label)
+        return out
+
+    run.keep_alive = (params, arg_arrays)  # the launches read the structs they point at
+    return run
+
+
+def verify(run, weights: list[ql.PackedQuantWeight], x: torch.Tensor, swiglu: bool, label: str) -> None:
+    out = run(0).float()
+    ref = F.linear(x.float(), ql.dequantize_packed(weights[0]).float())
+    if swiglu:
+        gate, up = ref.to(torch.float16).float().chunk(2, dim=-1)
+        ref = F.silu(gate) * up
+    err = float((out - ref).abs().max())
+    tol = 3e-3 * float(ref.abs().max()) + 1e-3
+    if not err <= tol:
+        raise AssertionError(f"{label}: max error {err:.4g} over tolerance {tol:.4g}")
+
+
+def time_shape(
+    fns: dict[str, object], variants: list[Variant], fmt: str, kind: int, rows: int, name: str, n: int, k: int
+) -> tuple[int, dict[str, float]]:
+    """(bytes read, label -> us) of every variant of (kind, rows) and the extension's kernel on one layer."""
+    swiglu = name.endswith("+act")
+    weights = packed_copies(fmt, n, k)
+    x = torch.randn(rows, k, device="cuda").half()
+    by_label = {}
+    for v in [v for v in variants if v.kind == kind and v.rows == rows and v.swiglu == swiglu]:
+        run = launcher(fns, v, weights, x)
+        verify(run, weights, x, swiglu, f"{fmt} {name} {v.label}")
+        by_label[v.label] = time_us(run, len(weights))
+    by_label["ext"] = time_us(lambda i: ql.quant_gemv(weights[i], x, swiglu=swiglu), len(weights))
+    return weights[0].nbytes, by_label
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", default="1")
+    parser.add_argument("--kinds", default="0,1,2")
+    args = parser.parse_args()
+    from decode_latency import copy_bandwidth
+
+    bandwidth = copy_bandwidth()
+    print(f"GPU: {torch.cuda.get_device_name()}; copy bandwidth {bandwidth / 1e9:.0f} GB/s")
+    rows_list = [int(r) for r in args.rows.split(",")]
+    kinds = [int(k) for k in args.kinds.split(",")]
+    variants = []
+    for kind in kinds:
+        table = INT4_VARIANTS if kind == 0 else INT4_VARIANTS[:3]
+        for rows in rows_list:
+            for swiglu in (False, True):
+                for label, *shape in table:
+                    if swiglu and shape[0] is not None and shape[0] % 2:
+                        continue
+                    shape_or_none = None if shape[0] is None else tuple(shape)
+                    variants.append(Variant(label, kind, rows, swiglu, shape_or_none))
+    with tempfile.TemporaryDirectory() as tmp:
+        fns = build(variants, Path(tmp))
+    for kind in kinds:
+        fmt = FORMAT_OF_KIND[kind]
+        for rows in rows_list:
+            labels = [v.label for v in variants if v.kind == kind and v.rows == rows and not v.swiglu]
+            print(f"\n### {fmt}, {rows} row(s): us per call (fraction of copy bandwidth)")
+            print("| layer | MB | " + " | ".join(labels) + " | ext |")
+            print("|" + " --- |" * (len(labels) + 3))
+            totals = {label: 0.0 for label in [*labels, "ext"]}
+            total_bytes = 0
+            for name, (n, k) in [*LLAMA_SHAPES.items(), ("gate_up+act", LLAMA_SHAPES["gate_up"])]:
+                swiglu = name.endswith("+act")
+                nbytes, by_label = time_shape(fns, variants, fmt, kind, rows, name, n, k)
+                if not swiglu:
+                    total_bytes += nbytes
+                    for label in totals:
+                        totals[label] += by_label.get(label, float("nan"))
+                row = " | ".join(
+                    f"{by_label[label]:.1f} ({nbytes / (by_label[label] * 1e-6) / bandwidth:.2f})"
+                    if label in by_label else "-"
+                    for label in [*labels, "ext"]
+                )  # fmt: skip
+                print(f"| {name} | {nbytes / 1e6:.1f} | {row} |", flush=True)
+                torch.cuda.empty_cache()
+            row = " | ".join(
+                f"{totals[label]:.1f} (**{total_bytes / (totals[label] * 1e-6) / bandwidth:.2f}**)"
+                for label in [*labels, "ext"]
+            )
+            print(f"| all four | {total_bytes / 1e6:.1f} | {row} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
