@@ -99,6 +99,38 @@ def test_gemm_matches_dequantize_then_matmul(emu, case: QuantCase):
         torch.testing.assert_close(out.float(), ref, atol=_tolerance(ref), rtol=0, msg=f"block_m {block_m}")
 
 
+# (m_frags, n_frags, depth, splits) the emulator harness builds: one row fragment with a deep ring and
+# k split unevenly, two by two with a ring shorter than the k-chunks, four row fragments.
+_STREAM_SHAPES = [(1, 1, 4, 3), (2, 2, 2, 1), (4, 1, 2, 2)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_stream_gemm_matches_dequantize_then_matmul(emu, case: QuantCase):
+    gen = torch.Generator().manual_seed(hash(case.name) % 2**31 + 2)
+    # m: a ragged last row fragment; n: a partial warp and block of features; 10 k-chunks of 64 columns.
+    m, n, k = 20, 136, 640
+    weight = make_weight(case, n, k, gen)
+    packed = pack(weight)
+    x = torch.randn(m, k, generator=gen).to(torch.float16)
+    bias = torch.randn(n, generator=gen).to(torch.float16)
+    ref = _reference(weight, x, bias)
+    shapes = _STREAM_SHAPES if case.name in _ALL_TILES else _STREAM_SHAPES[:1]
+    for m_frags, n_frags, depth, splits in shapes:
+        rows = -(-m // (16 * m_frags)) * 16 * m_frags
+        xg = torch.zeros(rows, k, dtype=torch.float16)
+        xg[:m] = _gathered(packed, x)
+        out = torch.full((m, n), float("nan"), dtype=torch.float16)
+        partial = torch.zeros(m, n)
+        emu.emu_quant_gemm_stream(
+            ctypes.c_int(packed.kind), ctypes.c_int(m_frags), ctypes.c_int(n_frags), ctypes.c_int(depth),
+            ctypes.c_int(splits), ptr(out), ptr(partial), ptr(xg), ptr(packed.packed), ptr(packed.group_params),
+            ptr(bias), ctypes.c_longlong(out.stride(0)), ctypes.c_longlong(xg.stride(0)), ctypes.c_int(m),
+            ctypes.c_int(n), ctypes.c_int(k), *_group_args(packed), ctypes.c_uint(depth),
+        )  # fmt: skip
+        shape = f"m_frags {m_frags} n_frags {n_frags} depth {depth} splits {splits}"
+        torch.testing.assert_close(out.float(), ref, atol=_tolerance(ref), rtol=0, msg=shape)
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_dequantize_kernel_is_the_definition(emu, case: QuantCase):
     """Bit for bit: the kernels' fp16 weights are `dequantize(weight, float16)`."""

@@ -19,6 +19,7 @@ import dataclasses
 import subprocess
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 
 import torch
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benches"))
-from quantization import LLAMA_SHAPES, packed_copies, time_us  # noqa: E402
+from quantization import LLAMA_SHAPES, fp16_copies, packed_copies, time_us  # noqa: E402
 
 from voltllm.ops import quantized_linear as ql  # noqa: E402
 
@@ -70,6 +71,21 @@ def mangled(kind: int, rows: int, swiglu: bool, shape: tuple[int, int, int] | No
     return f"_ZN7voltllm17quant_gemv_kernelI{args}EEvNS_15QuantGemvParamsE"
 
 
+# Weight-streaming GEMM shapes (m fragments, n fragments, ring depth), int4.
+STREAM_SHAPES = [(1, 1, 8), (1, 2, 4), (1, 2, 8), (2, 2, 4), (4, 1, 4), (4, 2, 2), (4, 2, 4)]
+FINALIZE = "_ZN7voltllm26quant_gemm_finalize_kernelENS_23QuantGemmFinalizeParamsE"
+
+
+def stream_mangled(shape: tuple[int, int, int]) -> str:
+    args = "Li0E" + "".join(f"Li{v}E" for v in shape)
+    return f"_ZN7voltllm24quant_gemm_stream_kernelI{args}EEvNS_15QuantGemmParamsE"
+
+
+def stream_explicit(shape: tuple[int, int, int]) -> str:
+    args = ", ".join(map(str, (0, *shape)))
+    return f"template __global__ void voltllm::quant_gemm_stream_kernel<{args}>(voltllm::QuantGemmParams);\n"
+
+
 def explicit(kind: int, rows: int, swiglu: bool, shape: tuple[int, int, int] | None) -> str:
     args = f"{kind}, {rows}, {'true' if swiglu else 'false'}"
     if shape is not None:
@@ -101,12 +117,18 @@ def build(variants: list[Variant], workdir: Path) -> dict[str, object]:
 
     nvcc = Path(CUDA_HOME or "/usr/local/cuda") / "bin" / "nvcc"
     major, minor = torch.cuda.get_device_capability()
-    units = {"old": [v for v in variants if v.shape is None], "new": [v for v in variants if v.shape]}
+    # One translation unit per group of kernels, compiled in parallel.
+    units = {"old": [v for v in variants if v.shape is None], "stream": []}
+    for kind in sorted({v.kind for v in variants}):
+        units[f"new{kind}"] = [v for v in variants if v.shape and v.kind == kind]
     procs = {}
     for unit, members in units.items():
         src = workdir / f"{unit}.cu"
         include = '#include "quantization/quant_gemv.cuh"\n'
         instances = sorted({explicit(v.kind, v.rows, v.swiglu, v.shape) for v in members})
+        if unit == "stream":
+            include = '#include "quantization/quant_gemm_stream.cuh"\n'
+            instances = [stream_explicit(shape) for shape in STREAM_SHAPES]
         src.write_text(include + "".join(instances))
         includes = [f"-I{REPO / 'tools' / 'quant_ab' / 'session8'}"] if unit == "old" else []
         cmd = [str(nvcc), "-cubin", f"-arch=sm_{major}{minor}", "-O3", "-std=c++17", *includes,
@@ -114,6 +136,7 @@ def build(variants: list[Variant], workdir: Path) -> dict[str, object]:
         procs[unit] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     cuda = ctypes.CDLL("libcuda.so.1")
     functions: dict[str, object] = {}
+    names = {"stream": [stream_mangled(shape) for shape in STREAM_SHAPES] + [FINALIZE]}
     for unit, proc in procs.items():
         out, _ = proc.communicate()
         if proc.returncode != 0:
@@ -121,13 +144,129 @@ def build(variants: list[Variant], workdir: Path) -> dict[str, object]:
         module = ctypes.c_void_p()
         image = (workdir / f"{unit}.cubin").read_bytes()
         check(cuda.cuModuleLoadData(ctypes.byref(module), image), "cuModuleLoadData")
-        for v in units[unit]:
-            name = mangled(v.kind, v.rows, v.swiglu, v.shape)
+        for name in [mangled(v.kind, v.rows, v.swiglu, v.shape) for v in units[unit]] + names.get(unit, []):
             fn = ctypes.c_void_p()
             check(cuda.cuModuleGetFunction(ctypes.byref(fn), module, name.encode()), name)
             functions[name] = fn
     functions["_cuda"] = cuda
     return functions
+
+
+class GemmParams(ctypes.Structure):
+    """csrc/quantization/quant_gemm_wmma.cuh QuantGemmParams."""
+
+    _fields_ = [
+        *((name, ctypes.c_void_p) for name in ("out", "partial", "x", "weight", "group_params", "bias")),
+        ("out_stride", ctypes.c_longlong),
+        ("x_stride", ctypes.c_longlong),
+        *(
+            (name, ctypes.c_int)
+            for name in ("m", "n", "k", "num_groups", "chunk_group_shift", "k_tiles_per_split")
+        ),
+    ]
+
+
+class FinalizeParams(ctypes.Structure):
+    _fields_ = [
+        ("out", ctypes.c_void_p),
+        ("partial", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+        ("out_stride", ctypes.c_longlong),
+        ("m", ctypes.c_int),
+        ("n", ctypes.c_int),
+    ]
+
+
+def stream_launcher(fns, shape, splits: int, weights: list[ql.PackedQuantWeight], x: torch.Tensor):
+    """fn(i): the streaming GEMM (and with splits > 1 the zeroing and the finalize) on weight copy i."""
+    cuda = fns["_cuda"]
+    fn, finalize = fns[stream_mangled(shape)], fns[FINALIZE]
+    mf, nf, _ = shape
+    n, k = weights[0].shape
+    m = x.shape[0]
+    out = torch.empty(m, n, dtype=torch.float16, device="cuda")
+    partial = torch.zeros(m, n, dtype=torch.float32, device="cuda")
+    k_tiles = k // 64
+    per_split = -(-k_tiles // splits)
+    splits = -(-k_tiles // per_split)
+    num_groups = weights[0].group_params.shape[1]
+    shift = 0 if num_groups == 1 else (weights[0].group_size // 32).bit_length() - 1
+    partial_ptr = partial.data_ptr() if splits > 1 else None
+    params = [
+        GemmParams(
+            out.data_ptr(),
+            partial_ptr,
+            x.data_ptr(),
+            w.packed.data_ptr(),
+            w.group_params.data_ptr(),
+            None,
+            out.stride(0),
+            x.stride(0),
+            m,
+            n,
+            k,
+            num_groups,
+            shift,
+            per_split,
+        )  # fmt: skip
+        for w in weights
+    ]
+    args = [(ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(p), ctypes.c_void_p)) for p in params]
+    fparams = FinalizeParams(out.data_ptr(), partial.data_ptr(), None, out.stride(0), m, n)
+    fargs = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(fparams), ctypes.c_void_p))
+    grid = (-(-n // (64 * nf)), -(-m // (16 * mf)), splits)
+    smem = 4 * 16 * nf * 72 * 2
+
+    def run(i: int) -> torch.Tensor:
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        if splits > 1:
+            partial.zero_()
+        check(cuda.cuLaunchKernel(fn, *grid, 128, 1, 1, smem, stream, args[i], None), str(shape))
+        if splits > 1:
+            check(cuda.cuLaunchKernel(finalize, m, 1, 1, 256, 1, 1, 0, stream, fargs, None), "finalize")
+        return out
+
+    run.keep_alive = (params, args, fparams, fargs, partial)
+    return run
+
+
+def gemm_tables(fns) -> None:
+    fmt = FORMAT_OF_KIND[0]
+    for rows in (16, 64):
+        shapes = [s for s in STREAM_SHAPES if 16 * s[0] <= rows]
+        print(f"\n### {fmt} GEMM, {rows} rows: us (best split); speed-up = cuBLAS fp16 / time")
+        print(
+            "| layer | cuBLAS fp16 | ext quant_gemm | "
+            + " | ".join(f"stream {s}" for s in shapes)
+            + " | best speed-up |"
+        )
+        print("|" + " --- |" * (len(shapes) + 4))
+        for name, (n, k) in LLAMA_SHAPES.items():
+            weights = packed_copies(fmt, n, k)
+            dense = fp16_copies(n, k)
+            x = torch.randn(rows, k, device="cuda").half()
+            ref = F.linear(x.float(), ql.dequantize_packed(weights[0]).float())
+            tol = 3e-3 * float(ref.abs().max()) + 1e-3
+            c_us = time_us(lambda i: F.linear(x, dense[i]), len(dense))  # noqa: B023
+            e_us = time_us(lambda i: ql.quant_gemm(weights[i], x), len(weights))  # noqa: B023
+            cells, best = [], e_us
+            for shape in shapes:
+                results = []
+                for splits in (1, 2, 4, 8):
+                    run = stream_launcher(fns, shape, splits, weights, x)
+                    err = float((run(0).float() - ref).abs().max())
+                    if not err <= tol:
+                        raise AssertionError(
+                            f"stream {shape} splits {splits} {name}: error {err:.4g} > {tol:.4g}"
+                        )
+                    results.append((time_us(run, len(weights)), splits))
+                us, splits = min(results)
+                best = min(best, us)
+                cells.append(f"{us:.1f}/s{splits}")
+            print(
+                f"| {name} | {c_us:.1f} | {e_us:.1f} | " + " | ".join(cells) + f" | {c_us / best:.2f}x |",
+                flush=True,
+            )
 
 
 def check(status: int, what: str) -> None:
@@ -206,6 +345,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", default="1")
     parser.add_argument("--kinds", default="0,1,2")
+    parser.add_argument(
+        "--gemm", action="store_true", help="also the weight-streaming GEMM at 16 and 64 rows"
+    )
     args = parser.parse_args()
     from decode_latency import copy_bandwidth
 
@@ -225,34 +367,39 @@ def main() -> None:
                     variants.append(Variant(label, kind, rows, swiglu, shape_or_none))
     with tempfile.TemporaryDirectory() as tmp:
         fns = build(variants, Path(tmp))
-    for kind in kinds:
-        fmt = FORMAT_OF_KIND[kind]
-        for rows in rows_list:
-            labels = [v.label for v in variants if v.kind == kind and v.rows == rows and not v.swiglu]
-            print(f"\n### {fmt}, {rows} row(s): us per call (fraction of copy bandwidth)")
-            print("| layer | MB | " + " | ".join(labels) + " | ext |")
-            print("|" + " --- |" * (len(labels) + 3))
-            totals = {label: 0.0 for label in [*labels, "ext"]}
-            total_bytes = 0
-            for name, (n, k) in [*LLAMA_SHAPES.items(), ("gate_up+act", LLAMA_SHAPES["gate_up"])]:
-                swiglu = name.endswith("+act")
-                nbytes, by_label = time_shape(fns, variants, fmt, kind, rows, name, n, k)
-                if not swiglu:
-                    total_bytes += nbytes
-                    for label in totals:
-                        totals[label] += by_label.get(label, float("nan"))
+    try:
+        for kind in kinds:
+            fmt = FORMAT_OF_KIND[kind]
+            for rows in rows_list:
+                labels = [v.label for v in variants if v.kind == kind and v.rows == rows and not v.swiglu]
+                print(f"\n### {fmt}, {rows} row(s): us per call (fraction of copy bandwidth)")
+                print("| layer | MB | " + " | ".join(labels) + " | ext |")
+                print("|" + " --- |" * (len(labels) + 3))
+                totals = {label: 0.0 for label in [*labels, "ext"]}
+                total_bytes = 0
+                for name, (n, k) in [*LLAMA_SHAPES.items(), ("gate_up+act", LLAMA_SHAPES["gate_up"])]:
+                    swiglu = name.endswith("+act")
+                    nbytes, by_label = time_shape(fns, variants, fmt, kind, rows, name, n, k)
+                    if not swiglu:
+                        total_bytes += nbytes
+                        for label in totals:
+                            totals[label] += by_label.get(label, float("nan"))
+                    row = " | ".join(
+                        f"{by_label[label]:.1f} ({nbytes / (by_label[label] * 1e-6) / bandwidth:.2f})"
+                        if label in by_label else "-"
+                        for label in [*labels, "ext"]
+                    )  # fmt: skip
+                    print(f"| {name} | {nbytes / 1e6:.1f} | {row} |", flush=True)
+                    torch.cuda.empty_cache()
                 row = " | ".join(
-                    f"{by_label[label]:.1f} ({nbytes / (by_label[label] * 1e-6) / bandwidth:.2f})"
-                    if label in by_label else "-"
+                    f"{totals[label]:.1f} (**{total_bytes / (totals[label] * 1e-6) / bandwidth:.2f}**)"
                     for label in [*labels, "ext"]
-                )  # fmt: skip
-                print(f"| {name} | {nbytes / 1e6:.1f} | {row} |", flush=True)
-                torch.cuda.empty_cache()
-            row = " | ".join(
-                f"{totals[label]:.1f} (**{total_bytes / (totals[label] * 1e-6) / bandwidth:.2f}**)"
-                for label in [*labels, "ext"]
-            )
-            print(f"| all four | {total_bytes / 1e6:.1f} | {row} |", flush=True)
+                )
+                print(f"| all four | {total_bytes / 1e6:.1f} | {row} |", flush=True)
+    except Exception:  # noqa: BLE001 - the GEMM table still runs
+        traceback.print_exc()
+    if args.gemm:
+        gemm_tables(fns)
 
 
 if __name__ == "__main__":

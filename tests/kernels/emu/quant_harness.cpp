@@ -5,6 +5,7 @@
 // The kernel headers come after the emulator, which stands in for the CUDA toolchain.
 #include <type_traits>
 
+#include "quantization/quant_gemm_stream.cuh"
 #include "quantization/quant_gemm_wmma.cuh"
 #include "quantization/quant_gemv.cuh"
 
@@ -103,6 +104,59 @@ void emu_quant_gemm(int kind, int block_m, int splits, void* out, float* partial
       emu::launch(grid, dim3(256), voltllm::quant_gemm_smem_bytes<K, BM>(),
                   [&] { voltllm::quant_gemm_wmma_kernel<K, BM>(p); }, seed);
     });
+  });
+  if (splits > 1) {
+    voltllm::QuantGemmFinalizeParams f{};
+    f.out = out;
+    f.partial = partial;
+    f.bias = bias;
+    f.out_stride = out_stride;
+    f.m = m;
+    f.n = n;
+    emu::launch(dim3(m), dim3(256), 0, [&] { voltllm::quant_gemm_finalize_kernel(f); }, seed);
+  }
+}
+
+// The weight-streaming GEMM at one built shape (m_frags, n_frags, depth); `x` holds 16 * m_frags *
+// ceil(m / (16 * m_frags)) rows (the rows past m are padding), `partial` as for emu_quant_gemm.
+void emu_quant_gemm_stream(int kind, int m_frags, int n_frags, int depth, int splits, void* out, float* partial,
+                           const void* x, const void* weight, const void* group_params, const void* bias,
+                           long long out_stride, long long x_stride, int m, int n, int k, int num_groups,
+                           int chunk_group_shift, unsigned seed) {
+  const int k_tiles = k / 64;
+  const int per_split = (k_tiles + splits - 1) / splits;
+  splits = (k_tiles + per_split - 1) / per_split;
+  voltllm::QuantGemmParams p{};
+  p.out = out;
+  p.partial = splits > 1 ? partial : nullptr;
+  p.x = x;
+  p.weight = static_cast<const uint4*>(weight);
+  p.group_params = static_cast<const unsigned*>(group_params);
+  p.bias = splits > 1 ? nullptr : bias;
+  p.out_stride = out_stride;
+  p.x_stride = x_stride;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.num_groups = num_groups;
+  p.chunk_group_shift = chunk_group_shift;
+  p.k_tiles_per_split = per_split;
+  auto run = [&](auto kind_c, auto mf_c, auto nf_c, auto depth_c) {
+    constexpr int K = decltype(kind_c)::value, MF = decltype(mf_c)::value, NF = decltype(nf_c)::value,
+                  D = decltype(depth_c)::value;
+    const int features = 4 * 16 * NF;
+    const dim3 grid((n + features - 1) / features, (m + 16 * MF - 1) / (16 * MF), splits);
+    emu::launch(grid, dim3(128), voltllm::quant_gemm_stream_smem_bytes<K, MF, NF, D>(),
+                [&] { voltllm::quant_gemm_stream_kernel<K, MF, NF, D>(p); }, seed);
+  };
+  using I = std::integral_constant<int, 1>;
+  using II = std::integral_constant<int, 2>;
+  using IV = std::integral_constant<int, 4>;
+  dispatch_kind(kind, [&](auto kind_c) {
+    if (m_frags == 1 && n_frags == 1 && depth == 4) return run(kind_c, I{}, I{}, IV{});
+    if (m_frags == 2 && n_frags == 2 && depth == 2) return run(kind_c, II{}, II{}, II{});
+    if (m_frags == 4 && n_frags == 1 && depth == 2) return run(kind_c, IV{}, I{}, II{});
+    emu::fail("stream shape");
   });
   if (splits > 1) {
     voltllm::QuantGemmFinalizeParams f{};
