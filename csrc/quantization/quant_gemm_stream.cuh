@@ -7,8 +7,9 @@
 // streams their packed rows through a ring of DEPTH k-chunks of 64 columns in registers (no block-wide
 // staging and no barrier: warps never wait for each other). Per k-chunk a warp dequantizes its chunks
 // into its own shared-memory tile, then multiplies it (WMMA matrix_b) with MF fragments of 16 rows of x
-// read straight from global memory (x is small and shared by every warp: it stays in L1/L2). x must
-// have 16 * MF * gridDim.y readable rows (the host pads a ragged m); only rows < m are stored.
+// read straight from global memory (x is small and shared by every warp: it stays in L1/L2). A fragment
+// that reaches past row m (a ragged m) is copied through a small per-warp buffer instead, with zeros for
+// the missing rows, so x needs no padding; only rows < m are stored.
 // k is split over gridDim.z so that enough warps stream at once; splits add their fp32 partial sums into
 // a zeroed buffer (atomics) that quant_gemm_finalize_kernel (quant_gemm_wmma.cuh) rounds.
 #pragma once
@@ -30,7 +31,8 @@ struct QuantStreamTraits {
   static constexpr int kChunksPerRow = kBlockK / kChunk;             // 2 (4-bit) or 4 (8-bit)
   static constexpr int kLoads = kRows * kChunksPerRow / 32;          // 16-byte chunks per lane per k-chunk
   static constexpr int kLd = kBlockK + 8;                            // padded fp16 row of the warp's tile
-  static constexpr int kWarpSmemBytes = kRows * kLd * 2;
+  static constexpr int kXLd = 24;                                    // the ragged x fragment's buffer
+  static constexpr int kWarpSmemBytes = kRows * kLd * 2 + 16 * kXLd * 2;
   static constexpr int kSmemBytes = kWarps * kWarpSmemBytes;
   static_assert(kRows * kChunksPerRow % 32 == 0, "every lane loads the same number of chunks");
   static_assert(kWarpSmemBytes >= 16 * 16 * 4, "the epilogue's fp32 fragment fits the warp's tile");
@@ -90,6 +92,25 @@ __device__ __forceinline__ void store_stream_chunk(const QuantStreamRegs<KIND, M
   }
 }
 
+// The x fragment of rows [row0, row0 + 16), columns [col, col + 16) as matrix_a: from global memory when
+// all 16 rows exist, else through the warp's buffer `x_buf` with zero rows past m.
+template <class Fragment>
+__device__ __forceinline__ void load_x_fragment(Fragment& a, const __half* x, long long x_stride, int row0, int m,
+                                                int col, int lane, __half* x_buf) {
+  if (row0 + 16 <= m) {
+    nvcuda::wmma::load_matrix_sync(a, x + row0 * x_stride + col, static_cast<unsigned>(x_stride));
+    return;
+  }
+  constexpr int kLd = 24;
+  const int row = lane >> 1, c = (lane & 1) * 8;
+  uint4 v = make_uint4(0, 0, 0, 0);
+  if (row0 + row < m) v = *reinterpret_cast<const uint4*>(x + (row0 + row) * x_stride + col + c);
+  __syncwarp();  // the previous fragment's reads of the buffer are done
+  *reinterpret_cast<uint4*>(x_buf + row * kLd + c) = v;
+  __syncwarp();
+  nvcuda::wmma::load_matrix_sync(a, x_buf, kLd);
+}
+
 // grid: (ceil(n / (4 * 16 * NF)), ceil(m / (16 * MF)), splits), block: 128, dynamic shared memory
 // quant_gemm_stream_smem_bytes. p.k_tiles_per_split counts 64-column k-chunks.
 template <int KIND, int MF, int NF, int DEPTH>
@@ -99,6 +120,7 @@ __global__ void __launch_bounds__(128) quant_gemm_stream_kernel(QuantGemmParams 
   VOLTLLM_DYNAMIC_SMEM(smem);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   __half* tile = reinterpret_cast<__half*>(smem + warp * Tr::kWarpSmemBytes);
+  __half* x_buf = tile + Tr::kRows * Tr::kLd;
   const int f0 = (blockIdx.x * Tr::kWarps + warp) * Tr::kRows;
   const int m0 = blockIdx.y * 16 * MF;
   const int k_tiles = p.k / Tr::kBlockK;
@@ -120,7 +142,7 @@ __global__ void __launch_bounds__(128) quant_gemm_stream_kernel(QuantGemmParams 
   for (int i = 0; i < MF; ++i)
 #pragma unroll
     for (int j = 0; j < NF; ++j) wmma::fill_fragment(acc[i][j], 0.f);
-  const __half* x = static_cast<const __half*>(p.x) + static_cast<long long>(m0) * p.x_stride;
+  const __half* x = static_cast<const __half*>(p.x);
   for (int t0 = 0; t0 < num_tiles; t0 += DEPTH) {
 #pragma unroll
     for (int d = 0; d < DEPTH; ++d) {
@@ -138,7 +160,7 @@ __global__ void __launch_bounds__(128) quant_gemm_stream_kernel(QuantGemmParams 
 #pragma unroll
         for (int i = 0; i < MF; ++i) {
           wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
-          wmma::load_matrix_sync(a, x + 16 * i * p.x_stride + col + kk, static_cast<unsigned>(p.x_stride));
+          load_x_fragment(a, x, p.x_stride, m0 + 16 * i, p.m, col + kk, lane, x_buf);
 #pragma unroll
           for (int j = 0; j < NF; ++j) wmma::mma_sync(acc[i][j], a, b[j], acc[i][j]);
         }

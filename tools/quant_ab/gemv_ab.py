@@ -215,7 +215,7 @@ def stream_launcher(fns, shape, splits: int, weights: list[ql.PackedQuantWeight]
     fparams = FinalizeParams(out.data_ptr(), partial.data_ptr(), None, out.stride(0), m, n)
     fargs = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(fparams), ctypes.c_void_p))
     grid = (-(-n // (64 * nf)), -(-m // (16 * mf)), splits)
-    smem = 4 * 16 * nf * 72 * 2
+    smem = 4 * (16 * nf * 72 * 2 + 16 * 24 * 2)  # QuantStreamTraits::kSmemBytes
 
     def run(i: int) -> torch.Tensor:
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
