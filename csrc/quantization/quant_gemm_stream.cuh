@@ -38,6 +38,15 @@ struct QuantStreamTraits {
   static_assert(kWarpSmemBytes >= 16 * 16 * 4, "the epilogue's fp32 fragment fits the warp's tile");
 };
 
+// The shape the extension builds for each kind and number of 16-row fragments of x (1..4): weight
+// fragments per warp (NF) and k-chunks in flight (DEPTH). 8-bit chunks hold half the columns of 4-bit
+// ones, so the same bytes in flight take half the depth. Every shape fits sm_70's registers unspilled.
+template <int KIND, int MF>
+struct QuantStreamShape {
+  static constexpr int kNF = 1;
+  static constexpr int kDepth = (KIND == kQuantInt4 ? 8 : 4) / (MF > 2 ? 2 : 1);
+};
+
 template <int KIND, int MF, int NF, int DEPTH>
 __host__ __device__ constexpr int quant_gemm_stream_smem_bytes() {
   return QuantStreamTraits<KIND, MF, NF, DEPTH>::kSmemBytes;

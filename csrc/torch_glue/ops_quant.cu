@@ -4,6 +4,7 @@
 #include <type_traits>
 
 #include "torch_glue/torch_glue.h"
+#include "quantization/quant_gemm_stream.cuh"
 #include "quantization/quant_gemm_wmma.cuh"
 #include "quantization/quant_gemv.cuh"
 
@@ -231,6 +232,111 @@ void quant_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, 
     launch(quant_gemm_finalize_kernel, static_cast<unsigned>(m), 256, 0, stream, f);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
+}
+
+namespace {
+
+// Calls fn(std::integral_constant<int, MF>{}) for 1..4 fragments of 16 rows.
+template <typename Fn>
+void dispatch_m_frags(int64_t m_frags, const char* op, Fn&& fn) {
+  switch (m_frags) {
+    case 1:
+      fn(std::integral_constant<int, 1>{});
+      break;
+    case 2:
+      fn(std::integral_constant<int, 2>{});
+      break;
+    case 3:
+      fn(std::integral_constant<int, 3>{});
+      break;
+    case 4:
+      fn(std::integral_constant<int, 4>{});
+      break;
+    default:
+      TORCH_CHECK(false, op, ": m_frags ", num(m_frags), " is not built (0 = choose, 1 to 4)");
+  }
+}
+
+// The k split of the streaming GEMM: enough splits that about kStreamWarpsPerSm warps per SM stream
+// weights at once, each split keeping at least kStreamMinChunks k-chunks (fewer would spend their time
+// filling the register ring and in the fp32 atomics). benches/RESULTS.md "Quantized kernels" has the
+// split sweep these come from.
+constexpr int64_t kStreamWarpsPerSm = 16;
+constexpr int64_t kStreamMinChunks = 8;
+
+int64_t stream_splits(int64_t warps, int64_t k_chunks) {
+  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int64_t wanted = (sms * kStreamWarpsPerSm + warps - 1) / warps;
+  return std::max<int64_t>(1, std::min<int64_t>(wanted, k_chunks / kStreamMinChunks));
+}
+
+}  // namespace
+
+void quant_gemm_stream(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& group_params,
+                       const std::optional<at::Tensor>& bias, int64_t kind, int64_t group_size, int64_t m_frags,
+                       int64_t splits) {
+  const char* op = "quant_gemm_stream";
+  const PackedShape shape = check_packed(weight, group_params, kind, group_size, op);
+  check_activation(x, shape.k, op, "x");
+  const int64_t m = x.size(0), n = shape.n;
+  TORCH_CHECK(m >= 1, op, ": x has no rows");
+  check_out(out, m, n, op);
+  check_bias(bias, n, op);
+  TORCH_CHECK(m_frags >= 0 && m_frags <= 4, op, ": m_frags ", num(m_frags), " is not built (0 = choose, 1 to 4)");
+  TORCH_CHECK(splits >= 0, op, ": splits must be >= 0 (0 = choose)");
+  // WMMA reads whole 16x16 fragments of x from global memory: a 32-byte aligned start (16-row steps of a
+  // row stride that check_activation makes a multiple of 8 elements keep it).
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(x.data_ptr()) % 32 == 0, op, ": x must start 32-byte aligned");
+  const at::cuda::OptionalCUDAGuard guard(x.device());
+  if (m_frags == 0) m_frags = std::min<int64_t>(4, (m + 15) / 16);
+  const int64_t k_chunks = shape.k / 64;
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  dispatch_quant_kind(kind, op, [&](auto kind_c) {
+    dispatch_m_frags(m_frags, op, [&](auto mf_c) {
+      constexpr int K = decltype(kind_c)::value, MF = decltype(mf_c)::value;
+      constexpr int NF = QuantStreamShape<K, MF>::kNF, D = QuantStreamShape<K, MF>::kDepth;
+      const int64_t features = QuantStreamTraits<K, MF, NF, D>::kWarps * 16 * NF;
+      const int64_t row_blocks = (m + 16 * MF - 1) / (16 * MF);
+      int64_t s = splits ? splits : stream_splits(((n + 16 * NF - 1) / (16 * NF)) * row_blocks, k_chunks);
+      s = std::min(s, k_chunks);
+      const int64_t per_split = (k_chunks + s - 1) / s;
+      s = (k_chunks + per_split - 1) / per_split;  // no empty split
+      at::Tensor partial;
+      if (s > 1) partial = at::zeros({m, n}, x.options().dtype(at::kFloat));
+      QuantGemmParams p{};
+      p.out = out.data_ptr();
+      p.partial = s > 1 ? partial.data_ptr<float>() : nullptr;
+      p.x = x.data_ptr();
+      p.weight = reinterpret_cast<const uint4*>(weight.data_ptr());
+      p.group_params = reinterpret_cast<const unsigned*>(group_params.data_ptr());
+      p.bias = s > 1 ? nullptr : (bias ? bias->data_ptr() : nullptr);
+      p.out_stride = out.stride(0);
+      p.x_stride = x.stride(0);
+      p.m = static_cast<int>(m);
+      p.n = static_cast<int>(n);
+      p.k = static_cast<int>(shape.k);
+      p.num_groups = static_cast<int>(shape.num_groups);
+      p.chunk_group_shift = static_cast<int>(shape.chunk_group_shift);
+      p.k_tiles_per_split = static_cast<int>(per_split);
+      constexpr int smem = quant_gemm_stream_smem_bytes<K, MF, NF, D>();
+      const dim3 grid(static_cast<unsigned>((n + features - 1) / features), static_cast<unsigned>(row_blocks),
+                      static_cast<unsigned>(s));
+      launch(quant_gemm_stream_kernel<K, MF, NF, D>, grid, QuantStreamTraits<K, MF, NF, D>::kThreads, smem, stream,
+             p);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      if (s > 1) {
+        QuantGemmFinalizeParams f{};
+        f.out = out.data_ptr();
+        f.partial = partial.data_ptr<float>();
+        f.bias = bias ? bias->data_ptr() : nullptr;
+        f.out_stride = out.stride(0);
+        f.m = static_cast<int>(m);
+        f.n = static_cast<int>(n);
+        launch(quant_gemm_finalize_kernel, static_cast<unsigned>(m), 256, 0, stream, f);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      }
+    });
+  });
 }
 
 void quant_dequantize(at::Tensor& out, const at::Tensor& weight, const at::Tensor& group_params, int64_t kind,

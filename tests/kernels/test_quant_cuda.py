@@ -1,7 +1,8 @@
 """The quantized kernels on a GPU against `dequantize` then an fp32 product: every kind, bit width, group
 size and act-order, the GEMV at 1..8 rows (plain and SwiGLU), the WMMA GEMM at every row tile with and
-without split k, the dense path, the row-count dispatch of `CudaQuantizedMatmul`, CUDA-graph capture,
-the packed memory size and the errors. Inputs are fresh random draws every run (the seed is printed)."""
+without split k, the weight-streaming GEMM at every fragment count, the dense path, the row-count
+dispatch of `CudaQuantizedMatmul`, CUDA-graph capture, the packed memory size and the errors. Inputs
+are fresh random draws every run (the seed is printed)."""
 
 from __future__ import annotations
 
@@ -74,6 +75,30 @@ def test_gemm_every_kind_and_tile(case: QuantCase, rows: int):
         for splits in (1, 0, 3):  # one split, the size-based choice, an uneven split of 16 k-tiles
             _close(ql.quant_gemm(packed, x, bias, block_m=block_m, splits=splits), ref)
     _close(ql.quant_dense(packed, x, bias), ref)
+
+
+@cuda
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("rows", [4, 9, 16, 20, 33, 64, 100])
+def test_stream_gemm_every_kind_and_fragment_count(case: QuantCase, rows: int):
+    weight, x, bias = _inputs(case, rows, 392, 1024, "stream")  # n: a partial warp and block of features
+    packed = ql.pack(weight)
+    ref = _reference(weight, x, bias)
+    for m_frags in (0, 1, 2, 3, 4):
+        for splits in (1, 0, 3):  # one split, the size-based choice, an uneven split of 16 k-chunks
+            out = ql.quant_gemm_stream(packed, x, bias, m_frags=m_frags, splits=splits)
+            _close(out, ref)
+
+
+@cuda
+def test_stream_gemm_realigns_x():
+    """WMMA reads whole fragments of x: a view starting 16 (not 32) bytes into its storage is copied."""
+    weight, x, bias = _inputs(QuantCase("int", 4, 128), 16, 256, 512, "stream-align")
+    storage = torch.empty(16 * 512 + 8, dtype=torch.float16, device="cuda")
+    shifted = storage[8:].view(16, 512)
+    shifted.copy_(x)
+    assert shifted.data_ptr() % 32 == 16
+    _close(ql.quant_gemm_stream(ql.pack(weight), shifted, bias), _reference(weight, x, bias))
 
 
 @cuda
@@ -158,3 +183,5 @@ def test_bad_input_is_refused_with_its_reason():
         ql.pack(small_groups)
     with pytest.raises(RuntimeError, match="1 to 8 rows"):
         ql.quant_gemv(matmul.weight, torch.randn(9, 512, device="cuda").half())
+    with pytest.raises(RuntimeError, match="m_frags 5 is not built"):
+        ql.quant_gemm_stream(matmul.weight, x, m_frags=5)

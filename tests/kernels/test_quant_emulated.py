@@ -123,9 +123,10 @@ def test_stream_gemm_matches_dequantize_then_matmul(emu, case: QuantCase):
         partial = torch.zeros(m, n)
         emu.emu_quant_gemm_stream(
             ctypes.c_int(packed.kind), ctypes.c_int(m_frags), ctypes.c_int(n_frags), ctypes.c_int(depth),
-            ctypes.c_int(splits), ptr(out), ptr(partial), ptr(xg), ptr(packed.packed), ptr(packed.group_params),
-            ptr(bias), ctypes.c_longlong(out.stride(0)), ctypes.c_longlong(xg.stride(0)), ctypes.c_int(m),
-            ctypes.c_int(n), ctypes.c_int(k), *_group_args(packed), ctypes.c_uint(depth),
+            ctypes.c_int(splits), ptr(out), ptr(partial), ptr(xg), ptr(packed.packed),
+            ptr(packed.group_params), ptr(bias), ctypes.c_longlong(out.stride(0)),
+            ctypes.c_longlong(xg.stride(0)), ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k),
+            *_group_args(packed), ctypes.c_uint(depth),
         )  # fmt: skip
         shape = f"m_frags {m_frags} n_frags {n_frags} depth {depth} splits {splits}"
         torch.testing.assert_close(out.float(), ref, atol=_tolerance(ref), rtol=0, msg=shape)

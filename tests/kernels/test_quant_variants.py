@@ -25,6 +25,9 @@ def test_glue_dispatches_what_the_gate_checks() -> None:
     )
     block_m = _function(glue, "void dispatch_block_m")
     assert tuple(int(b) for b in re.findall(r"case (\d+):", block_m)) == variants.QUANT_GEMM_BLOCK_M
+    m_frags = _function(glue, "void dispatch_m_frags")
+    assert tuple(int(b) for b in re.findall(r"case (\d+):", m_frags)) == variants.QUANT_STREAM_M_FRAGS
+    assert "QuantStreamShape<K, MF>::kNF" in glue and "QuantStreamShape<K, MF>::kDepth" in glue
     kinds = _function(glue, "void dispatch_quant_kind")
     assert re.findall(r"case (kQuant\w+):", kinds) == ["kQuantInt4", "kQuantInt8", "kQuantFp8"]
 

@@ -9,8 +9,11 @@ that every group is a contiguous run, and `x`'s columns are gathered into the sa
 
 A call with `rows` rows of x runs
 - `rows <= GEMV_DISPATCH_MAX_ROWS`: the GEMV (dequantize in registers, one pass over the packed weight);
-- `rows < DENSE_MIN_ROWS`: the WMMA GEMM (dequantized tiles through shared memory, fp32 accumulation,
-  k split over more blocks when the output has few tiles);
+- `rows <= STREAM_MAX_ROWS`: the weight-streaming WMMA GEMM (each warp streams its own weight rows,
+  dequantizes them into its shared-memory tile and multiplies with tensor cores; k split so that
+  enough warps stream at once);
+- `rows < DENSE_MIN_ROWS`: the tiled WMMA GEMM (dequantized tiles through shared memory, fp32
+  accumulation, k split over more blocks when the output has few tiles);
 - larger: the whole weight dequantized to fp16 into a transient buffer, then torch's GEMM: at prefill
   sizes the GEMM is compute bound, so one extra pass over the weight costs little
   (`benches/quantization.py` measures all three).
@@ -41,6 +44,8 @@ GEMV_MAX_ROWS = 8
 # at 4 rows the WMMA GEMM wins on Llama-3-8B's gate_up (56 vs 77 us) and nearly ties on o (18 vs 18);
 # at 2 rows the GEMV wins on both (8 vs 18, 41 vs 55).
 GEMV_DISPATCH_MAX_ROWS = 3
+# Most rows the weight-streaming GEMM takes (it holds up to 4 fragments of 16 rows of x per warp).
+STREAM_MAX_ROWS = 64
 # From this many rows the weight is dequantized and multiplied by torch (cuBLAS). H200 (tables 3-4):
 # at 2,048 rows the WMMA GEMM reaches 0.27-0.31x of cuBLAS fp16, the dequantize + cuBLAS path
 # 0.81-0.92x; at 64 rows the WMMA GEMM wins on gate_up and down, the dense path on qkv and o. The
@@ -207,6 +212,25 @@ def quant_gemm(
     return out
 
 
+def quant_gemm_stream(
+    weight: PackedQuantWeight,
+    x: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    m_frags: int = 0,
+    splits: int = 0,
+) -> torch.Tensor:
+    """`x @ W^T + bias` on the weight-streaming WMMA GEMM; `m_frags` (1-4 fragments of 16 rows of x per
+    warp) and `splits` of k, 0 = chosen by size."""
+    x = _gather_columns(x, weight.column_order)
+    if x.data_ptr() % 32:  # whole WMMA fragments are read from x: a 32-byte aligned start
+        x = x.clone()
+    out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float16, device=x.device)
+    kernel_ops().quant_gemm_stream(
+        out, x, weight.packed, weight.group_params, bias, weight.kind, weight.group_size, m_frags, splits
+    )
+    return out
+
+
 def dequantize_packed(weight: PackedQuantWeight) -> torch.Tensor:
     """The dense fp16 `[out, in]` weight, columns in the packed order (the reference's values)."""
     out = torch.empty(weight.shape, dtype=torch.float16, device=weight.packed.device)
@@ -243,6 +267,8 @@ class CudaQuantizedMatmul:
         rows = x.shape[0]
         if rows <= GEMV_DISPATCH_MAX_ROWS:
             return quant_gemv(self.weight, x, bias)
+        if rows <= STREAM_MAX_ROWS:
+            return quant_gemm_stream(self.weight, x, bias)
         if rows < DENSE_MIN_ROWS:
             return quant_gemm(self.weight, x, bias)
         return quant_dense(self.weight, x, bias)

@@ -74,6 +74,14 @@ def _elementwise() -> dict[str, list[str]]:
 QUANT_KINDS = {"int4": 0, "int8": 1, "fp8": 2}
 QUANT_GEMV_ROWS = (1, 2, 4, 8)
 QUANT_GEMM_BLOCK_M = (16, 64, 128)
+# The weight-streaming GEMM's fragments of 16 rows of x per warp; its other template arguments are
+# what the glue builds, csrc/quantization/quant_gemm_stream.cuh QuantStreamShape<kind, fragments>.
+QUANT_STREAM_M_FRAGS = (1, 2, 3, 4)
+
+
+def _stream_args(kind: int, m_frags: int) -> str:
+    shape = f"voltllm::QuantStreamShape<{kind}, {m_frags}>"
+    return f"{kind}, {m_frags}, {shape}::kNF, {shape}::kDepth"
 
 
 def _quantization() -> dict[str, list[str]]:
@@ -94,6 +102,11 @@ def _quantization() -> dict[str, list[str]]:
             ),
             "voltllm::quant_gemm_finalize_kernel",
             *(f"voltllm::quant_dequantize_kernel<{kind}>" for kind in kinds),
+        ],
+        "quantization/quant_gemm_stream.cuh": [
+            f"voltllm::quant_gemm_stream_kernel<{_stream_args(kind, mf)}>"
+            for kind in kinds
+            for mf in QUANT_STREAM_M_FRAGS
         ],
     }
 
@@ -178,6 +191,11 @@ def dynamic_smem_probes() -> dict[str, str]:
         for bm in QUANT_GEMM_BLOCK_M:
             args = f"<{kind}, {bm}>"
             probes[f"voltllm::quant_gemm_wmma_kernel{args}"] = f"voltllm::quant_gemm_wmma_smem_bytes{args}"
+    for kind in QUANT_KINDS.values():
+        for mf in QUANT_STREAM_M_FRAGS:
+            args = f"<{_stream_args(kind, mf)}>"
+            probe = f"voltllm::quant_gemm_stream_smem_bytes_probe{args}"
+            probes[f"voltllm::quant_gemm_stream_kernel{args}"] = probe
     probes["voltllm::moe_align_kernel"] = "voltllm::moe_align_max_smem_bytes"
     for t in DTYPES:
         for rows in (1, 2):
