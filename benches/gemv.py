@@ -16,7 +16,6 @@ prologue (`add_rms_norm_gemv`), both as graph replays.
 
 from __future__ import annotations
 
-import statistics
 import sys
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_latency import copy_bandwidth  # noqa: E402
+from graph_timing import copies_for, graph_time_us  # noqa: E402
 
 from voltllm.ops import fused_add_rms_norm, silu_and_mul  # noqa: E402
 from voltllm.ops.linear import add_rms_norm_gemv, gemv  # noqa: E402
@@ -42,27 +42,6 @@ SHAPES = {  # name -> (n, k)
 }
 
 
-def time_us(fn, copies: int, iters: int = 40) -> float:
-    """Median time per call of `fn(i)` over `iters` calls captured in one CUDA graph."""
-    for i in range(3):
-        fn(i % copies)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(iters):
-            fn(i % copies)
-    graph.replay()
-    samples = []
-    for _ in range(7):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / iters)
-    return statistics.median(samples)
-
-
 def main() -> None:
     bandwidth = copy_bandwidth()
     print(f"GPU: {torch.cuda.get_device_name()}; copy bandwidth {bandwidth / 1e9:.0f} GB/s")
@@ -70,17 +49,17 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- | --- |")
     for name, (n, k) in SHAPES.items():
         nbytes = n * k * 2
-        copies = max(1, -(-256 * 2**20 // nbytes))
+        copies = copies_for(nbytes)
         weights = [torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02 for _ in range(copies)]
         swiglu_too = name.endswith("gate_up")
         for rows, swiglu in [(r, s) for r in (1, 2) for s in ((False, True) if swiglu_too else (False,))]:
             x = torch.randn(rows, k, device="cuda", dtype=torch.float16)
             out = torch.empty(rows, n // 2 if swiglu else n, device="cuda", dtype=torch.float16)
             if swiglu:
-                torch_us = time_us(lambda i: silu_and_mul(F.linear(x, weights[i])), copies)  # noqa: B023
+                torch_us = graph_time_us(lambda i: silu_and_mul(F.linear(x, weights[i])), copies)  # noqa: B023
             else:
-                torch_us = time_us(lambda i: F.linear(x, weights[i]), copies)  # noqa: B023
-            gemv_us = time_us(lambda i: gemv(x, weights[i], out=out, swiglu=swiglu), copies)  # noqa: B023
+                torch_us = graph_time_us(lambda i: F.linear(x, weights[i]), copies)  # noqa: B023
+            gemv_us = graph_time_us(lambda i: gemv(x, weights[i], out=out, swiglu=swiglu), copies)  # noqa: B023
             fraction = nbytes / (gemv_us * 1e-6) / bandwidth
             label = name + ("+act" if swiglu else "")
             print(
@@ -99,7 +78,7 @@ def norm_gemv_table() -> None:
     for name in ("qwen3 qkv", "qwen3 gate_up", "llama qkv", "llama gate_up"):
         n, k = SHAPES[name]
         nbytes = n * k * 2
-        copies = max(1, -(-256 * 2**20 // nbytes))
+        copies = copies_for(nbytes)
         weights = [torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02 for _ in range(copies)]
         norm_weight = torch.ones(k, device="cuda", dtype=torch.float16)
         swiglu = name.endswith("gate_up")
@@ -115,7 +94,7 @@ def norm_gemv_table() -> None:
             def fused(i: int) -> None:
                 add_rms_norm_gemv(hidden, residual, norm_weight, 1e-6, weights[i], swiglu=swiglu)  # noqa: B023
 
-            unfused_us, fused_us = time_us(unfused, copies), time_us(fused, copies)
+            unfused_us, fused_us = graph_time_us(unfused, copies), graph_time_us(fused, copies)
             label = name + ("+act" if swiglu else "")
             print(
                 f"| {label} | {rows} | {unfused_us:.1f} | {fused_us:.1f} | {unfused_us - fused_us:.1f} |",

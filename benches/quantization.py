@@ -26,7 +26,6 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -34,6 +33,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_latency import copy_bandwidth  # noqa: E402
+from graph_timing import copies_for, graph_time_us  # noqa: E402
 
 from voltllm.layers.quantization.quantized_weight import QuantizedWeight  # noqa: E402
 from voltllm.ops import quantized_linear as ql  # noqa: E402
@@ -54,7 +54,6 @@ FORMATS = {  # name -> (kind, bits, group size or -1 per channel, zero points, a
     "fp8 block 128": ("fp8", 8, 128, False, False),
 }
 W4A16 = "AWQ int4 g128"
-L2_BYTES = 256 * 2**20  # weight copies per timing cover this much, several times the L2
 
 
 def random_weight(fmt: str, out_features: int, in_features: int) -> QuantizedWeight:
@@ -83,7 +82,7 @@ def random_weight(fmt: str, out_features: int, in_features: int) -> QuantizedWei
 
 def packed_copies(fmt: str, out_features: int, in_features: int) -> list[ql.PackedQuantWeight]:
     first = ql.pack(random_weight(fmt, out_features, in_features))
-    copies = max(1, -(-L2_BYTES // first.nbytes))
+    copies = copies_for(first.nbytes)
     return [first] + [
         dataclasses.replace(first, packed=first.packed.clone(), group_params=first.group_params.clone())
         for _ in range(copies - 1)
@@ -91,30 +90,8 @@ def packed_copies(fmt: str, out_features: int, in_features: int) -> list[ql.Pack
 
 
 def fp16_copies(out_features: int, in_features: int) -> list[torch.Tensor]:
-    copies = max(1, -(-L2_BYTES // (out_features * in_features * 2)))
+    copies = copies_for(out_features * in_features * 2)
     return [torch.randn(out_features, in_features, device="cuda").half() * 0.02 for _ in range(copies)]
-
-
-def time_us(fn: Callable[[int], object], copies: int, iters: int = 40) -> float:
-    """Median time per call of `fn(i)` over `iters` calls captured in one CUDA graph."""
-    for i in range(3):
-        fn(i % copies)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(iters):
-            fn(i % copies)
-    graph.replay()
-    samples = []
-    for _ in range(7):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / iters)
-    del graph
-    return statistics.median(samples)
 
 
 def cublas(x: torch.Tensor, weight: torch.Tensor, swiglu: bool) -> torch.Tensor:
@@ -131,8 +108,8 @@ def gemv_table(bandwidth: float) -> None:
         dense = fp16_copies(n, k)
         x = torch.randn(1, k, device="cuda").half()
         for swiglu in (False, True) if name == "gate_up" else (False,):
-            h_us = time_us(lambda i: gemv(x, dense[i], swiglu=swiglu), len(dense))  # noqa: B023
-            c_us = time_us(lambda i: cublas(x, dense[i], swiglu), len(dense))  # noqa: B023
+            h_us = graph_time_us(lambda i: gemv(x, dense[i], swiglu=swiglu), len(dense))  # noqa: B023
+            c_us = graph_time_us(lambda i: cublas(x, dense[i], swiglu), len(dense))  # noqa: B023
             fp16_us[name, swiglu] = h_us, c_us
     for fmt in FORMATS:
         total_bytes, total_us = 0, 0.0
@@ -141,7 +118,7 @@ def gemv_table(bandwidth: float) -> None:
             x = torch.randn(1, k, device="cuda").half()
             variants = [(name, False)] + ([(name + "+act", True)] if name == "gate_up" else [])
             for label, swiglu in variants:
-                q_us = time_us(lambda i: ql.quant_gemv(weights[i], x, swiglu=swiglu), len(weights))  # noqa: B023
+                q_us = graph_time_us(lambda i: ql.quant_gemv(weights[i], x, swiglu=swiglu), len(weights))  # noqa: B023
                 h_us, c_us = fp16_us[name, swiglu]
                 nbytes = weights[0].nbytes
                 if not swiglu:
@@ -165,9 +142,9 @@ def few_rows_table() -> None:
         weights, dense = packed_copies(W4A16, n, k), fp16_copies(n, k)
         for rows in (1, 2, 4, 6, 8):
             x = torch.randn(rows, k, device="cuda").half()
-            g_us = time_us(lambda i: ql.quant_gemv(weights[i], x), len(weights))  # noqa: B023
-            m_us = time_us(lambda i: ql.quant_gemm(weights[i], x, block_m=16), len(weights))  # noqa: B023
-            c_us = time_us(lambda i: F.linear(x, dense[i]), len(dense))  # noqa: B023
+            g_us = graph_time_us(lambda i: ql.quant_gemv(weights[i], x), len(weights))  # noqa: B023
+            m_us = graph_time_us(lambda i: ql.quant_gemm(weights[i], x, block_m=16), len(weights))  # noqa: B023
+            c_us = graph_time_us(lambda i: F.linear(x, dense[i]), len(dense))  # noqa: B023
             print(f"| {name} | {rows} | {g_us:.1f} | {m_us:.1f} | {c_us:.1f} |", flush=True)
 
 
@@ -181,14 +158,14 @@ def gemm_table() -> None:
         for rows in (16, 64, 2048):
             x = torch.randn(rows, k, device="cuda").half()
             iters = 10 if rows > 64 else 40
-            auto = time_us(lambda i: ql.quant_gemm(weights[i], x), len(weights), iters)  # noqa: B023
+            auto = graph_time_us(lambda i: ql.quant_gemm(weights[i], x), len(weights), iters)  # noqa: B023
             tiles = [
-                time_us(lambda i: ql.quant_gemm(weights[i], x, block_m=bm), len(weights), iters)  # noqa: B023
+                graph_time_us(lambda i: ql.quant_gemm(weights[i], x, block_m=bm), len(weights), iters)  # noqa: B023
                 if rows <= 64 else float("nan")
                 for bm in (16, 64)
             ]  # fmt: skip
-            dense_us = time_us(lambda i: ql.quant_dense(weights[i], x), len(weights), iters)  # noqa: B023
-            c_us = time_us(lambda i: F.linear(x, dense[i]), len(dense), iters)  # noqa: B023
+            dense_us = graph_time_us(lambda i: ql.quant_dense(weights[i], x), len(weights), iters)  # noqa: B023
+            c_us = graph_time_us(lambda i: F.linear(x, dense[i]), len(dense), iters)  # noqa: B023
             chosen = dense_us if rows >= ql.DENSE_MIN_ROWS else auto
             times = f"{auto:.1f} | {tiles[0]:.1f} | {tiles[1]:.1f} | {dense_us:.1f} | {c_us:.1f}"
             print(f"| {name} | {rows} | {times} | {c_us / auto:.2f}x | {c_us / chosen:.2f}x |", flush=True)
@@ -206,7 +183,7 @@ def split_sweep() -> None:
         for rows, block_m in ((16, 16), (64, 64), (64, 16)):
             x = torch.randn(rows, k, device="cuda").half()
             times = [
-                time_us(lambda i: ql.quant_gemm(weights[i], x, block_m=block_m, splits=s), len(weights))  # noqa: B023
+                graph_time_us(lambda i: ql.quant_gemm(weights[i], x, block_m=block_m, splits=s), len(weights))  # noqa: B023
                 for s in splits
             ]
             print(

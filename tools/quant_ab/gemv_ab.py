@@ -27,7 +27,8 @@ import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benches"))
-from quantization import LLAMA_SHAPES, fp16_copies, packed_copies, time_us  # noqa: E402
+from graph_timing import graph_time_us as time_us  # noqa: E402
+from quantization import LLAMA_SHAPES, fp16_copies, packed_copies  # noqa: E402
 
 from voltllm.ops import quantized_linear as ql  # noqa: E402
 
