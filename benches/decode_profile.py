@@ -7,6 +7,7 @@ sized for max_model_len), which is what a served decode step runs.
 
     python benches/decode_profile.py --model qwen3-0.6b --batch 1
     python benches/decode_profile.py --model qwen3-0.6b --batch 1 --context 256 --graphs
+    python benches/decode_profile.py --model llama-3-8b --quantization awq --graphs   # dummy AWQ weights
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_latency import MODELS  # noqa: E402
 
+# The quantization_config benches/quantization.py gives its AWQ models.
+AWQ_CONFIG = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}
+
 from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
 from voltllm.engine.llm_engine import LLMEngine  # noqa: E402
 from voltllm.protocol import EngineCoreRequest, EngineSamplingParams  # noqa: E402
@@ -36,9 +40,15 @@ def main() -> None:
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--graphs", action="store_true", help="profile CUDA-graph replays, not eager steps")
+    p.add_argument(
+        "--quantization", choices=["awq"], help="dummy quantized weights (AWQ: 4-bit, group 128, zero points)"
+    )
     args = p.parse_args()
+    config = dict(MODELS[args.model])
+    if args.quantization == "awq":
+        config["quantization_config"] = AWQ_CONFIG
     with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "config.json").write_text(json.dumps(MODELS[args.model]))
+        (Path(tmp) / "config.json").write_text(json.dumps(config))
         engine = LLMEngine(
             EngineConfig(
                 model=ModelConfig(model=tmp, load_format="dummy", dtype="float16", max_model_len=4096),
@@ -68,7 +78,8 @@ def main() -> None:
     total = sum(t for _, t in per_kernel.values()) / args.steps
     calls = sum(c for c, _ in per_kernel.values()) / args.steps
     mode = "graphs" if args.graphs else "eager"
-    shape = f"{args.model} batch {args.batch} ctx {args.context} ({mode})"
+    quant = f" {args.quantization}" if args.quantization else ""
+    shape = f"{args.model}{quant} batch {args.batch} ctx {args.context} ({mode})"
     print(f"{shape}: {calls:.0f} kernels, {total:.1f} us per step")
     for name, (count, us) in rows[:25]:
         print(f"{us / args.steps:9.1f} us {count / args.steps:6.0f}x  {name}")

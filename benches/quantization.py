@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_latency import copy_bandwidth  # noqa: E402
+from decode_profile import AWQ_CONFIG  # noqa: E402
 from graph_timing import copies_for, graph_time_us  # noqa: E402
 
 from voltllm.layers.quantization.quantized_weight import QuantizedWeight  # noqa: E402
@@ -191,7 +192,6 @@ def split_sweep() -> None:
             )
 
 
-AWQ_CONFIG = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}
 
 
 def bytes_per_token(model: torch.nn.Module) -> tuple[int, int]:
