@@ -110,72 +110,69 @@ __device__ __forceinline__ int gemv_row_of(int warp, int m, int n) {
   return SWIGLU ? feature + (m / kFeats) * n : feature;
 }
 
-// grid: ceil(n / quant_gemv_features_per_block<SWIGLU, MATS, WARPS>()), block: 32 * WARPS.
-template <int KIND, int ROWS, bool SWIGLU, int MATS = kQuantGemvMats, int UNROLL = kQuantGemvUnroll,
-          int WARPS = kQuantGemvWarps>
-__global__ void __launch_bounds__(32 * WARPS) quant_gemv_kernel(QuantGemvParams p) {
-  using Traits = QuantTraits<KIND>;
-  static_assert(!SWIGLU || MATS % 2 == 0, "SWIGLU pairs gate and up rows");
-  constexpr int kFeats = SWIGLU ? MATS / 2 : MATS;
-  const int lane = threadIdx.x & 31;
-  const int warp = blockIdx.x * WARPS + (threadIdx.x >> 5);
-  if (warp * kFeats >= p.n) return;
-  const int chunks = p.k / Traits::kChunk;
-  const uint4* w_rows[MATS];
-  const unsigned* g_rows[MATS];
+// One step of a warp: UNROLL chunks (32 apart, lane by lane) of each of its MATS weight rows, with the
+// group parameter words beside them.
+template <int MATS, int UNROLL>
+struct GemvStepRegs {
+  uint4 w[MATS][UNROLL];
+  unsigned g[MATS][UNROLL];
+};
+
+// Loads the step of row group `group` that starts at chunk `step_start` (lane l takes chunks
+// step_start + l + 32 u). Weights and group words are never written by a kernel: this may run before
+// the wait for the previous kernel.
+template <int KIND, bool SWIGLU, int MATS, int UNROLL>
+__device__ __forceinline__ void load_gemv_step(const QuantGemvParams& p, int group, int step_start, int lane,
+                                               GemvStepRegs<MATS, UNROLL>& s) {
+  const int chunks = p.k / QuantTraits<KIND>::kChunk;
 #pragma unroll
   for (int m = 0; m < MATS; ++m) {
-    const int row = gemv_row_of<SWIGLU, MATS>(warp, m, p.n);
-    w_rows[m] = p.weight + static_cast<long long>(row) * chunks;
-    g_rows[m] = p.group_params + static_cast<long long>(row) * p.num_groups;
-  }
-  // Weights are never written by a kernel: their first chunks can be on the way to L2 while the kernel
-  // before this one (whose output is x) still runs.
-#pragma unroll
-  for (int m = 0; m < MATS; ++m)
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u)
-      if (lane + 32 * u < chunks) prefetch_l2(w_rows[m] + lane + 32 * u);
-  begin_dependent_grid();
-  const __half* x = static_cast<const __half*>(p.x);
-  float acc[MATS][ROWS];
-#pragma unroll
-  for (int m = 0; m < MATS; ++m)
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) acc[m][r] = 0.f;
-  for (int base = lane; base < chunks; base += 32 * UNROLL) {
-    uint4 w_raw[MATS][UNROLL];
-    unsigned g_raw[MATS][UNROLL];
-#pragma unroll
-    for (int m = 0; m < MATS; ++m)
-#pragma unroll
-      for (int u = 0; u < UNROLL; ++u) {
-        const int c = base + 32 * u;
-        if (c < chunks) {
-          w_raw[m][u] = w_rows[m][c];
-          g_raw[m][u] = g_rows[m][group_of_chunk(c, p.chunk_group_shift, p.num_groups)];
-        }
-      }
+    const long long row = gemv_row_of<SWIGLU, MATS>(group, m, p.n);
+    const uint4* w = p.weight + row * chunks;
+    const unsigned* g = p.group_params + row * p.num_groups;
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
-      const int c = base + 32 * u;
-      if (c >= chunks) break;
-#pragma unroll
-      for (int r = 0; r < ROWS; ++r) {
-        if (r >= p.rows) break;
-        // x is loaded once per row and chunk and serves every weight row of the warp.
-        uint4 x_chunk[Traits::kChunk / 8];
-        const uint4* x_src = reinterpret_cast<const uint4*>(x + r * p.x_stride + c * Traits::kChunk);
-#pragma unroll
-        for (int v = 0; v < Traits::kChunk / 8; ++v) x_chunk[v] = x_src[v];
-#pragma unroll
-        for (int m = 0; m < MATS; ++m)
-          acc[m][r] = chunk_dot<KIND>(w_raw[m][u], unpack_group_params<KIND>(g_raw[m][u]), x_chunk, acc[m][r]);
+      const int c = step_start + lane + 32 * u;
+      if (c < chunks) {
+        s.w[m][u] = w[c];
+        s.g[m][u] = g[group_of_chunk(c, p.chunk_group_shift, p.num_groups)];
       }
     }
   }
-  // Reduce and store: bias added, rounded to fp16 as an unfused projection stores it; SWIGLU then writes
-  // silu(gate) * up.
+}
+
+// acc[m][r] += the step's products with x's rows.
+template <int KIND, int ROWS, int MATS, int UNROLL>
+__device__ __forceinline__ void gemv_step_dot(const QuantGemvParams& p, const GemvStepRegs<MATS, UNROLL>& s,
+                                              int step_start, int lane, float (&acc)[MATS][ROWS]) {
+  using Traits = QuantTraits<KIND>;
+  const int chunks = p.k / Traits::kChunk;
+  const __half* x = static_cast<const __half*>(p.x);
+#pragma unroll
+  for (int u = 0; u < UNROLL; ++u) {
+    const int c = step_start + lane + 32 * u;
+    if (c >= chunks) break;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      if (r >= p.rows) break;
+      // x is loaded once per row and chunk and serves every weight row of the warp.
+      uint4 x_chunk[Traits::kChunk / 8];
+      const uint4* x_src = reinterpret_cast<const uint4*>(x + r * p.x_stride + c * Traits::kChunk);
+#pragma unroll
+      for (int v = 0; v < Traits::kChunk / 8; ++v) x_chunk[v] = x_src[v];
+#pragma unroll
+      for (int m = 0; m < MATS; ++m)
+        acc[m][r] = chunk_dot<KIND>(s.w[m][u], unpack_group_params<KIND>(s.g[m][u]), x_chunk, acc[m][r]);
+    }
+  }
+}
+
+// Reduces a row group's sums over the warp and stores them: bias added, rounded to fp16 as an unfused
+// projection stores it; SWIGLU then writes silu(gate) * up. Leaves acc zeroed for the next group.
+template <int ROWS, bool SWIGLU, int MATS>
+__device__ __forceinline__ void store_gemv_group(const QuantGemvParams& p, int group, int lane,
+                                                 float (&acc)[MATS][ROWS]) {
+  constexpr int kFeats = SWIGLU ? MATS / 2 : MATS;
   __half* out = static_cast<__half*>(p.out);
   const __half* bias = static_cast<const __half*>(p.bias);
 #pragma unroll
@@ -183,13 +180,14 @@ __global__ void __launch_bounds__(32 * WARPS) quant_gemv_kernel(QuantGemvParams 
     float value[MATS];
 #pragma unroll
     for (int m = 0; m < MATS; ++m) {
-      const float b = bias ? __half2float(bias[gemv_row_of<SWIGLU, MATS>(warp, m, p.n)]) : 0.f;
+      const float b = bias ? __half2float(bias[gemv_row_of<SWIGLU, MATS>(group, m, p.n)]) : 0.f;
       value[m] = __half2float(__float2half_rn(warp_sum(acc[m][r]) + b));
+      acc[m][r] = 0.f;
     }
     if (lane != 0 || r >= p.rows) continue;
 #pragma unroll
     for (int f = 0; f < kFeats; ++f) {
-      const int feature = warp * kFeats + f;
+      const int feature = group * kFeats + f;
       if (feature >= p.n) break;
       if constexpr (SWIGLU) {
         out[r * p.out_stride + feature] = __float2half_rn(silu(value[f]) * value[f + kFeats]);
@@ -197,6 +195,94 @@ __global__ void __launch_bounds__(32 * WARPS) quant_gemv_kernel(QuantGemvParams 
         out[r * p.out_stride + feature] = __float2half_rn(value[f]);
       }
     }
+  }
+}
+
+// grid: ceil(n / quant_gemv_features_per_block<SWIGLU, MATS, WARPS>()), block: 32 * WARPS. Each warp
+// one row group (MATS rows) over all of k, UNROLL chunks per row per lane in flight at a time.
+template <int KIND, int ROWS, bool SWIGLU, int MATS = kQuantGemvMats, int UNROLL = kQuantGemvUnroll,
+          int WARPS = kQuantGemvWarps>
+__global__ void __launch_bounds__(32 * WARPS) quant_gemv_kernel(QuantGemvParams p) {
+  static_assert(!SWIGLU || MATS % 2 == 0, "SWIGLU pairs gate and up rows");
+  constexpr int kFeats = SWIGLU ? MATS / 2 : MATS;
+  const int lane = threadIdx.x & 31;
+  const int group = blockIdx.x * WARPS + (threadIdx.x >> 5);
+  if (group * kFeats >= p.n) return;
+  const int chunks = p.k / QuantTraits<KIND>::kChunk;
+  // Weights are never written by a kernel: their first chunks can be on the way to L2 while the kernel
+  // before this one (whose output is x) still runs.
+#pragma unroll
+  for (int m = 0; m < MATS; ++m) {
+    const uint4* w = p.weight + static_cast<long long>(gemv_row_of<SWIGLU, MATS>(group, m, p.n)) * chunks;
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u)
+      if (lane + 32 * u < chunks) prefetch_l2(w + lane + 32 * u);
+  }
+  begin_dependent_grid();
+  float acc[MATS][ROWS];
+#pragma unroll
+  for (int m = 0; m < MATS; ++m)
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) acc[m][r] = 0.f;
+  for (int step = 0; step < chunks; step += 32 * UNROLL) {
+    GemvStepRegs<MATS, UNROLL> s;
+    load_gemv_step<KIND, SWIGLU, MATS, UNROLL>(p, group, step, lane, s);
+    gemv_step_dot<KIND, ROWS, MATS, UNROLL>(p, s, step, lane, acc);
+  }
+  store_gemv_group<ROWS, SWIGLU, MATS>(p, group, lane, acc);
+}
+
+// The persistent form: a grid of at most a few blocks per SM whose warps walk row groups group,
+// group + gridDim.x * WARPS, ... Each step's loads are issued before the previous step is multiplied
+// (two register sets, used in turn), so a warp's loads stay in flight across the ends of its row
+// groups, and the first step is loaded before the wait for the previous kernel: with few enough
+// registers and warps (a block per SM at most half the register file) the grid is resident beside the
+// kernel before it, and its first weights arrive while that kernel finishes.
+template <int KIND, int ROWS, bool SWIGLU, int MATS, int UNROLL>
+struct GemvPipeline {
+  const QuantGemvParams& p;
+  int lane, groups, stride, chunks;
+  float acc[MATS][ROWS];
+
+  // Multiplies the step (group, step_start) held in `cur` while the next one loads into `next`;
+  // advances (group, step_start) and returns false when this warp has no step left.
+  __device__ __forceinline__ bool step(int& group, int& step_start, const GemvStepRegs<MATS, UNROLL>& cur,
+                                       GemvStepRegs<MATS, UNROLL>& next) {
+    int next_group = group, next_start = step_start + 32 * UNROLL;
+    if (next_start >= chunks) {
+      next_group += stride;
+      next_start = 0;
+    }
+    const bool more = next_group < groups;
+    if (more) load_gemv_step<KIND, SWIGLU, MATS, UNROLL>(p, next_group, next_start, lane, next);
+    gemv_step_dot<KIND, ROWS, MATS, UNROLL>(p, cur, step_start, lane, acc);
+    if (next_group != group) store_gemv_group<ROWS, SWIGLU, MATS>(p, group, lane, acc);
+    group = next_group;
+    step_start = next_start;
+    return more;
+  }
+};
+
+// grid: min(ceil(groups / WARPS), SMs * blocks per SM) with groups = ceil(n / (SWIGLU ? MATS / 2 :
+// MATS)), block: 32 * WARPS.
+template <int KIND, int ROWS, bool SWIGLU, int MATS, int UNROLL, int WARPS>
+__global__ void __launch_bounds__(32 * WARPS) quant_gemv_persistent_kernel(QuantGemvParams p) {
+  static_assert(!SWIGLU || MATS % 2 == 0, "SWIGLU pairs gate and up rows");
+  constexpr int kFeats = SWIGLU ? MATS / 2 : MATS;
+  GemvPipeline<KIND, ROWS, SWIGLU, MATS, UNROLL> pipe{p, static_cast<int>(threadIdx.x & 31),
+                                                      (p.n + kFeats - 1) / kFeats,
+                                                      static_cast<int>(gridDim.x) * WARPS,
+                                                      p.k / QuantTraits<KIND>::kChunk};
+  int group = blockIdx.x * WARPS + (threadIdx.x >> 5), step_start = 0;
+  GemvStepRegs<MATS, UNROLL> a, b;
+  if (group < pipe.groups) load_gemv_step<KIND, SWIGLU, MATS, UNROLL>(p, group, 0, pipe.lane, a);
+  begin_dependent_grid();
+  if (group >= pipe.groups) return;
+#pragma unroll
+  for (int m = 0; m < MATS; ++m)
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) pipe.acc[m][r] = 0.f;
+  while (pipe.step(group, step_start, a, b) && pipe.step(group, step_start, b, a)) {
   }
 }
 

@@ -70,6 +70,33 @@ def test_gemv_matches_dequantize_then_matmul(emu, case: QuantCase, rows: int, sw
     torch.testing.assert_close(out.float(), ref, atol=_tolerance(ref), rtol=0)
 
 
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("rows,swiglu,blocks", [(1, False, 1), (2, True, 1), (3, False, 2)])
+def test_persistent_gemv_matches_dequantize_then_matmul(
+    emu, case: QuantCase, rows: int, swiglu: bool, blocks: int
+):
+    """The persistent GEMV: warps walk several row groups (10 groups of 4 rows, or 5 of 2 features with
+    SwiGLU, over 8 or 16 warps) of several steps each (k: 80 4-bit or 160 8-bit chunks, 64 per step)."""
+    gen = torch.Generator().manual_seed(hash((case.name, rows, swiglu, "persistent")) % 2**31)
+    n, k = (78, 2560) if swiglu else (39, 2560)  # a last group with fewer rows
+    weight = make_weight(case, n, k, gen)
+    packed = pack(weight)
+    x = torch.randn(rows, k, generator=gen).to(torch.float16)
+    bias = torch.randn(n, generator=gen).to(torch.float16)
+    ref = _reference(weight, x, bias)
+    if swiglu:
+        ref = silu_and_mul_ref(ref.to(torch.float16).float())
+    xg = _gathered(packed, x)
+    out = torch.full((rows, ref.shape[1]), float("nan"), dtype=torch.float16)
+    emu.emu_quant_gemv_persistent(
+        ctypes.c_int(packed.kind), ptr(out), ptr(xg), ptr(packed.packed), ptr(packed.group_params), ptr(bias),
+        ctypes.c_longlong(out.stride(0)), ctypes.c_longlong(xg.stride(0)), ctypes.c_int(rows),
+        ctypes.c_int(ref.shape[1]), ctypes.c_int(k), *_group_args(packed), ctypes.c_int(int(swiglu)),
+        ctypes.c_int(blocks), ctypes.c_uint(5),
+    )  # fmt: skip
+    torch.testing.assert_close(out.float(), ref, atol=_tolerance(ref), rtol=0)
+
+
 # The cases that run every row tile, split k unevenly (the rest run block_m 16 with k split in two).
 _ALL_TILES = {"int4-g128", "int8-channel", "fp8-g128"}
 

@@ -75,6 +75,37 @@ void emu_quant_gemv(int kind, void* out, const void* x, const void* weight, cons
   });
 }
 
+// The persistent GEMV (4 rows per warp, 2 chunks in flight per row, 8 warps) on `blocks` blocks.
+void emu_quant_gemv_persistent(int kind, void* out, const void* x, const void* weight, const void* group_params,
+                               const void* bias, long long out_stride, long long x_stride, int rows, int n, int k,
+                               int num_groups, int chunk_group_shift, int swiglu, int blocks, unsigned seed) {
+  voltllm::QuantGemvParams p{};
+  p.out = out;
+  p.x = x;
+  p.weight = static_cast<const uint4*>(weight);
+  p.group_params = static_cast<const unsigned*>(group_params);
+  p.bias = bias;
+  p.out_stride = out_stride;
+  p.x_stride = x_stride;
+  p.rows = rows;
+  p.n = n;
+  p.k = k;
+  p.num_groups = num_groups;
+  p.chunk_group_shift = chunk_group_shift;
+  dispatch_kind(kind, [&](auto kind_c) {
+    dispatch_rows(rows, [&](auto rows_c) {
+      constexpr int K = decltype(kind_c)::value, R = decltype(rows_c)::value;
+      if (swiglu) {
+        emu::launch(dim3(blocks), dim3(256), 0, [&] { voltllm::quant_gemv_persistent_kernel<K, R, true, 4, 2, 8>(p); },
+                    seed);
+      } else {
+        emu::launch(dim3(blocks), dim3(256), 0,
+                    [&] { voltllm::quant_gemv_persistent_kernel<K, R, false, 4, 2, 8>(p); }, seed);
+      }
+    });
+  });
+}
+
 // `partial`: a zeroed fp32 [m, n] buffer, used (with the finalize kernel) when splits > 1.
 void emu_quant_gemm(int kind, int block_m, int splits, void* out, float* partial, const void* x, const void* weight,
                     const void* group_params, const void* bias, long long out_stride, long long x_stride, int m,
