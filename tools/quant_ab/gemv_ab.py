@@ -32,16 +32,20 @@ from quantization import LLAMA_SHAPES, fp16_copies, packed_copies  # noqa: E402
 
 from voltllm.ops import quantized_linear as ql  # noqa: E402
 
-# (label, kind, swiglu, MATS, UNROLL, WARPS); MATS None = session 8's kernel.
+# (label, MATS, UNROLL, WARPS, blocks per SM); MATS None = session 8's kernel; blocks per SM 0 = the
+# one-shot quant_gemv_kernel (a warp per row group), else quant_gemv_persistent_kernel on that many
+# blocks per SM.
 INT4_VARIANTS = [
-    ("s8", None, 0, 0),
-    ("2x4w4", 2, 4, 4),
-    ("4x4w4", 4, 4, 4),
-    ("4x2w4", 4, 2, 4),
-    ("2x8w4", 2, 8, 4),
-    ("4x4w2", 4, 4, 2),
-    ("8x2w4", 8, 2, 4),
-    ("2x4w8", 2, 4, 8),
+    ("s8", None, 0, 0, 0),
+    ("2x4w4", 2, 4, 4, 0),
+    ("4x2w4", 4, 2, 4, 0),
+    ("p4x2w8b1", 4, 2, 8, 1),
+    ("p2x4w8b1", 2, 4, 8, 1),
+    ("p4x1w8b1", 4, 1, 8, 1),
+    ("p2x2w8b1", 2, 2, 8, 1),
+    ("p4x1w8b2", 4, 1, 8, 2),
+    ("p2x2w8b2", 2, 2, 8, 2),
+    ("p4x2w4b2", 4, 2, 4, 2),
 ]
 FORMAT_OF_KIND = {0: "AWQ int4 g128", 1: "int8 channel", 2: "fp8 block 128"}
 
@@ -65,11 +69,18 @@ class Params(ctypes.Structure):
     ]
 
 
-def mangled(kind: int, rows: int, swiglu: bool, shape: tuple[int, int, int] | None) -> str:
+def kernel_name(persistent: bool) -> str:
+    return "quant_gemv_persistent_kernel" if persistent else "quant_gemv_kernel"
+
+
+def mangled(
+    kind: int, rows: int, swiglu: bool, shape: tuple[int, int, int] | None, persistent: bool = False
+) -> str:
     args = f"Li{kind}ELi{rows}ELb{int(swiglu)}E"
     if shape is not None:
         args += "".join(f"Li{v}E" for v in shape)
-    return f"_ZN7voltllm17quant_gemv_kernelI{args}EEvNS_15QuantGemvParamsE"
+    name = kernel_name(persistent)
+    return f"_ZN7voltllm{len(name)}{name}I{args}EEvNS_15QuantGemvParamsE"
 
 
 # Weight-streaming GEMM shapes (m fragments, n fragments, ring depth), int4.
@@ -87,11 +98,14 @@ def stream_explicit(shape: tuple[int, int, int]) -> str:
     return f"template __global__ void voltllm::quant_gemm_stream_kernel<{args}>(voltllm::QuantGemmParams);\n"
 
 
-def explicit(kind: int, rows: int, swiglu: bool, shape: tuple[int, int, int] | None) -> str:
+def explicit(
+    kind: int, rows: int, swiglu: bool, shape: tuple[int, int, int] | None, persistent: bool = False
+) -> str:
     args = f"{kind}, {rows}, {'true' if swiglu else 'false'}"
     if shape is not None:
         args += ", " + ", ".join(map(str, shape))
-    return f"template __global__ void voltllm::quant_gemv_kernel<{args}>(voltllm::QuantGemvParams);\n"
+    name = kernel_name(persistent)
+    return f"template __global__ void voltllm::{name}<{args}>(voltllm::QuantGemvParams);\n"
 
 
 @dataclasses.dataclass
@@ -101,6 +115,18 @@ class Variant:
     rows: int
     swiglu: bool
     shape: tuple[int, int, int] | None  # (MATS, UNROLL, WARPS); None: session 8
+    blocks_per_sm: int = 0  # 0: the one-shot kernel; else the persistent one
+
+    @property
+    def name(self) -> str:
+        return mangled(self.kind, self.rows, self.swiglu, self.shape, self.blocks_per_sm > 0)
+
+    def grid(self, n: int) -> int:
+        blocks = (n + self.features_per_block - 1) // self.features_per_block
+        if self.blocks_per_sm:
+            sms = torch.cuda.get_device_properties(0).multi_processor_count
+            blocks = min(blocks, sms * self.blocks_per_sm)
+        return blocks
 
     @property
     def features_per_block(self) -> int:
@@ -126,7 +152,9 @@ def build(variants: list[Variant], workdir: Path) -> dict[str, object]:
     for unit, members in units.items():
         src = workdir / f"{unit}.cu"
         include = '#include "quantization/quant_gemv.cuh"\n'
-        instances = sorted({explicit(v.kind, v.rows, v.swiglu, v.shape) for v in members})
+        instances = sorted(
+            {explicit(v.kind, v.rows, v.swiglu, v.shape, v.blocks_per_sm > 0) for v in members}
+        )
         if unit == "stream":
             include = '#include "quantization/quant_gemm_stream.cuh"\n'
             instances = [stream_explicit(shape) for shape in STREAM_SHAPES]
@@ -145,7 +173,7 @@ def build(variants: list[Variant], workdir: Path) -> dict[str, object]:
         module = ctypes.c_void_p()
         image = (workdir / f"{unit}.cubin").read_bytes()
         check(cuda.cuModuleLoadData(ctypes.byref(module), image), "cuModuleLoadData")
-        for name in [mangled(v.kind, v.rows, v.swiglu, v.shape) for v in units[unit]] + names.get(unit, []):
+        for name in [v.name for v in units[unit]] + names.get(unit, []):
             fn = ctypes.c_void_p()
             check(cuda.cuModuleGetFunction(ctypes.byref(fn), module, name.encode()), name)
             functions[name] = fn
@@ -219,12 +247,11 @@ def stream_launcher(fns, shape, splits: int, weights: list[ql.PackedQuantWeight]
     smem = 4 * (16 * nf * 72 * 2 + 16 * 24 * 2)  # QuantStreamTraits::kSmemBytes
 
     def run(i: int) -> torch.Tensor:
-        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
         if splits > 1:
             partial.zero_()
-        check(cuda.cuLaunchKernel(fn, *grid, 128, 1, 1, smem, stream, args[i], None), str(shape))
+        launch(cuda, fn, grid, 128, smem, args[i], str(shape))
         if splits > 1:
-            check(cuda.cuLaunchKernel(finalize, m, 1, 1, 256, 1, 1, 0, stream, fargs, None), "finalize")
+            launch(cuda, finalize, (m, 1, 1), 256, 0, fargs, "finalize")
         return out
 
     run.keep_alive = (params, args, fparams, fargs, partial)
@@ -271,6 +298,37 @@ def gemm_tables(fns) -> None:
             )
 
 
+class LaunchAttribute(ctypes.Structure):
+    """CUlaunchAttribute: an id, padding to 8 bytes, a 64-byte value union."""
+
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
+
+
+class LaunchConfig(ctypes.Structure):
+    """CUlaunchConfig."""
+
+    _fields_ = [
+        *((name, ctypes.c_uint) for name in ("gx", "gy", "gz", "bx", "by", "bz", "smem")),
+        ("stream", ctypes.c_void_p),
+        ("attrs", ctypes.POINTER(LaunchAttribute)),
+        ("num_attrs", ctypes.c_uint),
+    ]
+
+
+PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+_PDL = LaunchAttribute(PROGRAMMATIC_STREAM_SERIALIZATION)
+_PDL.value[0] = 1
+
+
+def launch(cuda, fn, grid: tuple[int, int, int], threads: int, smem: int, args, what: str) -> None:
+    """The kernel on torch's current stream, as a programmatic dependent launch where the device has it
+    (SM90+, as the extension's glue launches)."""
+    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    pdl = torch.cuda.get_device_capability()[0] >= 9
+    config = LaunchConfig(*grid, threads, 1, 1, smem, stream, ctypes.pointer(_PDL) if pdl else None, int(pdl))
+    check(cuda.cuLaunchKernelEx(ctypes.byref(config), fn, args, None), what)
+
+
 def check(status: int, what: str) -> None:
     if status != 0:
         raise RuntimeError(f"{what}: CUDA driver error {status}")
@@ -279,7 +337,7 @@ def check(status: int, what: str) -> None:
 def launcher(fns: dict[str, object], v: Variant, weights: list[ql.PackedQuantWeight], x: torch.Tensor):
     """fn(i): the variant's kernel on weight copy i, into a preallocated output."""
     cuda = fns["_cuda"]
-    fn = fns[mangled(v.kind, v.rows, v.swiglu, v.shape)]
+    fn = fns[v.name]
     n_rows, k = weights[0].shape
     n = n_rows // 2 if v.swiglu else n_rows
     out = torch.empty(x.shape[0], n, dtype=torch.float16, device="cuda")
@@ -304,11 +362,10 @@ def launcher(fns: dict[str, object], v: Variant, weights: list[ql.PackedQuantWei
         for w in weights
     ]
     arg_arrays = [(ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(p), ctypes.c_void_p)) for p in params]
-    grid = (n + v.features_per_block - 1) // v.features_per_block
+    grid = v.grid(n)
 
     def run(i: int) -> torch.Tensor:
-        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-        check(cuda.cuLaunchKernel(fn, grid, 1, 1, v.threads, 1, 1, 0, stream, arg_arrays[i], None), v.label)
+        launch(cuda, fn, (grid, 1, 1), v.threads, 0, arg_arrays[i], v.label)
         return out
 
     run.keep_alive = (params, arg_arrays)  # the launches read the structs they point at
@@ -362,11 +419,11 @@ def main() -> None:
         table = INT4_VARIANTS if kind == 0 else INT4_VARIANTS[:3]
         for rows in rows_list:
             for swiglu in (False, True):
-                for label, *shape in table:
-                    if swiglu and shape[0] is not None and shape[0] % 2:
+                for label, mats, unroll, warps, blocks_per_sm in table:
+                    if swiglu and mats is not None and mats % 2:
                         continue
-                    shape_or_none = None if shape[0] is None else tuple(shape)
-                    variants.append(Variant(label, kind, rows, swiglu, shape_or_none))
+                    shape = None if mats is None else (mats, unroll, warps)
+                    variants.append(Variant(label, kind, rows, swiglu, shape, blocks_per_sm))
     with tempfile.TemporaryDirectory() as tmp:
         fns = build(variants, Path(tmp))
     try:
