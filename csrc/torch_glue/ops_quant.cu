@@ -259,15 +259,16 @@ void dispatch_m_frags(int64_t m_frags, const char* op, Fn&& fn) {
 
 // The k split of the streaming GEMM: enough splits that about kStreamWarpsPerSm warps per SM stream
 // weights at once, each split keeping at least kStreamMinChunks k-chunks (fewer would spend their time
-// filling the register ring and in the fp32 atomics). benches/RESULTS.md "Quantized kernels" has the
-// split sweep these come from.
+// filling the register ring and in the fp32 atomics), and at least as many as the staged x needs to fit
+// shared memory (`max_chunks` per split).
 constexpr int64_t kStreamWarpsPerSm = 16;
 constexpr int64_t kStreamMinChunks = 8;
 
-int64_t stream_splits(int64_t warps, int64_t k_chunks) {
+int64_t stream_splits(int64_t warps, int64_t k_chunks, int64_t max_chunks) {
   const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const int64_t wanted = (sms * kStreamWarpsPerSm + warps - 1) / warps;
-  return std::max<int64_t>(1, std::min<int64_t>(wanted, k_chunks / kStreamMinChunks));
+  const int64_t splits = std::max<int64_t>(1, std::min<int64_t>(wanted, k_chunks / kStreamMinChunks));
+  return std::max(splits, (k_chunks + max_chunks - 1) / max_chunks);
 }
 
 }  // namespace
@@ -284,9 +285,6 @@ void quant_gemm_stream(at::Tensor& out, const at::Tensor& x, const at::Tensor& w
   check_bias(bias, n, op);
   TORCH_CHECK(m_frags >= 0 && m_frags <= 4, op, ": m_frags ", num(m_frags), " is not built (0 = choose, 1 to 4)");
   TORCH_CHECK(splits >= 0, op, ": splits must be >= 0 (0 = choose)");
-  // WMMA reads whole 16x16 fragments of x from global memory: a 32-byte aligned start (16-row steps of a
-  // row stride that check_activation makes a multiple of 8 elements keep it).
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(x.data_ptr()) % 32 == 0, op, ": x must start 32-byte aligned");
   const at::cuda::OptionalCUDAGuard guard(x.device());
   if (m_frags == 0) m_frags = std::min<int64_t>(4, (m + 15) / 16);
   const int64_t k_chunks = shape.k / 64;
@@ -295,9 +293,14 @@ void quant_gemm_stream(at::Tensor& out, const at::Tensor& x, const at::Tensor& w
     dispatch_m_frags(m_frags, op, [&](auto mf_c) {
       constexpr int K = decltype(kind_c)::value, MF = decltype(mf_c)::value;
       constexpr int NF = QuantStreamShape<K, MF>::kNF, D = QuantStreamShape<K, MF>::kDepth;
-      const int64_t features = QuantStreamTraits<K, MF, NF, D>::kWarps * 16 * NF;
+      using Tr = QuantStreamTraits<K, MF, NF, D>;
+      const int64_t features = Tr::kWarps * 16 * NF;
       const int64_t row_blocks = (m + 16 * MF - 1) / (16 * MF);
-      int64_t s = splits ? splits : stream_splits(((n + 16 * NF - 1) / (16 * NF)) * row_blocks, k_chunks);
+      const int smem_limit = static_cast<int>(at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin);
+      const int64_t max_chunks = quant_gemm_stream_max_chunks<K, MF, NF, D>(smem_limit);
+      TORCH_CHECK(max_chunks >= 1, op, ": the staged x does not fit shared memory");
+      int64_t s = splits ? std::max(splits, (k_chunks + max_chunks - 1) / max_chunks)
+                         : stream_splits(((n + 16 * NF - 1) / (16 * NF)) * row_blocks, k_chunks, max_chunks);
       s = std::min(s, k_chunks);
       const int64_t per_split = (k_chunks + s - 1) / s;
       s = (k_chunks + per_split - 1) / per_split;  // no empty split
@@ -318,11 +321,11 @@ void quant_gemm_stream(at::Tensor& out, const at::Tensor& x, const at::Tensor& w
       p.num_groups = static_cast<int>(shape.num_groups);
       p.chunk_group_shift = static_cast<int>(shape.chunk_group_shift);
       p.k_tiles_per_split = static_cast<int>(per_split);
-      constexpr int smem = quant_gemm_stream_smem_bytes<K, MF, NF, D>();
+      const int smem = quant_gemm_stream_smem_bytes<K, MF, NF, D>(static_cast<int>(per_split));
+      set_smem(quant_gemm_stream_kernel<K, MF, NF, D>, smem);
       const dim3 grid(static_cast<unsigned>((n + features - 1) / features), static_cast<unsigned>(row_blocks),
                       static_cast<unsigned>(s));
-      launch(quant_gemm_stream_kernel<K, MF, NF, D>, grid, QuantStreamTraits<K, MF, NF, D>::kThreads, smem, stream,
-             p);
+      launch(quant_gemm_stream_kernel<K, MF, NF, D>, grid, Tr::kThreads, smem, stream, p);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       if (s > 1) {
         QuantGemmFinalizeParams f{};

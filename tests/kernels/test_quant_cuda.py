@@ -91,8 +91,8 @@ def test_stream_gemm_every_kind_and_fragment_count(case: QuantCase, rows: int):
 
 
 @cuda
-def test_stream_gemm_realigns_x():
-    """WMMA reads whole fragments of x: a view starting 16 (not 32) bytes into its storage is copied."""
+def test_stream_gemm_takes_a_16_byte_aligned_x():
+    """x is staged through 16-byte loads: a view starting 16 (not 32) bytes into its storage works."""
     weight, x, bias = _inputs(QuantCase("int", 4, 128), 16, 256, 512, "stream-align")
     storage = torch.empty(16 * 512 + 8, dtype=torch.float16, device="cuda")
     shifted = storage[8:].view(16, 512)

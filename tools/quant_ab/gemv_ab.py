@@ -84,7 +84,7 @@ def mangled(
 
 
 # Weight-streaming GEMM shapes (m fragments, n fragments, ring depth), int4.
-STREAM_SHAPES = [(1, 1, 8), (1, 2, 4), (1, 2, 8), (2, 2, 4), (4, 1, 4), (4, 2, 2), (4, 2, 4)]
+STREAM_SHAPES = [(1, 1, 8), (1, 2, 4), (1, 2, 8), (2, 1, 8), (2, 2, 4), (4, 1, 4), (4, 1, 2), (4, 2, 2)]
 FINALIZE = "_ZN7voltllm26quant_gemm_finalize_kernelENS_23QuantGemmFinalizeParamsE"
 
 
@@ -216,6 +216,12 @@ def stream_launcher(fns, shape, splits: int, weights: list[ql.PackedQuantWeight]
     out = torch.empty(m, n, dtype=torch.float16, device="cuda")
     partial = torch.zeros(m, n, dtype=torch.float32, device="cuda")
     k_tiles = k // 64
+    # quant_gemm_stream.cuh: 8 warps of 16 * nf rows, each a [16 nf][72] fp16 tile, then x's 16 mf rows
+    # of the split, padded by 8 columns; a split's x must fit the opt-in shared memory.
+    fixed = 8 * 16 * nf * 72 * 2
+    optin = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
+    max_chunks = ((optin - fixed) // (16 * mf * 2) - 8) // 64
+    splits = max(splits, -(-k_tiles // max_chunks))
     per_split = -(-k_tiles // splits)
     splits = -(-k_tiles // per_split)
     num_groups = weights[0].group_params.shape[1]
@@ -243,13 +249,15 @@ def stream_launcher(fns, shape, splits: int, weights: list[ql.PackedQuantWeight]
     args = [(ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(p), ctypes.c_void_p)) for p in params]
     fparams = FinalizeParams(out.data_ptr(), partial.data_ptr(), None, out.stride(0), m, n)
     fargs = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(fparams), ctypes.c_void_p))
-    grid = (-(-n // (64 * nf)), -(-m // (16 * mf)), splits)
-    smem = 4 * (16 * nf * 72 * 2 + 16 * 24 * 2)  # QuantStreamTraits::kSmemBytes
+    grid = (-(-n // (128 * nf)), -(-m // (16 * mf)), splits)
+    smem = fixed + 16 * mf * (per_split * 64 + 8) * 2
+    max_dynamic_smem = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    check(cuda.cuFuncSetAttribute(fn, max_dynamic_smem, smem), "cuFuncSetAttribute")
 
     def run(i: int) -> torch.Tensor:
         if splits > 1:
             partial.zero_()
-        launch(cuda, fn, grid, 128, smem, args[i], str(shape))
+        launch(cuda, fn, grid, 256, smem, args[i], str(shape))
         if splits > 1:
             launch(cuda, finalize, (m, 1, 1), 256, 0, fargs, "finalize")
         return out

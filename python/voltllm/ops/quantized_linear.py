@@ -222,8 +222,6 @@ def quant_gemm_stream(
     """`x @ W^T + bias` on the weight-streaming WMMA GEMM; `m_frags` (1-4 fragments of 16 rows of x per
     warp) and `splits` of k, 0 = chosen by size."""
     x = _gather_columns(x, weight.column_order)
-    if x.data_ptr() % 32:  # whole WMMA fragments are read from x: a 32-byte aligned start
-        x = x.clone()
     out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float16, device=x.device)
     kernel_ops().quant_gemm_stream(
         out, x, weight.packed, weight.group_params, bias, weight.kind, weight.group_size, m_frags, splits

@@ -148,8 +148,8 @@ void emu_quant_gemm(int kind, int block_m, int splits, void* out, float* partial
   }
 }
 
-// The weight-streaming GEMM at one built shape (m_frags, n_frags, depth); `x` holds 16 * m_frags *
-// ceil(m / (16 * m_frags)) rows (the rows past m are padding), `partial` as for emu_quant_gemm.
+// The weight-streaming GEMM at one built shape (m_frags, n_frags, depth); `partial` as for
+// emu_quant_gemm.
 void emu_quant_gemm_stream(int kind, int m_frags, int n_frags, int depth, int splits, void* out, float* partial,
                            const void* x, const void* weight, const void* group_params, const void* bias,
                            long long out_stride, long long x_stride, int m, int n, int k, int num_groups,
@@ -175,9 +175,9 @@ void emu_quant_gemm_stream(int kind, int m_frags, int n_frags, int depth, int sp
   auto run = [&](auto kind_c, auto mf_c, auto nf_c, auto depth_c) {
     constexpr int K = decltype(kind_c)::value, MF = decltype(mf_c)::value, NF = decltype(nf_c)::value,
                   D = decltype(depth_c)::value;
-    const int features = 4 * 16 * NF;
+    const int features = 8 * 16 * NF;
     const dim3 grid((n + features - 1) / features, (m + 16 * MF - 1) / (16 * MF), splits);
-    emu::launch(grid, dim3(128), voltllm::quant_gemm_stream_smem_bytes<K, MF, NF, D>(),
+    emu::launch(grid, dim3(256), voltllm::quant_gemm_stream_smem_bytes<K, MF, NF, D>(per_split),
                 [&] { voltllm::quant_gemm_stream_kernel<K, MF, NF, D>(p); }, seed);
   };
   using I = std::integral_constant<int, 1>;
