@@ -192,8 +192,6 @@ def split_sweep() -> None:
             )
 
 
-
-
 def bytes_per_token(model: torch.nn.Module) -> tuple[int, int]:
     """(bytes the weights take, bytes a batch-1 decode step reads): parameters and buffers, the packed
     quantized weights, and of the input embedding only one row per token."""

@@ -263,14 +263,31 @@ struct GemvPipeline {
   }
 };
 
-// grid: min(ceil(groups / WARPS), SMs * blocks per SM) with groups = ceil(n / (SWIGLU ? MATS / 2 :
-// MATS)), block: 32 * WARPS.
+// The persistent GEMV the extension builds, by rows of x: weight rows per warp and chunks per row in
+// flight per lane, kQuantGemvPersistentWarps warps per block and kQuantGemvBlocksPerSm blocks per SM.
+// At most 128 registers (the launch bounds ask for two blocks' worth), so that a block takes at most
+// half of an SM's registers and the grid fits beside the kernel before it.
+template <int ROWS>
+struct QuantGemvPersistentShape {
+  static constexpr int kMats = ROWS == 1 ? 4 : 2;
+  static constexpr int kUnroll = 2;
+};
+constexpr int kQuantGemvPersistentWarps = 8;
+constexpr int kQuantGemvBlocksPerSm = 1;
+
+// Row groups (MATS rows, or MATS / 2 features with SWIGLU) of an n-feature output.
+template <bool SWIGLU, int MATS>
+__host__ __device__ constexpr int quant_gemv_groups(int n) {
+  return (n + (SWIGLU ? MATS / 2 : MATS) - 1) / (SWIGLU ? MATS / 2 : MATS);
+}
+
+// grid: min(ceil(groups / WARPS), SMs * blocks per SM) with groups = quant_gemv_groups<SWIGLU, MATS>(n),
+// block: 32 * WARPS.
 template <int KIND, int ROWS, bool SWIGLU, int MATS, int UNROLL, int WARPS>
-__global__ void __launch_bounds__(32 * WARPS) quant_gemv_persistent_kernel(QuantGemvParams p) {
+__global__ void __launch_bounds__(32 * WARPS, 2) quant_gemv_persistent_kernel(QuantGemvParams p) {
   static_assert(!SWIGLU || MATS % 2 == 0, "SWIGLU pairs gate and up rows");
-  constexpr int kFeats = SWIGLU ? MATS / 2 : MATS;
   GemvPipeline<KIND, ROWS, SWIGLU, MATS, UNROLL> pipe{p, static_cast<int>(threadIdx.x & 31),
-                                                      (p.n + kFeats - 1) / kFeats,
+                                                      quant_gemv_groups<SWIGLU, MATS>(p.n),
                                                       static_cast<int>(gridDim.x) * WARPS,
                                                       p.k / QuantTraits<KIND>::kChunk};
   int group = blockIdx.x * WARPS + (threadIdx.x >> 5), step_start = 0;

@@ -148,17 +148,19 @@ void quant_gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, 
   p.num_groups = static_cast<int>(shape.num_groups);
   p.chunk_group_shift = static_cast<int>(shape.chunk_group_shift);
   const auto stream = at::cuda::getCurrentCUDAStream();
+  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   dispatch_quant_kind(kind, op, [&](auto kind_c) {
     dispatch_gemv_rows(rows, [&](auto rows_c) {
       constexpr int K = decltype(kind_c)::value, R = decltype(rows_c)::value;
+      constexpr int MATS = QuantGemvPersistentShape<R>::kMats, UNROLL = QuantGemvPersistentShape<R>::kUnroll;
+      constexpr int W = kQuantGemvPersistentWarps;
+      const int groups = swiglu ? quant_gemv_groups<true, MATS>(static_cast<int>(n))
+                                : quant_gemv_groups<false, MATS>(static_cast<int>(n));
+      const int blocks = static_cast<int>(std::min<int64_t>((groups + W - 1) / W, sms * kQuantGemvBlocksPerSm));
       if (swiglu) {
-        const int blocks = static_cast<int>((n + quant_gemv_features_per_block<true>() - 1) /
-                                            quant_gemv_features_per_block<true>());
-        launch(quant_gemv_kernel<K, R, true>, blocks, 32 * kQuantGemvWarps, 0, stream, p);
+        launch(quant_gemv_persistent_kernel<K, R, true, MATS, UNROLL, W>, blocks, 32 * W, 0, stream, p);
       } else {
-        const int blocks = static_cast<int>((n + quant_gemv_features_per_block<false>() - 1) /
-                                            quant_gemv_features_per_block<false>());
-        launch(quant_gemv_kernel<K, R, false>, blocks, 32 * kQuantGemvWarps, 0, stream, p);
+        launch(quant_gemv_persistent_kernel<K, R, false, MATS, UNROLL, W>, blocks, 32 * W, 0, stream, p);
       }
     });
   });

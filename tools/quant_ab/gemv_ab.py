@@ -37,7 +37,6 @@ from voltllm.ops import quantized_linear as ql  # noqa: E402
 # blocks per SM.
 INT4_VARIANTS = [
     ("s8", None, 0, 0, 0),
-    ("2x4w4", 2, 4, 4, 0),
     ("4x2w4", 4, 2, 4, 0),
     ("p4x2w8b1", 4, 2, 8, 1),
     ("p2x4w8b1", 2, 4, 8, 1),
@@ -145,19 +144,26 @@ def build(variants: list[Variant], workdir: Path) -> dict[str, object]:
     nvcc = Path(CUDA_HOME or "/usr/local/cuda") / "bin" / "nvcc"
     major, minor = torch.cuda.get_device_capability()
     # One translation unit per group of kernels, compiled in parallel.
-    units = {"old": [v for v in variants if v.shape is None], "stream": []}
+    units: dict[str, list[Variant]] = {"old": [v for v in variants if v.shape is None]}
     for kind in sorted({v.kind for v in variants}):
-        units[f"new{kind}"] = [v for v in variants if v.shape and v.kind == kind]
+        for persistent in (False, True):
+            units[f"new{kind}{'p' if persistent else ''}"] = [
+                v for v in variants if v.shape and v.kind == kind and (v.blocks_per_sm > 0) == persistent
+            ]
+    stream_units = {f"stream{i}": STREAM_SHAPES[i::3] for i in range(3)}
     procs = {}
-    for unit, members in units.items():
+    for unit in [*units, *stream_units]:
         src = workdir / f"{unit}.cu"
-        include = '#include "quantization/quant_gemv.cuh"\n'
-        instances = sorted(
-            {explicit(v.kind, v.rows, v.swiglu, v.shape, v.blocks_per_sm > 0) for v in members}
-        )
-        if unit == "stream":
+        if unit in stream_units:
             include = '#include "quantization/quant_gemm_stream.cuh"\n'
-            instances = [stream_explicit(shape) for shape in STREAM_SHAPES]
+            instances = [stream_explicit(shape) for shape in stream_units[unit]]
+        else:
+            include = '#include "quantization/quant_gemv.cuh"\n'
+            instances = sorted(
+                {explicit(v.kind, v.rows, v.swiglu, v.shape, v.blocks_per_sm > 0) for v in units[unit]}
+            )
+        if not instances:
+            continue
         src.write_text(include + "".join(instances))
         includes = [f"-I{REPO / 'tools' / 'quant_ab' / 'session8'}"] if unit == "old" else []
         cmd = [str(nvcc), "-cubin", f"-arch=sm_{major}{minor}", "-O3", "-std=c++17", *includes,
@@ -165,7 +171,8 @@ def build(variants: list[Variant], workdir: Path) -> dict[str, object]:
         procs[unit] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     cuda = ctypes.CDLL("libcuda.so.1")
     functions: dict[str, object] = {}
-    names = {"stream": [stream_mangled(shape) for shape in STREAM_SHAPES] + [FINALIZE]}
+    names = {unit: [stream_mangled(shape) for shape in shapes] for unit, shapes in stream_units.items()}
+    names["stream0"].append(FINALIZE)
     for unit, proc in procs.items():
         out, _ = proc.communicate()
         if proc.returncode != 0:
@@ -173,7 +180,7 @@ def build(variants: list[Variant], workdir: Path) -> dict[str, object]:
         module = ctypes.c_void_p()
         image = (workdir / f"{unit}.cubin").read_bytes()
         check(cuda.cuModuleLoadData(ctypes.byref(module), image), "cuModuleLoadData")
-        for name in [v.name for v in units[unit]] + names.get(unit, []):
+        for name in [v.name for v in units.get(unit, [])] + names.get(unit, []):
             fn = ctypes.c_void_p()
             check(cuda.cuModuleGetFunction(ctypes.byref(fn), module, name.encode()), name)
             functions[name] = fn

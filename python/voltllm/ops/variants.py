@@ -89,10 +89,20 @@ def _quantization() -> dict[str, list[str]]:
     kinds = QUANT_KINDS.values()
     return {
         "quantization/quant_gemv.cuh": [
-            f"voltllm::quant_gemv_kernel<{kind}, {rows}, {swiglu}>"
-            for kind in kinds
-            for rows in QUANT_GEMV_ROWS
-            for swiglu in ("false", "true")
+            *(
+                f"voltllm::quant_gemv_kernel<{kind}, {rows}, {swiglu}>"
+                for kind in kinds
+                for rows in QUANT_GEMV_ROWS
+                for swiglu in ("false", "true")
+            ),
+            *(
+                f"voltllm::quant_gemv_persistent_kernel<{kind}, {rows}, {swiglu}, "
+                f"voltllm::QuantGemvPersistentShape<{rows}>::kMats, "
+                f"voltllm::QuantGemvPersistentShape<{rows}>::kUnroll, voltllm::kQuantGemvPersistentWarps>"
+                for kind in kinds
+                for rows in QUANT_GEMV_ROWS
+                for swiglu in ("false", "true")
+            ),
         ],
         "quantization/quant_gemm_wmma.cuh": [
             *(
