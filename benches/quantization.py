@@ -3,9 +3,11 @@
 Tables (every ratio from numbers measured in this run):
 1. GEMV at 1 row for each packed format: bytes the kernel reads (packed codes + group parameters) per
    second as a fraction of the device copy bandwidth, next to the fp16 GEMV and cuBLAS;
-2. rows 1..8: the GEMV, the WMMA GEMM and cuBLAS fp16 (where the dispatch should switch);
-3. rows 16 and 64: the W4A16 WMMA GEMM (AWQ-style int4, group 128, zero points) against cuBLAS fp16;
-4. rows 2048 (prefill): the WMMA GEMM and the dequantize + cuBLAS path against cuBLAS fp16, as
+2. rows 1..8: the GEMV, the weight-streaming GEMM, the tiled WMMA GEMM and cuBLAS fp16 (where the
+   dispatch should switch);
+3. rows 16 and 64: the W4A16 kernels (AWQ-style int4, group 128, zero points: the weight-streaming
+   GEMM, the tiled WMMA GEMM) against cuBLAS fp16;
+4. rows 2048 (prefill): the tiled WMMA GEMM and the dequantize + cuBLAS path against cuBLAS fp16, as
    throughput;
 5. (`--engine`) end to end, dummy AWQ weights (4-bit, group 128, zero points): Llama-3-8B batch-1
    decode against the fp16 model and against its own floor (bytes a token reads / copy bandwidth), and a
@@ -13,8 +15,8 @@ Tables (every ratio from numbers measured in this run):
 Calls are timed as CUDA-graph replays over enough weight copies to exceed the L2 cache (as
 `benches/gemv.py`), so every call reads its weight from memory.
 
-    python benches/quantization.py [--sweep] [--engine] [--engine-only]
-    # --sweep: also time the GEMM's k split by hand; --engine: also the end-to-end decode table
+    python benches/quantization.py [--only gemv,rows,gemm,sweep,engine] [--formats "AWQ int4 g128,..."]
+    # default: gemv, rows, gemm; --engine / --engine-only / --sweep as before add or pick tables
 """
 
 from __future__ import annotations
@@ -112,7 +114,7 @@ def gemv_table(bandwidth: float) -> None:
             h_us = graph_time_us(lambda i: gemv(x, dense[i], swiglu=swiglu), len(dense))  # noqa: B023
             c_us = graph_time_us(lambda i: cublas(x, dense[i], swiglu), len(dense))  # noqa: B023
             fp16_us[name, swiglu] = h_us, c_us
-    for fmt in FORMATS:
+    for fmt in selected_formats():
         total_bytes, total_us = 0, 0.0
         for name, (n, k) in LLAMA_SHAPES.items():
             weights = packed_copies(fmt, n, k)
@@ -135,31 +137,38 @@ def gemv_table(bandwidth: float) -> None:
 
 
 def few_rows_table() -> None:
-    print(f"\n### 2. {W4A16}, 1-8 rows: GEMV vs WMMA GEMM (block_m 16) vs cuBLAS fp16 (us)")
-    print("| layer | rows | GEMV | WMMA GEMM | cuBLAS fp16 |")
-    print("| --- | --- | --- | --- | --- |")
+    print(
+        f"\n### 2. {W4A16}, 1-8 rows: GEMV vs streaming GEMM vs tiled WMMA GEMM (block_m 16) vs cuBLAS (us)"
+    )
+    print("| layer | rows | GEMV | streaming GEMM | tiled WMMA GEMM | cuBLAS fp16 |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for name in ("o", "gate_up"):
         n, k = LLAMA_SHAPES[name]
         weights, dense = packed_copies(W4A16, n, k), fp16_copies(n, k)
-        for rows in (1, 2, 4, 6, 8):
+        for rows in (1, 2, 3, 4, 6, 8):
             x = torch.randn(rows, k, device="cuda").half()
             g_us = graph_time_us(lambda i: ql.quant_gemv(weights[i], x), len(weights))  # noqa: B023
+            s_us = graph_time_us(lambda i: ql.quant_gemm_stream(weights[i], x), len(weights))  # noqa: B023
             m_us = graph_time_us(lambda i: ql.quant_gemm(weights[i], x, block_m=16), len(weights))  # noqa: B023
             c_us = graph_time_us(lambda i: F.linear(x, dense[i]), len(dense))  # noqa: B023
-            print(f"| {name} | {rows} | {g_us:.1f} | {m_us:.1f} | {c_us:.1f} |", flush=True)
+            print(f"| {name} | {rows} | {g_us:.1f} | {s_us:.1f} | {m_us:.1f} | {c_us:.1f} |", flush=True)
 
 
 def gemm_table() -> None:
     print(f"\n### 3-4. {W4A16} GEMM vs cuBLAS fp16 (us; speed-up = cuBLAS time / ours)")
-    print("| layer | rows | WMMA GEMM (chosen) | block_m 16 | block_m 64 | dequant + cuBLAS | cuBLAS fp16 | "
-          "WMMA speed-up | dispatch speed-up |")  # fmt: skip
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| layer | rows | streaming GEMM | tiled WMMA | block_m 16 | block_m 64 | dequant + cuBLAS | "
+          "cuBLAS fp16 | streaming speed-up | dispatch speed-up |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, (n, k) in LLAMA_SHAPES.items():
         weights, dense = packed_copies(W4A16, n, k), fp16_copies(n, k)
         for rows in (16, 64, 2048):
             x = torch.randn(rows, k, device="cuda").half()
             iters = 10 if rows > 64 else 40
             auto = graph_time_us(lambda i: ql.quant_gemm(weights[i], x), len(weights), iters)  # noqa: B023
+            stream = (
+                graph_time_us(lambda i: ql.quant_gemm_stream(weights[i], x), len(weights), iters)  # noqa: B023
+                if rows <= ql.STREAM_MAX_ROWS else float("nan")
+            )  # fmt: skip
             tiles = [
                 graph_time_us(lambda i: ql.quant_gemm(weights[i], x, block_m=bm), len(weights), iters)  # noqa: B023
                 if rows <= 64 else float("nan")
@@ -167,9 +176,11 @@ def gemm_table() -> None:
             ]  # fmt: skip
             dense_us = graph_time_us(lambda i: ql.quant_dense(weights[i], x), len(weights), iters)  # noqa: B023
             c_us = graph_time_us(lambda i: F.linear(x, dense[i]), len(dense), iters)  # noqa: B023
-            chosen = dense_us if rows >= ql.DENSE_MIN_ROWS else auto
-            times = f"{auto:.1f} | {tiles[0]:.1f} | {tiles[1]:.1f} | {dense_us:.1f} | {c_us:.1f}"
-            print(f"| {name} | {rows} | {times} | {c_us / auto:.2f}x | {c_us / chosen:.2f}x |", flush=True)
+            chosen = dense_us if rows >= ql.DENSE_MIN_ROWS else stream if rows <= ql.STREAM_MAX_ROWS else auto
+            times = (
+                f"{stream:.1f} | {auto:.1f} | {tiles[0]:.1f} | {tiles[1]:.1f} | {dense_us:.1f} | {c_us:.1f}"
+            )
+            print(f"| {name} | {rows} | {times} | {c_us / stream:.2f}x | {c_us / chosen:.2f}x |", flush=True)
 
 
 def split_sweep() -> None:
@@ -257,17 +268,47 @@ def engine_table(bandwidth: float) -> None:
     decode_row("Qwen3-32B AWQ", {**QWEN3_32B, "quantization_config": AWQ_CONFIG}, bandwidth)
 
 
+def _option(name: str) -> str | None:
+    """The value after `name` on the command line, or None."""
+    return sys.argv[sys.argv.index(name) + 1] if name in sys.argv[:-1] else None
+
+
+def selected_formats() -> list[str]:
+    """FORMATS, or the comma-separated subset `--formats` names."""
+    chosen = _option("--formats")
+    if chosen is None:
+        return list(FORMATS)
+    names = [f.strip() for f in chosen.split(",")]
+    unknown = [f for f in names if f not in FORMATS]
+    if unknown:
+        raise SystemExit(f"unknown formats {unknown}; known: {list(FORMATS)}")
+    return names
+
+
 def main() -> None:
     bandwidth = copy_bandwidth()
     gpu = torch.cuda.get_device_name()
     print(f"GPU: {gpu}; torch {torch.__version__}; copy bandwidth {bandwidth / 1e9:.0f} GB/s")
-    tables = [lambda: gemv_table(bandwidth), few_rows_table, gemm_table]
+    by_name = {
+        "gemv": lambda: gemv_table(bandwidth),
+        "rows": few_rows_table,
+        "gemm": gemm_table,
+        "sweep": split_sweep,
+        "engine": lambda: engine_table(bandwidth),
+    }
+    names = ["gemv", "rows", "gemm"]
     if "--sweep" in sys.argv:
-        tables.append(split_sweep)
+        names.append("sweep")
     if "--engine" in sys.argv:
-        tables.append(lambda: engine_table(bandwidth))
+        names.append("engine")
     if "--engine-only" in sys.argv:
-        tables = [lambda: engine_table(bandwidth)]
+        names = ["engine"]
+    if (only := _option("--only")) is not None:
+        names = only.split(",")
+        unknown = [n for n in names if n not in by_name]
+        if unknown:
+            raise SystemExit(f"unknown tables {unknown}; known: {list(by_name)}")
+    tables = [by_name[n] for n in names]
     failed = False
     for table in tables:
         try:  # one table's failure is reported, and the others still run
