@@ -18,6 +18,7 @@
 #pragma once
 
 #include "ops/activation.cuh"
+#include "ops/gemv.cuh"  // add_rms_norm_to_smem: the norm prologue, as the fp16 GEMV runs it
 #include "quantization/quant_common.cuh"
 
 namespace voltllm {
@@ -142,12 +143,13 @@ __device__ __forceinline__ void load_gemv_step(const QuantGemvParams& p, int gro
 }
 
 // acc[m][r] += the step's products with x's rows.
+// x: the rows (global memory, or the normalized rows in shared memory), x_stride apart.
 template <int KIND, int ROWS, int MATS, int UNROLL>
-__device__ __forceinline__ void gemv_step_dot(const QuantGemvParams& p, const GemvStepRegs<MATS, UNROLL>& s,
-                                              int step_start, int lane, float (&acc)[MATS][ROWS]) {
+__device__ __forceinline__ void gemv_step_dot(const QuantGemvParams& p, const __half* x, long long x_stride,
+                                              const GemvStepRegs<MATS, UNROLL>& s, int step_start, int lane,
+                                              float (&acc)[MATS][ROWS]) {
   using Traits = QuantTraits<KIND>;
   const int chunks = p.k / Traits::kChunk;
-  const __half* x = static_cast<const __half*>(p.x);
 #pragma unroll
   for (int u = 0; u < UNROLL; ++u) {
     const int c = step_start + lane + 32 * u;
@@ -157,7 +159,7 @@ __device__ __forceinline__ void gemv_step_dot(const QuantGemvParams& p, const Ge
       if (r >= p.rows) break;
       // x is loaded once per row and chunk and serves every weight row of the warp.
       uint4 x_chunk[Traits::kChunk / 8];
-      const uint4* x_src = reinterpret_cast<const uint4*>(x + r * p.x_stride + c * Traits::kChunk);
+      const uint4* x_src = reinterpret_cast<const uint4*>(x + r * x_stride + c * Traits::kChunk);
 #pragma unroll
       for (int v = 0; v < Traits::kChunk / 8; ++v) x_chunk[v] = x_src[v];
 #pragma unroll
@@ -227,7 +229,7 @@ __global__ void __launch_bounds__(32 * WARPS) quant_gemv_kernel(QuantGemvParams 
   for (int step = 0; step < chunks; step += 32 * UNROLL) {
     GemvStepRegs<MATS, UNROLL> s;
     load_gemv_step<KIND, SWIGLU, MATS, UNROLL>(p, group, step, lane, s);
-    gemv_step_dot<KIND, ROWS, MATS, UNROLL>(p, s, step, lane, acc);
+    gemv_step_dot<KIND, ROWS, MATS, UNROLL>(p, static_cast<const __half*>(p.x), p.x_stride, s, step, lane, acc);
   }
   store_gemv_group<ROWS, SWIGLU, MATS>(p, group, lane, acc);
 }
@@ -241,8 +243,27 @@ __global__ void __launch_bounds__(32 * WARPS) quant_gemv_kernel(QuantGemvParams 
 template <int KIND, int ROWS, bool SWIGLU, int MATS, int UNROLL>
 struct GemvPipeline {
   const QuantGemvParams& p;
+  const __half* x;  // p.x, or the normalized rows in shared memory
+  long long x_stride;
   int lane, groups, stride, chunks;
   float acc[MATS][ROWS];
+
+  // The first step of this warp's first row group, before the wait for the previous kernel.
+  __device__ __forceinline__ void start(int group, GemvStepRegs<MATS, UNROLL>& first) {
+    if (group < groups) load_gemv_step<KIND, SWIGLU, MATS, UNROLL>(p, group, 0, lane, first);
+#pragma unroll
+    for (int m = 0; m < MATS; ++m)
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) acc[m][r] = 0.f;
+  }
+
+  // Every step of the warp's row groups, the register sets a and b in turn (a holds the first).
+  __device__ __forceinline__ void run(int group, GemvStepRegs<MATS, UNROLL>& a, GemvStepRegs<MATS, UNROLL>& b) {
+    int step_start = 0;
+    if (group >= groups) return;
+    while (step(group, step_start, a, b) && step(group, step_start, b, a)) {
+    }
+  }
 
   // Multiplies the step (group, step_start) held in `cur` while the next one loads into `next`;
   // advances (group, step_start) and returns false when this warp has no step left.
@@ -255,7 +276,7 @@ struct GemvPipeline {
     }
     const bool more = next_group < groups;
     if (more) load_gemv_step<KIND, SWIGLU, MATS, UNROLL>(p, next_group, next_start, lane, next);
-    gemv_step_dot<KIND, ROWS, MATS, UNROLL>(p, cur, step_start, lane, acc);
+    gemv_step_dot<KIND, ROWS, MATS, UNROLL>(p, x, x_stride, cur, step_start, lane, acc);
     if (next_group != group) store_gemv_group<ROWS, SWIGLU, MATS>(p, group, lane, acc);
     group = next_group;
     step_start = next_start;
@@ -286,21 +307,54 @@ __host__ __device__ constexpr int quant_gemv_groups(int n) {
 template <int KIND, int ROWS, bool SWIGLU, int MATS, int UNROLL, int WARPS>
 __global__ void __launch_bounds__(32 * WARPS, 2) quant_gemv_persistent_kernel(QuantGemvParams p) {
   static_assert(!SWIGLU || MATS % 2 == 0, "SWIGLU pairs gate and up rows");
-  GemvPipeline<KIND, ROWS, SWIGLU, MATS, UNROLL> pipe{p, static_cast<int>(threadIdx.x & 31),
+  GemvPipeline<KIND, ROWS, SWIGLU, MATS, UNROLL> pipe{p,
+                                                      static_cast<const __half*>(p.x),
+                                                      p.x_stride,
+                                                      static_cast<int>(threadIdx.x & 31),
                                                       quant_gemv_groups<SWIGLU, MATS>(p.n),
                                                       static_cast<int>(gridDim.x) * WARPS,
                                                       p.k / QuantTraits<KIND>::kChunk};
-  int group = blockIdx.x * WARPS + (threadIdx.x >> 5), step_start = 0;
+  const int group = blockIdx.x * WARPS + (threadIdx.x >> 5);
   GemvStepRegs<MATS, UNROLL> a, b;
-  if (group < pipe.groups) load_gemv_step<KIND, SWIGLU, MATS, UNROLL>(p, group, 0, pipe.lane, a);
+  pipe.start(group, a);
   begin_dependent_grid();
-  if (group >= pipe.groups) return;
-#pragma unroll
-  for (int m = 0; m < MATS; ++m)
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) pipe.acc[m][r] = 0.f;
-  while (pipe.step(group, step_start, a, b) && pipe.step(group, step_start, b, a)) {
-  }
+  pipe.run(group, a, b);
+}
+
+// The persistent GEMV of one row with a pre-norm block's residual add and RMSNorm as its prologue:
+// out = rms_norm(hidden + residual_in) @ W^T (+ bias), SWIGLU as above; block 0 also stores the sum
+// to residual_out. Every block normalizes the row into shared memory (bit for bit what
+// fused_add_rms_norm_kernel computes, through ops/gemv.cuh's prologue) after its first weight loads
+// were issued, then streams its row groups as quant_gemv_persistent_kernel does.
+struct QuantGemvNormParams {
+  QuantGemvParams gemv;  // gemv.x and gemv.x_stride unused; gemv.rows is 1
+  GemvNormParams norm;   // hidden, residual_in / _out, norm_weight, their strides, eps, rows, k
+};
+
+__host__ __device__ constexpr int quant_gemv_norm_smem_bytes(int k) { return kGemvNormScratchBytes + k * 2; }
+
+// grid as quant_gemv_persistent_kernel, block: 32 * WARPS (at least 256 threads: the norm's layout),
+// dynamic shared memory quant_gemv_norm_smem_bytes(k).
+template <int KIND, bool SWIGLU, int MATS, int UNROLL, int WARPS>
+__global__ void __launch_bounds__(32 * WARPS, 2) quant_gemv_norm_kernel(QuantGemvNormParams p) {
+  static_assert(32 * WARPS >= kNormThreads, "the norm prologue takes 256 threads per row");
+  VOLTLLM_DYNAMIC_SMEM(smem);
+  float* scratch = reinterpret_cast<float*>(smem);
+  __half* x_s = reinterpret_cast<__half*>(smem + kGemvNormScratchBytes);
+  GemvPipeline<KIND, 1, SWIGLU, MATS, UNROLL> pipe{p.gemv,
+                                                   x_s,
+                                                   p.gemv.k,
+                                                   static_cast<int>(threadIdx.x & 31),
+                                                   quant_gemv_groups<SWIGLU, MATS>(p.gemv.n),
+                                                   static_cast<int>(gridDim.x) * WARPS,
+                                                   p.gemv.k / QuantTraits<KIND>::kChunk};
+  const int group = blockIdx.x * WARPS + (threadIdx.x >> 5);
+  GemvStepRegs<MATS, UNROLL> a, b;
+  pipe.start(group, a);
+  begin_dependent_grid();  // hidden and residual_in come from the kernels before this one
+  add_rms_norm_to_smem<__half, 1>(p.norm, x_s, scratch);
+  __syncthreads();
+  pipe.run(group, a, b);
 }
 
 }  // namespace voltllm

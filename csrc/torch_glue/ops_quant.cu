@@ -167,6 +167,72 @@ void quant_gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, 
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+void quant_add_rms_norm_gemv(at::Tensor& out, at::Tensor& residual_out, const at::Tensor& hidden,
+                             const at::Tensor& residual, const at::Tensor& norm_weight, double eps,
+                             const at::Tensor& weight, const at::Tensor& group_params,
+                             const std::optional<at::Tensor>& bias, int64_t kind, int64_t group_size, bool swiglu) {
+  const char* op = "quant_add_rms_norm_gemv";
+  const PackedShape shape = check_packed(weight, group_params, kind, group_size, op);
+  check_activation(hidden, shape.k, op, "hidden");
+  check_activation(residual, shape.k, op, "residual");
+  check_activation(residual_out, shape.k, op, "residual_out");
+  TORCH_CHECK(hidden.size(0) == 1 && residual.size(0) == 1 && residual_out.size(0) == 1, op,
+              ": one row (hidden, residual, residual_out [1, k])");
+  TORCH_CHECK(shape.k <= kGemvNormMaxK, op, ": hidden size ", num(shape.k), " is over ", num(kGemvNormMaxK));
+  check_cuda(norm_weight, "norm_weight");
+  TORCH_CHECK(norm_weight.scalar_type() == at::kHalf && norm_weight.dim() == 1 && norm_weight.size(0) == shape.k &&
+                  norm_weight.is_contiguous() && reinterpret_cast<uintptr_t>(norm_weight.data_ptr()) % 16 == 0,
+              op, ": norm_weight must be a contiguous, 16-byte aligned float16 [", num(shape.k), "]");
+  TORCH_CHECK(!swiglu || shape.n % 2 == 0, op, ": swiglu needs a [2n, k] gate/up weight");
+  const int64_t n = swiglu ? shape.n / 2 : shape.n;
+  check_out(out, 1, n, op);
+  check_bias(bias, shape.n, op);
+  // Block 0 writes residual_out, and every block out, while other blocks still read hidden and residual.
+  TORCH_CHECK(!overlap(residual_out, residual) && !overlap(residual_out, hidden) && !overlap(out, residual) &&
+                  !overlap(out, hidden) && !overlap(out, residual_out),
+              op, ": out and residual_out must not overlap each other, hidden or residual");
+  const at::cuda::OptionalCUDAGuard guard(hidden.device());
+  QuantGemvNormParams p{};
+  p.gemv.out = out.data_ptr();
+  p.gemv.weight = reinterpret_cast<const uint4*>(weight.data_ptr());
+  p.gemv.group_params = reinterpret_cast<const unsigned*>(group_params.data_ptr());
+  p.gemv.bias = bias ? bias->data_ptr() : nullptr;
+  p.gemv.out_stride = out.stride(0);
+  p.gemv.rows = 1;
+  p.gemv.n = static_cast<int>(n);
+  p.gemv.k = static_cast<int>(shape.k);
+  p.gemv.num_groups = static_cast<int>(shape.num_groups);
+  p.gemv.chunk_group_shift = static_cast<int>(shape.chunk_group_shift);
+  p.norm.residual_out = residual_out.data_ptr();
+  p.norm.hidden = hidden.data_ptr();
+  p.norm.residual_in = residual.data_ptr();
+  p.norm.norm_weight = norm_weight.data_ptr();
+  p.norm.residual_out_stride = residual_out.stride(0);
+  p.norm.hidden_stride = hidden.stride(0);
+  p.norm.residual_in_stride = residual.stride(0);
+  p.norm.eps = static_cast<float>(eps);
+  p.norm.rows = 1;
+  p.norm.n = static_cast<int>(n);
+  p.norm.k = static_cast<int>(shape.k);
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int smem = quant_gemv_norm_smem_bytes(static_cast<int>(shape.k));
+  dispatch_quant_kind(kind, op, [&](auto kind_c) {
+    constexpr int K = decltype(kind_c)::value;
+    constexpr int MATS = QuantGemvPersistentShape<1>::kMats, UNROLL = QuantGemvPersistentShape<1>::kUnroll;
+    constexpr int W = kQuantGemvPersistentWarps;
+    const int groups = swiglu ? quant_gemv_groups<true, MATS>(static_cast<int>(n))
+                              : quant_gemv_groups<false, MATS>(static_cast<int>(n));
+    const int blocks = static_cast<int>(std::min<int64_t>((groups + W - 1) / W, sms * kQuantGemvBlocksPerSm));
+    if (swiglu) {
+      launch(quant_gemv_norm_kernel<K, true, MATS, UNROLL, W>, blocks, 32 * W, smem, stream, p);
+    } else {
+      launch(quant_gemv_norm_kernel<K, false, MATS, UNROLL, W>, blocks, 32 * W, smem, stream, p);
+    }
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 void quant_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& group_params,
                 const std::optional<at::Tensor>& bias, int64_t kind, int64_t group_size, int64_t block_m,
                 int64_t splits) {

@@ -42,6 +42,10 @@ void quant_gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, 
 void quant_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& group_params,
                 const std::optional<at::Tensor>& bias, int64_t kind, int64_t group_size, int64_t block_m,
                 int64_t splits);
+void quant_add_rms_norm_gemv(at::Tensor& out, at::Tensor& residual_out, const at::Tensor& hidden,
+                             const at::Tensor& residual, const at::Tensor& norm_weight, double eps,
+                             const at::Tensor& weight, const at::Tensor& group_params,
+                             const std::optional<at::Tensor>& bias, int64_t kind, int64_t group_size, bool swiglu);
 void quant_gemm_stream(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& group_params,
                        const std::optional<at::Tensor>& bias, int64_t kind, int64_t group_size, int64_t m_frags,
                        int64_t splits);
@@ -95,6 +99,10 @@ TORCH_LIBRARY(voltllm_C, m) {
       "quant_gemm(Tensor(a!) out, Tensor x, Tensor weight, Tensor group_params, Tensor? bias, int kind, "
       "int group_size, int block_m, int splits) -> ()");
   m.def(
+      "quant_add_rms_norm_gemv(Tensor(a!) out, Tensor(b!) residual_out, Tensor hidden, Tensor residual, "
+      "Tensor norm_weight, float eps, Tensor weight, Tensor group_params, Tensor? bias, int kind, int group_size, "
+      "bool swiglu) -> ()");
+  m.def(
       "quant_gemm_stream(Tensor(a!) out, Tensor x, Tensor weight, Tensor group_params, Tensor? bias, int kind, "
       "int group_size, int m_frags, int splits) -> ()");
   m.def(
@@ -126,6 +134,7 @@ TORCH_LIBRARY_IMPL(voltllm_C, CUDA, m) {
   m.impl("qk_norm_rope_kv_write", &voltllm::qk_norm_rope_kv_write);
   m.impl("quant_gemv", &voltllm::quant_gemv);
   m.impl("quant_gemm", &voltllm::quant_gemm);
+  m.impl("quant_add_rms_norm_gemv", &voltllm::quant_add_rms_norm_gemv);
   m.impl("quant_gemm_stream", &voltllm::quant_gemm_stream);
   m.impl("quant_dequantize", &voltllm::quant_dequantize);
   m.impl("moe_topk_softmax", &voltllm::moe_topk_softmax);

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from quant_cases import CASES, QuantCase, make_weight
+from test_gemv_cuda import ulps_off
 
 from voltllm.layers.quantization.quantized_weight import QuantizedWeight, dequantize, quantized_matmul_for
 from voltllm.ops import quantized_linear as ql
@@ -148,6 +149,50 @@ def test_cuda_graph_replays_fresh_inputs(rows: int):
         static_x.copy_(fresh)
         graph.replay()
         _close(static_out, _reference(weight, fresh, bias))
+
+
+@cuda
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_add_rms_norm_gemv_is_the_norm_then_the_gemv(case: QuantCase, swiglu: bool):
+    """One decode row: the fused kernel returns what `fused_add_rms_norm` then `quant_gemv` return (the
+    same arithmetic in the same order), leaves its inputs alone, and `CudaQuantizedMatmul.add_rms_norm`
+    declines an act-order weight and more rows."""
+    from voltllm.ops import fused_add_rms_norm
+
+    n, k = (2 * 520, 2048) if swiglu else (1000, 2048)
+    weight, _, bias = _inputs(case, 1, n, k, ("norm", swiglu))
+    gen = _generator(case.name, "norm-inputs", swiglu)
+    hidden = torch.randn(1, k, generator=gen).half().cuda()
+    residual = (4 * torch.randn(1, k, generator=gen)).half().cuda()
+    norm_weight = (1 + 0.1 * torch.randn(k, generator=gen)).half().cuda()
+    matmul = ql.CudaQuantizedMatmul(weight)
+    fused = matmul.add_rms_norm(hidden, residual, norm_weight, 1e-6, bias, swiglu)
+    if case.act_order:
+        assert fused is None
+        return
+    assert fused is not None
+    got, got_residual = fused
+    want_x, want_residual = fused_add_rms_norm(hidden.clone(), residual.clone(), norm_weight, 1e-6)
+    want = ql.quant_gemv(matmul.weight, want_x, bias, swiglu=swiglu)
+    assert torch.equal(got_residual, want_residual)
+    assert ulps_off(got, want).max() <= 1, f"{(got != want).sum().item()} of {got.numel()} outputs differ"
+    two_rows = torch.randn(2, k, device="cuda").half()
+    assert matmul.add_rms_norm(two_rows, two_rows.clone(), norm_weight, 1e-6) is None
+
+
+@cuda
+def test_add_rms_norm_gemv_refuses_overlap():
+    weight, _, _ = _inputs(QuantCase("int", 4, 128), 1, 256, 512, "norm-overlap")
+    packed = ql.pack(weight)
+    hidden = torch.randn(1, 512, device="cuda").half()
+    norm_weight = torch.ones(512, device="cuda").half()
+    out = torch.empty(1, 256, device="cuda").half()
+    with pytest.raises(RuntimeError, match="must not overlap"):
+        ql.kernel_ops().quant_add_rms_norm_gemv(
+            out, hidden, hidden, hidden.clone(), norm_weight, 1e-6, packed.packed, packed.group_params, None,
+            packed.kind, packed.group_size, False,
+        )  # fmt: skip
 
 
 @cuda

@@ -15,6 +15,7 @@ from quant_cases import CASES, QuantCase, make_weight
 
 from voltllm.layers.quantization.quantized_weight import dequantize
 from voltllm.ops.activation import silu_and_mul_ref
+from voltllm.ops.norm import fused_add_rms_norm_ref
 from voltllm.ops.quantized_linear import PackedQuantWeight, pack
 
 pytestmark = needs_gxx
@@ -94,6 +95,35 @@ def test_persistent_gemv_matches_dequantize_then_matmul(
         ctypes.c_int(ref.shape[1]), ctypes.c_int(k), *_group_args(packed), ctypes.c_int(int(swiglu)),
         ctypes.c_int(blocks), ctypes.c_uint(5),
     )  # fmt: skip
+    torch.testing.assert_close(out.float(), ref, atol=_tolerance(ref), rtol=0)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if not c.act_order], ids=lambda c: c.name)
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_add_rms_norm_gemv_matches_norm_then_matmul(emu, case: QuantCase, swiglu: bool):
+    """The norm-prologue GEMV on 2 blocks (each normalizes the row): the sum is stored once, exactly,
+    and the product is the reference's on the normalized row."""
+    gen = torch.Generator().manual_seed(hash((case.name, swiglu, "norm")) % 2**31)
+    n, k = (78, 1280) if swiglu else (39, 1280)
+    weight = make_weight(case, n, k, gen)
+    packed = pack(weight)
+    hidden = torch.randn(1, k, generator=gen).to(torch.float16)
+    residual = (4 * torch.randn(1, k, generator=gen)).to(torch.float16)
+    norm_weight = (1 + 0.1 * torch.randn(k, generator=gen)).to(torch.float16)
+    bias = torch.randn(n, generator=gen).to(torch.float16)
+    normed, summed = fused_add_rms_norm_ref(hidden, residual, norm_weight, 1e-6)
+    ref = _reference(weight, normed, bias)
+    if swiglu:
+        ref = silu_and_mul_ref(ref.to(torch.float16).float())
+    out = torch.full((1, ref.shape[1]), float("nan"), dtype=torch.float16)
+    residual_out = torch.full_like(hidden, float("nan"))
+    emu.emu_quant_add_rms_norm_gemv(
+        ctypes.c_int(packed.kind), ptr(out), ptr(residual_out), ptr(hidden), ptr(residual), ptr(norm_weight),
+        ctypes.c_float(1e-6), ptr(packed.packed), ptr(packed.group_params), ptr(bias),
+        ctypes.c_int(ref.shape[1]), ctypes.c_int(k), *_group_args(packed), ctypes.c_int(int(swiglu)),
+        ctypes.c_int(2), ctypes.c_uint(9),
+    )  # fmt: skip
+    assert torch.equal(residual_out, summed)
     torch.testing.assert_close(out.float(), ref, atol=_tolerance(ref), rtol=0)
 
 

@@ -51,6 +51,8 @@ STREAM_MAX_ROWS = 64
 # 0.81-0.92x; at 64 rows the WMMA GEMM wins on gate_up and down, the dense path on qkv and o. The
 # crossover between was not measured.
 DENSE_MIN_ROWS = 128
+# Widest `in_features` the GEMV with the add + RMSNorm prologue stages in shared memory (one row).
+NORM_GEMV_MAX_HIDDEN = 8192
 # Columns of one k-tile of the GEMM: `in_features` must be a multiple of it.
 K_ALIGN = 64
 
@@ -229,6 +231,59 @@ def quant_gemm_stream(
     return out
 
 
+def _row_ok(t: torch.Tensor, k: int) -> bool:
+    """One contiguous, 16-byte aligned float16 CUDA row `[1, k]`."""
+    return (
+        t.is_cuda
+        and t.dim() == 2
+        and t.shape == (1, k)
+        and t.dtype == torch.float16
+        and t.stride(1) == 1
+        and t.data_ptr() % 16 == 0
+    )
+
+
+def add_rms_norm_gemv_applies(
+    weight: PackedQuantWeight, hidden: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor
+) -> bool:
+    """True where `quant_add_rms_norm_gemv` runs: one float16 row of `in_features` up to
+    NORM_GEMV_MAX_HIDDEN, a residual laid out alike, a contiguous float16 `norm_weight`, and a weight
+    whose columns are in checkpoint order (an act-order weight would need the normalized row gathered)."""
+    k = weight.shape[1]
+    return (
+        weight.column_order is None
+        and k <= NORM_GEMV_MAX_HIDDEN
+        and _row_ok(hidden, k)
+        and _row_ok(residual, k)
+        and norm_weight.dtype == torch.float16
+        and norm_weight.shape == (k,)
+        and norm_weight.is_contiguous()
+        and norm_weight.data_ptr() % 16 == 0
+    )
+
+
+def quant_add_rms_norm_gemv(
+    weight: PackedQuantWeight,
+    hidden: torch.Tensor,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    bias: torch.Tensor | None = None,
+    swiglu: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(quant_gemv(rms_norm(hidden + residual)), hidden + residual)` for one row, in one kernel (check
+    `add_rms_norm_gemv_applies` first): the same bits as `fused_add_rms_norm` then `quant_gemv`. The new
+    residual is a fresh tensor; `hidden` and `residual` are left as they were."""
+    width = weight.shape[0] // 2 if swiglu else weight.shape[0]
+    out = torch.empty(1, width, dtype=torch.float16, device=hidden.device)
+    residual_out = torch.empty_like(hidden)
+    kernel_ops().quant_add_rms_norm_gemv(
+        out, residual_out, hidden, residual, norm_weight, eps, weight.packed, weight.group_params, bias,
+        weight.kind, weight.group_size, swiglu,
+    )  # fmt: skip
+    return out, residual_out
+
+
 def dequantize_packed(weight: PackedQuantWeight) -> torch.Tensor:
     """The dense fp16 `[out, in]` weight, columns in the packed order (the reference's values)."""
     out = torch.empty(weight.shape, dtype=torch.float16, device=weight.packed.device)
@@ -278,3 +333,18 @@ class CudaQuantizedMatmul:
         if x.shape[0] <= GEMV_DISPATCH_MAX_ROWS:
             return quant_gemv(self.weight, x, bias, swiglu=True)
         return silu_and_mul(self(x, bias))
+
+    def add_rms_norm(
+        self,
+        hidden: torch.Tensor,
+        residual: torch.Tensor,
+        norm_weight: torch.Tensor,
+        eps: float,
+        bias: torch.Tensor | None = None,
+        swiglu: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The GEMV with the residual add + RMSNorm as its prologue, for one decode row; None where it
+        does not apply (more rows, another layout: the caller runs the norm first)."""
+        if not add_rms_norm_gemv_applies(self.weight, hidden, residual, norm_weight):
+            return None
+        return quant_add_rms_norm_gemv(self.weight, hidden, residual, norm_weight, eps, bias, swiglu)

@@ -84,6 +84,13 @@ def _stream_args(kind: int, m_frags: int) -> str:
     return f"{kind}, {m_frags}, {shape}::kNF, {shape}::kDepth"
 
 
+# The norm-prologue GEMV's shape: the persistent GEMV's at one row.
+_NORM_GEMV_SHAPE = (
+    "voltllm::QuantGemvPersistentShape<1>::kMats, voltllm::QuantGemvPersistentShape<1>::kUnroll, "
+    "voltllm::kQuantGemvPersistentWarps"
+)
+
+
 def _quantization() -> dict[str, list[str]]:
     """The weight-only quantized kernels: fp16 activations only, so one list for every architecture."""
     kinds = QUANT_KINDS.values()
@@ -101,6 +108,11 @@ def _quantization() -> dict[str, list[str]]:
                 f"voltllm::QuantGemvPersistentShape<{rows}>::kUnroll, voltllm::kQuantGemvPersistentWarps>"
                 for kind in kinds
                 for rows in QUANT_GEMV_ROWS
+                for swiglu in ("false", "true")
+            ),
+            *(
+                f"voltllm::quant_gemv_norm_kernel<{kind}, {swiglu}, {_NORM_GEMV_SHAPE}>"
+                for kind in kinds
                 for swiglu in ("false", "true")
             ),
         ],

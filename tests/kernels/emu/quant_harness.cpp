@@ -106,6 +106,45 @@ void emu_quant_gemv_persistent(int kind, void* out, const void* x, const void* w
   });
 }
 
+// The norm-prologue GEMV (one row, the persistent shape 4 x 2 x 8 warps) on `blocks` blocks.
+void emu_quant_add_rms_norm_gemv(int kind, void* out, void* residual_out, const void* hidden, const void* residual,
+                                 const void* norm_weight, float eps, const void* weight, const void* group_params,
+                                 const void* bias, int n, int k, int num_groups, int chunk_group_shift, int swiglu,
+                                 int blocks, unsigned seed) {
+  voltllm::QuantGemvNormParams p{};
+  p.gemv.out = out;
+  p.gemv.weight = static_cast<const uint4*>(weight);
+  p.gemv.group_params = static_cast<const unsigned*>(group_params);
+  p.gemv.bias = bias;
+  p.gemv.out_stride = n;
+  p.gemv.rows = 1;
+  p.gemv.n = n;
+  p.gemv.k = k;
+  p.gemv.num_groups = num_groups;
+  p.gemv.chunk_group_shift = chunk_group_shift;
+  p.norm.residual_out = residual_out;
+  p.norm.hidden = hidden;
+  p.norm.residual_in = residual;
+  p.norm.norm_weight = norm_weight;
+  p.norm.residual_out_stride = k;
+  p.norm.hidden_stride = k;
+  p.norm.residual_in_stride = k;
+  p.norm.eps = eps;
+  p.norm.rows = 1;
+  p.norm.n = n;
+  p.norm.k = k;
+  const int smem = voltllm::quant_gemv_norm_smem_bytes(k);
+  dispatch_kind(kind, [&](auto kind_c) {
+    constexpr int K = decltype(kind_c)::value;
+    if (swiglu) {
+      emu::launch(dim3(blocks), dim3(256), smem, [&] { voltllm::quant_gemv_norm_kernel<K, true, 4, 2, 8>(p); }, seed);
+    } else {
+      emu::launch(dim3(blocks), dim3(256), smem, [&] { voltllm::quant_gemv_norm_kernel<K, false, 4, 2, 8>(p); },
+                  seed);
+    }
+  });
+}
+
 // `partial`: a zeroed fp32 [m, n] buffer, used (with the finalize kernel) when splits > 1.
 void emu_quant_gemm(int kind, int block_m, int splits, void* out, float* partial, const void* x, const void* weight,
                     const void* group_params, const void* bias, long long out_stride, long long x_stride, int m,
