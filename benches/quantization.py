@@ -16,7 +16,8 @@ Calls are timed as CUDA-graph replays over enough weight copies to exceed the L2
 `benches/gemv.py`), so every call reads its weight from memory.
 
     python benches/quantization.py [--only gemv,rows,gemm,sweep,engine] [--formats "AWQ int4 g128,..."]
-    # default: gemv, rows, gemm; --engine / --engine-only / --sweep as before add or pick tables
+    # default: gemv, rows, gemm; --engine / --engine-only / --sweep as before add or pick tables;
+    # --skip-32b: the engine table without the Qwen3-32B model
 """
 
 from __future__ import annotations
@@ -265,7 +266,8 @@ def engine_table(bandwidth: float) -> None:
     fp16 = decode_row("Llama-3-8B fp16", LLAMA3_8B, bandwidth)
     awq = decode_row("Llama-3-8B AWQ", {**LLAMA3_8B, "quantization_config": AWQ_CONFIG}, bandwidth)
     print(f"AWQ / fp16 tokens/s: **{awq['tok_s'] / fp16['tok_s']:.2f}x**", flush=True)
-    decode_row("Qwen3-32B AWQ", {**QWEN3_32B, "quantization_config": AWQ_CONFIG}, bandwidth)
+    if "--skip-32b" not in sys.argv:
+        decode_row("Qwen3-32B AWQ", {**QWEN3_32B, "quantization_config": AWQ_CONFIG}, bandwidth)
 
 
 def _option(name: str) -> str | None:
