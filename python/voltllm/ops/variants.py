@@ -126,9 +126,12 @@ def _quantization() -> dict[str, list[str]]:
             *(f"voltllm::quant_dequantize_kernel<{kind}>" for kind in kinds),
         ],
         "quantization/quant_gemm_stream.cuh": [
-            f"voltllm::quant_gemm_stream_kernel<{_stream_args(kind, mf)}>"
-            for kind in kinds
-            for mf in QUANT_STREAM_M_FRAGS
+            *(
+                f"voltllm::quant_gemm_stream_kernel<{_stream_args(kind, mf)}>"
+                for kind in kinds
+                for mf in QUANT_STREAM_M_FRAGS
+            ),
+            "voltllm::quant_gemm_finalize_kernel",  # included with quant_gemm_wmma.cuh: compiled here too
         ],
     }
 
