@@ -64,6 +64,18 @@ GemvShape check_gemv(const at::Tensor& out, const at::Tensor& x, const at::Tenso
   return {rows, n, k};
 }
 
+// [first, last) bytes of a tensor's rows, for the aliasing check.
+std::pair<uintptr_t, uintptr_t> byte_span(const at::Tensor& t) {
+  const auto first = reinterpret_cast<uintptr_t>(t.data_ptr());
+  return {first, first + ((t.size(0) - 1) * t.stride(0) + t.size(1)) * t.element_size()};
+}
+
+bool overlap(const at::Tensor& a, const at::Tensor& b) {
+  const auto [a0, a1] = byte_span(a);
+  const auto [b0, b1] = byte_span(b);
+  return a0 < b1 && b0 < a1;
+}
+
 }  // namespace
 
 void gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,

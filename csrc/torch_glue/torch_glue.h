@@ -75,19 +75,6 @@ inline bool vec8_ok(const at::Tensor& t, int64_t width) {
   return width % 8 == 0 && t.stride(0) % 8 == 0 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
 }
 
-// [first, last) bytes of a 2-D tensor's rows, for aliasing checks.
-inline std::pair<uintptr_t, uintptr_t> byte_span(const at::Tensor& t) {
-  const auto first = reinterpret_cast<uintptr_t>(t.data_ptr());
-  return {first, first + ((t.size(0) - 1) * t.stride(0) + t.size(1)) * t.element_size()};
-}
-
-// Whether two 2-D tensors' row spans share a byte (a kernel writing one while other blocks read the other).
-inline bool overlap(const at::Tensor& a, const at::Tensor& b) {
-  const auto [a0, a1] = byte_span(a);
-  const auto [b0, b1] = byte_span(b);
-  return a0 < b1 && b0 < a1;
-}
-
 inline void check_same_dtype(const at::Tensor& a, const at::Tensor& b, const char* what) {
   TORCH_CHECK(a.scalar_type() == b.scalar_type(), what, ": dtypes differ (", a.scalar_type(), " vs ",
               b.scalar_type(), ")");

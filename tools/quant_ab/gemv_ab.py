@@ -419,9 +419,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", default="1")
     parser.add_argument("--kinds", default="0,1,2")
-    parser.add_argument(
-        "--gemm", action="store_true", help="also the weight-streaming GEMM at 16 and 64 rows"
-    )
+    parser.add_argument("--gemm", action="store_true", help="also the streaming GEMM at 16 and 64 rows")
+    parser.add_argument("--variants", help="comma-separated labels of INT4_VARIANTS to time (default: all)")
     args = parser.parse_args()
     from decode_latency import copy_bandwidth
 
@@ -432,6 +431,10 @@ def main() -> None:
     variants = []
     for kind in kinds:
         table = INT4_VARIANTS if kind == 0 else INT4_VARIANTS[:3]
+        if args.variants:
+            table = [v for v in table if v[0] in args.variants.split(",")]
+        if args.variants:
+            table = [v for v in table if v[0] in args.variants.split(",")]
         for rows in rows_list:
             for swiglu in (False, True):
                 for label, mats, unroll, warps, blocks_per_sm in table:
