@@ -91,7 +91,7 @@ void check_out(const at::Tensor& out, int64_t rows, int64_t n, const char* op) {
 }
 
 // Whether two 2-D tensors' row spans share a byte: a kernel writing one while other blocks read the other.
-// (ops_linear.cu and ops_moe_decode.cu keep the same check under the name overlap; one shared definition
+// (ops_linear.cu keeps the same check as overlap, the moe branch as contiguous_overlap; one shared definition
 // belongs in torch_glue.h once those branches have landed.)
 bool spans_overlap(const at::Tensor& a, const at::Tensor& b) {
   const auto span = [](const at::Tensor& t) {
