@@ -371,8 +371,6 @@ inline unsigned __match_any_sync(unsigned mask, unsigned v) {
     return r;
   });
 }
-// Blocks run one after another over one address space: what one block wrote, the next one sees.
-inline void __threadfence() {}
 inline int __ffs(unsigned v) { return __builtin_ffs(static_cast<int>(v)); }
 inline int __all_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) == 0xffffffffu; }
 inline int __any_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) != 0u; }
