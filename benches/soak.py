@@ -3,8 +3,9 @@ concurrent streams for several minutes by the project's load tester (`voltllm-be
 --max-concurrency 1000 --duration S`), with the server's resident memory sampled every second.
 
 Printed: streams, duration, completed and failed requests (with the failure reasons), streamed
-tokens/s, and the server's resident memory after the warm-up, at its peak, at the end of the load and
-after it went idle. The short version in the test suite is `rust/server/tests/soak.rs`.
+tokens/s, and the server's resident memory after the warm-up, midway through the rest, its slope over
+the second half (MiB per minute: ~0 when flat), at its peak, at the end of the load and after it went
+idle. The short version in the test suite is `rust/server/tests/soak.rs`.
 
 Usage: python benches/soak.py [--duration 300] [--streams 1000] [--output-len 200] [--no-build]
 Needs: cargo (builds the release binaries into $CARGO_TARGET_DIR, default ./target).
@@ -79,6 +80,15 @@ class MemorySampler(threading.Thread):
             self.samples.append((time.monotonic() - self.start_time, resident_mib(self.pid)))
 
 
+def slope_per_min(samples: list[tuple[float, float]]) -> float:
+    """Least-squares slope of (seconds, MiB) samples, in MiB per minute: ~0 once memory is flat."""
+    n = len(samples)
+    mean_t = sum(t for t, _ in samples) / n
+    mean_m = sum(m for _, m in samples) / n
+    var = sum((t - mean_t) ** 2 for t, _ in samples)
+    return 60 * sum((t - mean_t) * (m - mean_m) for t, m in samples) / var
+
+
 def soak(args: argparse.Namespace) -> dict:
     # 1,000 streams need ~1,000 sockets in each of the server and the load tester.
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -130,6 +140,7 @@ def soak(args: argparse.Namespace) -> dict:
             raise RuntimeError(f"voltllm-bench failed ({load.returncode}):\n{load.stdout}\n{load.stderr}")
         result = json.loads((run_dir / "soak.json").read_text())
         warm = [mib for t, mib in sampler.samples if t >= args.warmup]
+        half = [(t, mib) for t, mib in sampler.samples if t >= args.warmup + (elapsed - args.warmup) / 2]
         return {
             "streams": args.streams,
             "duration_s": round(elapsed, 1),
@@ -140,6 +151,8 @@ def soak(args: argparse.Namespace) -> dict:
             "output_tokens_per_s": round(result["output_throughput"]),
             "rss_mib_before_load": round(rss_before, 1),
             "rss_mib_after_warmup": round(warm[0], 1) if warm else None,
+            "rss_mib_midway": round(half[0][1], 1) if half else None,
+            "rss_mib_per_min_second_half": round(slope_per_min(half), 2) if len(half) > 1 else None,
             "rss_mib_peak": round(max(mib for _, mib in sampler.samples), 1),
             "rss_mib_end_of_load": round(rss_loaded_end, 1),
             "rss_mib_idle_after": round(rss_idle, 1),
