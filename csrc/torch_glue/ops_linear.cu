@@ -64,18 +64,6 @@ GemvShape check_gemv(const at::Tensor& out, const at::Tensor& x, const at::Tenso
   return {rows, n, k};
 }
 
-// [first, last) bytes of a tensor's rows, for the aliasing check.
-std::pair<uintptr_t, uintptr_t> byte_span(const at::Tensor& t) {
-  const auto first = reinterpret_cast<uintptr_t>(t.data_ptr());
-  return {first, first + ((t.size(0) - 1) * t.stride(0) + t.size(1)) * t.element_size()};
-}
-
-bool overlap(const at::Tensor& a, const at::Tensor& b) {
-  const auto [a0, a1] = byte_span(a);
-  const auto [b0, b1] = byte_span(b);
-  return a0 < b1 && b0 < a1;
-}
-
 }  // namespace
 
 void gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
@@ -124,8 +112,8 @@ void add_rms_norm_gemv(at::Tensor& out, at::Tensor& residual_out, const at::Tens
               op, ": norm_weight must be a contiguous, 16-byte aligned [k]");
   TORCH_CHECK(k <= kGemvNormMaxK, op, ": hidden size ", num(k), " is over ", num(kGemvNormMaxK));
   // Block 0 writes residual_out, and every block out, while other blocks still read hidden and residual.
-  TORCH_CHECK(!overlap(residual_out, residual) && !overlap(residual_out, hidden) && !overlap(out, residual) &&
-                  !overlap(out, hidden) && !overlap(out, residual_out),
+  TORCH_CHECK(!rows_overlap(residual_out, residual) && !rows_overlap(residual_out, hidden) &&
+                  !rows_overlap(out, residual) && !rows_overlap(out, hidden) && !rows_overlap(out, residual_out),
               op, ": out and residual_out must not overlap each other, hidden or residual");
   const at::cuda::OptionalCUDAGuard guard(hidden.device());
   GemvNormParams p{};

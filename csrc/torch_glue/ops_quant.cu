@@ -90,19 +90,6 @@ void check_out(const at::Tensor& out, int64_t rows, int64_t n, const char* op) {
   TORCH_CHECK(out.stride(1) == 1, op, ": out rows must be contiguous");
 }
 
-// Whether two 2-D tensors' row spans share a byte: a kernel writing one while other blocks read the other.
-// (ops_linear.cu keeps the same check as overlap, the moe branch as contiguous_overlap; one shared definition
-// belongs in torch_glue.h once those branches have landed.)
-bool spans_overlap(const at::Tensor& a, const at::Tensor& b) {
-  const auto span = [](const at::Tensor& t) {
-    const auto first = reinterpret_cast<uintptr_t>(t.data_ptr());
-    const auto bytes = static_cast<uintptr_t>(((t.size(0) - 1) * t.stride(0) + t.size(1)) * t.element_size());
-    return std::pair<uintptr_t, uintptr_t>{first, first + bytes};
-  };
-  const auto [a0, a1] = span(a);
-  const auto [b0, b1] = span(b);
-  return a0 < b1 && b0 < a1;
-}
 
 // Calls fn(std::integral_constant<int, ROWS>{}) with the smallest built row count >= rows.
 template <typename Fn>
@@ -203,8 +190,8 @@ void quant_add_rms_norm_gemv(at::Tensor& out, at::Tensor& residual_out, const at
   check_out(out, 1, n, op);
   check_bias(bias, shape.n, op);
   // Block 0 writes residual_out, and every block out, while other blocks still read hidden and residual.
-  TORCH_CHECK(!spans_overlap(residual_out, residual) && !spans_overlap(residual_out, hidden) &&
-                  !spans_overlap(out, residual) && !spans_overlap(out, hidden) && !spans_overlap(out, residual_out),
+  TORCH_CHECK(!rows_overlap(residual_out, residual) && !rows_overlap(residual_out, hidden) &&
+                  !rows_overlap(out, residual) && !rows_overlap(out, hidden) && !rows_overlap(out, residual_out),
               op, ": out and residual_out must not overlap each other, hidden or residual");
   const at::cuda::OptionalCUDAGuard guard(hidden.device());
   QuantGemvNormParams p{};

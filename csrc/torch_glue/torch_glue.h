@@ -75,6 +75,19 @@ inline bool vec8_ok(const at::Tensor& t, int64_t width) {
   return width % 8 == 0 && t.stride(0) % 8 == 0 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
 }
 
+// Whether two 2-D tensors' row spans (first byte of row 0 to the last byte of the last row) share a byte:
+// the fused add+norm kernels write one while other blocks still read the other.
+inline bool rows_overlap(const at::Tensor& a, const at::Tensor& b) {
+  const auto span = [](const at::Tensor& t) {
+    const auto first = reinterpret_cast<uintptr_t>(t.data_ptr());
+    const auto bytes = static_cast<uintptr_t>(((t.size(0) - 1) * t.stride(0) + t.size(1)) * t.element_size());
+    return std::pair<uintptr_t, uintptr_t>{first, first + bytes};
+  };
+  const auto [a0, a1] = span(a);
+  const auto [b0, b1] = span(b);
+  return a0 < b1 && b0 < a1;
+}
+
 inline void check_same_dtype(const at::Tensor& a, const at::Tensor& b, const char* what) {
   TORCH_CHECK(a.scalar_type() == b.scalar_type(), what, ": dtypes differ (", a.scalar_type(), " vs ",
               b.scalar_type(), ")");
