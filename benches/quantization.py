@@ -177,7 +177,7 @@ def gemm_table() -> None:
             ]  # fmt: skip
             dense_us = graph_time_us(lambda i: ql.quant_dense(weights[i], x), len(weights), iters)  # noqa: B023
             c_us = graph_time_us(lambda i: F.linear(x, dense[i]), len(dense), iters)  # noqa: B023
-            chosen = dense_us if rows >= ql.DENSE_MIN_ROWS else stream if rows <= ql.STREAM_MAX_ROWS else auto
+            chosen = dense_us if rows >= ql.DENSE_MIN_ROWS else auto  # what CudaQuantizedMatmul runs
             times = (
                 f"{stream:.1f} | {auto:.1f} | {tiles[0]:.1f} | {tiles[1]:.1f} | {dense_us:.1f} | {c_us:.1f}"
             )

@@ -150,19 +150,22 @@ void quant_gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, 
   p.num_groups = static_cast<int>(shape.num_groups);
   p.chunk_group_shift = static_cast<int>(shape.chunk_group_shift);
   const auto stream = at::cuda::getCurrentCUDAStream();
-  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   dispatch_quant_kind(kind, op, [&](auto kind_c) {
     dispatch_gemv_rows(rows, [&](auto rows_c) {
       constexpr int K = decltype(kind_c)::value, R = decltype(rows_c)::value;
-      constexpr int MATS = QuantGemvPersistentShape<R>::kMats, UNROLL = QuantGemvPersistentShape<R>::kUnroll;
-      constexpr int W = kQuantGemvPersistentWarps;
-      const int groups = swiglu ? quant_gemv_groups<true, MATS>(static_cast<int>(n))
-                                : quant_gemv_groups<false, MATS>(static_cast<int>(n));
-      const int blocks = static_cast<int>(std::min<int64_t>((groups + W - 1) / W, sms * kQuantGemvBlocksPerSm));
+      // One row: 4 weight rows per warp, 2 chunks each in flight (H200, benches/RESULTS.md session 9: 0.59
+      // of copy bandwidth over the Llama-3-8B projections, against 0.51 for session 8's shape and 0.48 for
+      // the persistent form); more rows keep the default shape.
+      constexpr int MATS = R == 1 ? 4 : kQuantGemvMats, UNROLL = R == 1 ? 2 : kQuantGemvUnroll;
+      constexpr int W = kQuantGemvWarps;
       if (swiglu) {
-        launch(quant_gemv_persistent_kernel<K, R, true, MATS, UNROLL, W>, blocks, 32 * W, 0, stream, p);
+        const int per_block = quant_gemv_features_per_block<true, MATS, W>();
+        launch(quant_gemv_kernel<K, R, true, MATS, UNROLL, W>, static_cast<int>((n + per_block - 1) / per_block),
+               32 * W, 0, stream, p);
       } else {
-        launch(quant_gemv_persistent_kernel<K, R, false, MATS, UNROLL, W>, blocks, 32 * W, 0, stream, p);
+        const int per_block = quant_gemv_features_per_block<false, MATS, W>();
+        launch(quant_gemv_kernel<K, R, false, MATS, UNROLL, W>, static_cast<int>((n + per_block - 1) / per_block),
+               32 * W, 0, stream, p);
       }
     });
   });

@@ -9,9 +9,6 @@ that every group is a contiguous run, and `x`'s columns are gathered into the sa
 
 A call with `rows` rows of x runs
 - `rows <= GEMV_DISPATCH_MAX_ROWS`: the GEMV (dequantize in registers, one pass over the packed weight);
-- `rows <= STREAM_MAX_ROWS`: the weight-streaming WMMA GEMM (each warp streams its own weight rows,
-  dequantizes them into its shared-memory tile and multiplies with tensor cores; k split so that
-  enough warps stream at once);
 - `rows < DENSE_MIN_ROWS`: the tiled WMMA GEMM (dequantized tiles through shared memory, fp32
   accumulation, k split over more blocks when the output has few tiles);
 - larger: the whole weight dequantized to fp16 into a transient buffer, then torch's GEMM: at prefill
@@ -44,7 +41,8 @@ GEMV_MAX_ROWS = 8
 # at 4 rows the WMMA GEMM wins on Llama-3-8B's gate_up (56 vs 77 us) and nearly ties on o (18 vs 18);
 # at 2 rows the GEMV wins on both (8 vs 18, 41 vs 55).
 GEMV_DISPATCH_MAX_ROWS = 3
-# Most rows the weight-streaming GEMM takes (it holds up to 4 fragments of 16 rows of x per warp).
+# Rows up to which benches/quantization.py times the weight-streaming GEMM (`quant_gemm_stream`, not
+# dispatched: slower than the tiled GEMM on the H200; it takes any rows, 64 per block at most).
 STREAM_MAX_ROWS = 64
 # From this many rows the weight is dequantized and multiplied by torch (cuBLAS). H200 (tables 3-4):
 # at 2,048 rows the WMMA GEMM reaches 0.27-0.31x of cuBLAS fp16, the dequantize + cuBLAS path
@@ -320,8 +318,8 @@ class CudaQuantizedMatmul:
         rows = x.shape[0]
         if rows <= GEMV_DISPATCH_MAX_ROWS:
             return quant_gemv(self.weight, x, bias)
-        if rows <= STREAM_MAX_ROWS:
-            return quant_gemm_stream(self.weight, x, bias)
+        # The streaming GEMM (quant_gemm_stream) is not dispatched: on the H200 it lost to the tiled GEMM
+        # at 16 rows on qkv and gate_up and at 64 rows everywhere (benches/RESULTS.md session 9).
         if rows < DENSE_MIN_ROWS:
             return quant_gemm(self.weight, x, bias)
         return quant_dense(self.weight, x, bias)

@@ -103,6 +103,11 @@ def _quantization() -> dict[str, list[str]]:
                 for swiglu in ("false", "true")
             ),
             *(
+                f"voltllm::quant_gemv_kernel<{kind}, 1, {swiglu}, 4, 2, voltllm::kQuantGemvWarps>"
+                for kind in kinds
+                for swiglu in ("false", "true")
+            ),
+            *(
                 f"voltllm::quant_gemv_persistent_kernel<{kind}, {rows}, {swiglu}, "
                 f"voltllm::QuantGemvPersistentShape<{rows}>::kMats, "
                 f"voltllm::QuantGemvPersistentShape<{rows}>::kUnroll, voltllm::kQuantGemvPersistentWarps>"

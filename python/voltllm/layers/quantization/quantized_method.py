@@ -19,7 +19,6 @@ import torch
 from torch import nn
 
 from voltllm.layers.linear_method import LinearMethodBase
-from voltllm.layers.norm import RMSNorm
 from voltllm.layers.parameter import set_weight_attrs
 from voltllm.layers.quantization.quantized_weight import (
     QuantizedMatmul,
@@ -69,21 +68,6 @@ class QuantizedLinearMethod(LinearMethodBase):
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
         return _matmul_of(layer).swiglu(x, bias)  # the kernels fold SiLU-and-mul into their epilogue
-
-    def apply_add_rms_norm(
-        self,
-        layer: nn.Module,
-        hidden: torch.Tensor,
-        residual: torch.Tensor,
-        norm: RMSNorm,
-        bias: torch.Tensor | None = None,
-        swiglu: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        # A decode row on a GPU: the add and the norm run as the GEMV's prologue, one launch for three.
-        fused = _matmul_of(layer).add_rms_norm(hidden, residual, norm.weight, norm.eps, bias, swiglu)
-        if fused is not None:
-            return fused
-        return super().apply_add_rms_norm(layer, hidden, residual, norm, bias, swiglu)
 
 
 def _matmul_of(layer: nn.Module) -> QuantizedMatmul:
