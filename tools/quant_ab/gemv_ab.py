@@ -1,5 +1,6 @@
 """Times quantized GEMV kernel variants side by side in one process on a GPU: session 8's kernel (the
-copy under tools/quant_ab/session8/) against the current header's kernel at several shapes (weight rows
+headers of commit BASELINE_REV, taken with `git archive`, or from `--baseline-src` on a machine with no
+git checkout) against the current header's kernel at several shapes (weight rows
 per warp, chunks in flight, warps per block), on the Llama-3-8B projections.
 
 Each variant is compiled by nvcc to a cubin (no torch extension build) and launched through the CUDA
@@ -9,6 +10,9 @@ extension's kernel (`voltllm.ops.quantized_linear.quant_gemv`, with it). Every v
 checked against the dequantize + fp32 product first.
 
     python tools/quant_ab/gemv_ab.py [--rows 1,2,4]
+    # where the tree has no .git (the GPU machine), make the baseline beforehand and carry it:
+    git archive d6c86fd csrc/quantization | tar -x -C .carry/quant_base
+    python tools/quant_ab/gemv_ab.py --baseline-src .carry/quant_base/csrc
 """
 
 from __future__ import annotations
@@ -137,7 +141,25 @@ class Variant:
         return 32 * (self.shape or (2, 4, 4))[2]
 
 
-def build(variants: list[Variant], workdir: Path) -> dict[str, object]:
+BASELINE_REV = "d6c86fd"  # session 8's main: the quantization headers before session 9's GEMV changes
+
+
+def baseline_headers(baseline_src: str | None, workdir: Path) -> Path:
+    """The include folder whose `quantization/` holds the baseline kernel's headers."""
+    if baseline_src is not None:
+        return Path(baseline_src)
+    git = ["git", "-C", str(REPO), "archive", BASELINE_REV, "csrc/quantization"]
+    archive = subprocess.run(git, capture_output=True, check=False)
+    if archive.returncode != 0:
+        raise SystemExit(
+            f"cannot read the baseline {BASELINE_REV} from git ({archive.stderr.decode().strip()}); "
+            "pass --baseline-src (see the module docstring)"
+        )
+    subprocess.run(["tar", "-x", "-C", str(workdir)], input=archive.stdout, check=True)
+    return workdir / "csrc"
+
+
+def build(variants: list[Variant], workdir: Path, baseline: Path) -> dict[str, object]:
     """nvcc both translation units (in parallel), load the cubins, return mangled name -> CUfunction."""
     from torch.utils.cpp_extension import CUDA_HOME
 
@@ -165,7 +187,7 @@ def build(variants: list[Variant], workdir: Path) -> dict[str, object]:
         if not instances:
             continue
         src.write_text(include + "".join(instances))
-        includes = [f"-I{REPO / 'tools' / 'quant_ab' / 'session8'}"] if unit == "old" else []
+        includes = [f"-I{baseline}"] if unit == "old" else []
         cmd = [str(nvcc), "-cubin", f"-arch=sm_{major}{minor}", "-O3", "-std=c++17", *includes,
                f"-I{REPO / 'csrc'}", "-o", str(workdir / f"{unit}.cubin"), str(src)]  # fmt: skip
         procs[unit] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -421,6 +443,7 @@ def main() -> None:
     parser.add_argument("--kinds", default="0,1,2")
     parser.add_argument("--gemm", action="store_true", help="also the streaming GEMM at 16 and 64 rows")
     parser.add_argument("--variants", help="comma-separated labels of INT4_VARIANTS to time (default: all)")
+    parser.add_argument("--baseline-src", help="include folder holding the baseline's quantization/ headers")
     args = parser.parse_args()
     from decode_latency import copy_bandwidth
 
@@ -433,8 +456,6 @@ def main() -> None:
         table = INT4_VARIANTS if kind == 0 else INT4_VARIANTS[:3]
         if args.variants:
             table = [v for v in table if v[0] in args.variants.split(",")]
-        if args.variants:
-            table = [v for v in table if v[0] in args.variants.split(",")]
         for rows in rows_list:
             for swiglu in (False, True):
                 for label, mats, unroll, warps, blocks_per_sm in table:
@@ -443,7 +464,7 @@ def main() -> None:
                     shape = None if mats is None else (mats, unroll, warps)
                     variants.append(Variant(label, kind, rows, swiglu, shape, blocks_per_sm))
     with tempfile.TemporaryDirectory() as tmp:
-        fns = build(variants, Path(tmp))
+        fns = build(variants, Path(tmp), baseline_headers(args.baseline_src, Path(tmp)))
     try:
         for kind in kinds:
             fmt = FORMAT_OF_KIND[kind]
