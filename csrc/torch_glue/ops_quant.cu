@@ -122,6 +122,46 @@ void dispatch_block_m(int64_t block_m, const char* op, Fn&& fn) {
   }
 }
 
+// What both GEMMs take: the k dimension cut into `splits` slices of `per_split` tiles. With more than one
+// slice the blocks add fp32 partial sums into `partial` (allocated and zeroed here; the caller keeps it
+// alive) and finish_split_sum adds the bias and writes `out`.
+QuantGemmParams gemm_params(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& group_params, const std::optional<at::Tensor>& bias,
+                            const PackedShape& shape, int64_t splits, int64_t per_split, at::Tensor& partial) {
+  const int64_t m = x.size(0), n = shape.n;
+  if (splits > 1) partial = at::zeros({m, n}, x.options().dtype(at::kFloat));
+  QuantGemmParams p{};
+  p.out = out.data_ptr();
+  p.partial = splits > 1 ? partial.data_ptr<float>() : nullptr;
+  p.x = x.data_ptr();
+  p.weight = reinterpret_cast<const uint4*>(weight.data_ptr());
+  p.group_params = reinterpret_cast<const unsigned*>(group_params.data_ptr());
+  p.bias = splits > 1 ? nullptr : (bias ? bias->data_ptr() : nullptr);
+  p.out_stride = out.stride(0);
+  p.x_stride = x.stride(0);
+  p.m = static_cast<int>(m);
+  p.n = static_cast<int>(n);
+  p.k = static_cast<int>(shape.k);
+  p.num_groups = static_cast<int>(shape.num_groups);
+  p.chunk_group_shift = static_cast<int>(shape.chunk_group_shift);
+  p.k_tiles_per_split = static_cast<int>(per_split);
+  return p;
+}
+
+// out = partial (+ bias) in out's dtype, after a split-k GEMM.
+void finish_split_sum(at::Tensor& out, const at::Tensor& partial, const std::optional<at::Tensor>& bias,
+                      cudaStream_t stream) {
+  QuantGemmFinalizeParams f{};
+  f.out = out.data_ptr();
+  f.partial = partial.data_ptr<float>();
+  f.bias = bias ? bias->data_ptr() : nullptr;
+  f.out_stride = out.stride(0);
+  f.m = static_cast<int>(out.size(0));
+  f.n = static_cast<int>(out.size(1));
+  launch(quant_gemm_finalize_kernel, static_cast<unsigned>(out.size(0)), 256, 0, stream, f);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 }  // namespace
 
 void quant_gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& group_params,
@@ -266,22 +306,7 @@ void quant_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, 
   const int64_t per_split = (k_tiles + splits - 1) / splits;
   splits = (k_tiles + per_split - 1) / per_split;  // no empty split
   at::Tensor partial;
-  if (splits > 1) partial = at::zeros({m, n}, x.options().dtype(at::kFloat));
-  QuantGemmParams p{};
-  p.out = out.data_ptr();
-  p.partial = splits > 1 ? partial.data_ptr<float>() : nullptr;
-  p.x = x.data_ptr();
-  p.weight = reinterpret_cast<const uint4*>(weight.data_ptr());
-  p.group_params = reinterpret_cast<const unsigned*>(group_params.data_ptr());
-  p.bias = splits > 1 ? nullptr : (bias ? bias->data_ptr() : nullptr);
-  p.out_stride = out.stride(0);
-  p.x_stride = x.stride(0);
-  p.m = static_cast<int>(m);
-  p.n = static_cast<int>(n);
-  p.k = static_cast<int>(shape.k);
-  p.num_groups = static_cast<int>(shape.num_groups);
-  p.chunk_group_shift = static_cast<int>(shape.chunk_group_shift);
-  p.k_tiles_per_split = static_cast<int>(per_split);
+  const QuantGemmParams p = gemm_params(out, x, weight, group_params, bias, shape, splits, per_split, partial);
   const auto stream = at::cuda::getCurrentCUDAStream();
   dispatch_quant_kind(kind, op, [&](auto kind_c) {
     dispatch_block_m(block_m, op, [&](auto bm_c) {
@@ -294,17 +319,7 @@ void quant_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, 
     });
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  if (splits > 1) {
-    QuantGemmFinalizeParams f{};
-    f.out = out.data_ptr();
-    f.partial = partial.data_ptr<float>();
-    f.bias = bias ? bias->data_ptr() : nullptr;
-    f.out_stride = out.stride(0);
-    f.m = static_cast<int>(m);
-    f.n = static_cast<int>(n);
-    launch(quant_gemm_finalize_kernel, static_cast<unsigned>(m), 256, 0, stream, f);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
+  if (splits > 1) finish_split_sum(out, partial, bias, stream);
 }
 
 namespace {
@@ -378,39 +393,14 @@ void quant_gemm_stream(at::Tensor& out, const at::Tensor& x, const at::Tensor& w
       const int64_t per_split = (k_chunks + s - 1) / s;
       s = (k_chunks + per_split - 1) / per_split;  // no empty split
       at::Tensor partial;
-      if (s > 1) partial = at::zeros({m, n}, x.options().dtype(at::kFloat));
-      QuantGemmParams p{};
-      p.out = out.data_ptr();
-      p.partial = s > 1 ? partial.data_ptr<float>() : nullptr;
-      p.x = x.data_ptr();
-      p.weight = reinterpret_cast<const uint4*>(weight.data_ptr());
-      p.group_params = reinterpret_cast<const unsigned*>(group_params.data_ptr());
-      p.bias = s > 1 ? nullptr : (bias ? bias->data_ptr() : nullptr);
-      p.out_stride = out.stride(0);
-      p.x_stride = x.stride(0);
-      p.m = static_cast<int>(m);
-      p.n = static_cast<int>(n);
-      p.k = static_cast<int>(shape.k);
-      p.num_groups = static_cast<int>(shape.num_groups);
-      p.chunk_group_shift = static_cast<int>(shape.chunk_group_shift);
-      p.k_tiles_per_split = static_cast<int>(per_split);
+      const QuantGemmParams p = gemm_params(out, x, weight, group_params, bias, shape, s, per_split, partial);
       const int smem = quant_gemm_stream_smem_bytes<K, MF, NF, D>(static_cast<int>(per_split));
       set_smem(quant_gemm_stream_kernel<K, MF, NF, D>, smem);
       const dim3 grid(static_cast<unsigned>((n + features - 1) / features), static_cast<unsigned>(row_blocks),
                       static_cast<unsigned>(s));
       launch(quant_gemm_stream_kernel<K, MF, NF, D>, grid, Tr::kThreads, smem, stream, p);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
-      if (s > 1) {
-        QuantGemmFinalizeParams f{};
-        f.out = out.data_ptr();
-        f.partial = partial.data_ptr<float>();
-        f.bias = bias ? bias->data_ptr() : nullptr;
-        f.out_stride = out.stride(0);
-        f.m = static_cast<int>(m);
-        f.n = static_cast<int>(n);
-        launch(quant_gemm_finalize_kernel, static_cast<unsigned>(m), 256, 0, stream, f);
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-      }
+      if (s > 1) finish_split_sum(out, partial, bias, stream);
     });
   });
 }
