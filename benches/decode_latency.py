@@ -5,6 +5,8 @@ by step; a decode step's time is its wall time on the host (each step ends by co
 token to the host, so it covers the GPU work too). `--api llm` goes through `LLM.generate` instead, the
 path users take (detokenization included, with a dummy byte-level tokenizer of the model's vocabulary
 size): the step time is then (t(N tokens) - t(1 token)) / (N - 1) over whole generate calls.
+`--async-scheduling both` measures each engine with asynchronous scheduling off and then on (two rows);
+`on` / `off` force one; the default is the engine's own choice.
 The floor is the model's weight bytes over the device copy bandwidth
 measured in the same run: a decode step at batch 1 must read every weight once. Dummy weights of the
 real shapes; fp16. Prints a table: median step time, tokens/s, floor, floor / step, and the runner's
@@ -98,20 +100,46 @@ def api_step_time(llm: LLM, prompt_len: int, tokens: int, args: argparse.Namespa
     return (many - one) / (tokens - 1)
 
 
-def measure(name: str, eager: bool, args: argparse.Namespace, bandwidth: float) -> dict:
+ASYNC_MODES = {"auto": [None], "on": [True], "off": [False], "both": [False, True]}
+
+
+def dummy_model_config(
+    tmp: str, name: str, eager: bool, tokenizer: bool, async_scheduling: bool | None = None
+) -> EngineConfig:
+    """The batch-1 benches' engine: model `name`'s shape written to `tmp` (with a dummy tokenizer for
+    `LLM`), dummy fp16 weights on CUDA; `async_scheduling` None lets the engine choose."""
+    (Path(tmp) / "config.json").write_text(json.dumps(MODELS[name]))
+    if tokenizer:
+        write_dummy_tokenizer(tmp, MODELS[name]["vocab_size"])
+    return EngineConfig(
+        model=ModelConfig(model=tmp, load_format="dummy", dtype="float16", max_model_len=4096),
+        cache=CacheConfig(num_kv_blocks=2048),
+        scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=4096),
+        device="cuda",
+        enforce_eager=eager,
+        async_scheduling=async_scheduling,
+    )
+
+
+def measure(name: str, eager: bool, args: argparse.Namespace, bandwidth: float) -> list[dict]:
+    """One row per asynchronous-scheduling mode asked for, on one engine."""
     with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "config.json").write_text(json.dumps(MODELS[name]))
-        if args.api == "llm":
-            write_dummy_tokenizer(tmp, MODELS[name]["vocab_size"])
-        config = EngineConfig(
-            model=ModelConfig(model=tmp, load_format="dummy", dtype="float16", max_model_len=4096),
-            cache=CacheConfig(num_kv_blocks=2048),
-            scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=4096),
-            device="cuda",
-            enforce_eager=eager,
-        )
+        config = dummy_model_config(tmp, name, eager, tokenizer=args.api == "llm")
         llm = LLM.from_engine_config(config) if args.api == "llm" else None
         engine = llm.engine if llm is not None else LLMEngine(config)
+    rows = []
+    for mode in ASYNC_MODES[args.async_scheduling]:
+        if mode is not None:
+            engine.core.set_async_scheduling(mode)
+        rows.append(measure_mode(name, eager, args, bandwidth, llm, engine))
+    del engine, llm
+    torch.cuda.empty_cache()
+    return rows
+
+
+def measure_mode(
+    name: str, eager: bool, args: argparse.Namespace, bandwidth: float, llm: LLM | None, engine: LLMEngine
+) -> dict:
     if llm is not None:
         step = api_step_time(llm, args.prompt_len, args.tokens, args)
         timings = [engine.core.runner.last_timings]
@@ -120,9 +148,10 @@ def measure(name: str, eager: bool, args: argparse.Namespace, bandwidth: float) 
         times, timings = decode_steps(engine, args.prompt_len, args.tokens, args)
         step = statistics.median(times)
     floor = weight_bytes(engine.core.runner.model) / bandwidth
-    row = {
+    mode = "async" if engine.core.async_scheduling else "sync"
+    return {
         "model": name,
-        "mode": ("eager" if eager else "cuda graphs") + f", {sampling_label(args)}, {args.api}",
+        "mode": ("eager" if eager else "cuda graphs") + f", {sampling_label(args)}, {args.api}, {mode}",
         "step_ms": step * 1e3,
         "tok_s": 1 / step,
         "floor_ms": floor * 1e3,
@@ -133,9 +162,6 @@ def measure(name: str, eager: bool, args: argparse.Namespace, bandwidth: float) 
         "graph_steps": sum(t.cuda_graph for t in timings),
         "steps": len(timings),
     }
-    del engine
-    torch.cuda.empty_cache()
-    return row
 
 
 def sampling_label(args: argparse.Namespace) -> str:
@@ -156,21 +182,27 @@ def main() -> None:
     p.add_argument(
         "--api", choices=["engine", "llm"], default="engine", help="LLMEngine steps, or LLM.generate calls"
     )
+    p.add_argument(
+        "--async-scheduling",
+        choices=list(ASYNC_MODES),
+        default="auto",
+        help="auto: the engine's default; both: a row with it off and one with it on, same engine",
+    )
     args = p.parse_args()
     bandwidth = copy_bandwidth()
     print(f"GPU: {torch.cuda.get_device_name()}; copy bandwidth {bandwidth / 1e9:.0f} GB/s (read + write)")
     rows = []
     for name in args.models:
         for eager in [False] if args.no_eager else [False, True]:
-            rows.append(measure(name, eager, args, bandwidth))
-            r = rows[-1]
-            print(
-                f"{r['model']:11s} {r['mode']:11s} step {r['step_ms']:7.3f} ms  {r['tok_s']:7.1f} tok/s  "
-                f"floor {r['floor_ms']:6.3f} ms ({r['floor_over_step']:.2f})  host prepare "
-                f"{r['prepare_us']:.0f} us forward {r['forward_us']:.0f} us post {r['post_us']:.0f} us  "
-                f"graph steps {r['graph_steps']}/{r['steps']}",
-                flush=True,
-            )
+            for r in measure(name, eager, args, bandwidth):
+                rows.append(r)
+                print(
+                    f"{r['model']:11s} {r['mode']:11s} step {r['step_ms']:7.3f} ms  {r['tok_s']:7.1f} tok/s  "
+                    f"floor {r['floor_ms']:6.3f} ms ({r['floor_over_step']:.2f})  host prepare "
+                    f"{r['prepare_us']:.0f} us forward {r['forward_us']:.0f} us post {r['post_us']:.0f} us  "
+                    f"graph steps {r['graph_steps']}/{r['steps']}",
+                    flush=True,
+                )
     print("\n| model | mode | step (ms) | tokens/s | weight floor (ms) | floor / step |")
     print("| --- | --- | --- | --- | --- | --- |")
     for r in rows:

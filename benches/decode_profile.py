@@ -5,6 +5,11 @@ each kernel's calls and device time per step, largest first, and the total. Eage
 `--graphs` profiles CUDA-graph replays instead (the kernels as captured: the attention kernel's split
 sized for max_model_len), which is what a served decode step runs.
 
+With programmatic dependent launch (SM90+) a kernel starts before the one ahead of it ends and waits,
+so its device time includes that wait and the times add up to more than the step. The "critical path"
+column charges each kernel only for how much later it ends than the kernel before it (in start order):
+what the step would lose without it, and a breakdown that adds up to the span of the step's kernels.
+
     python benches/decode_profile.py --model qwen3-0.6b --batch 1
     python benches/decode_profile.py --model qwen3-0.6b --batch 1 --context 256 --graphs
     python benches/decode_profile.py --model llama-3-8b --quantization awq --graphs   # dummy AWQ weights
@@ -68,21 +73,33 @@ def main() -> None:
         for _ in range(args.steps):
             engine.step()
         torch.cuda.synchronize()
-    per_kernel: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            entry = per_kernel[event.name[:90]]
-            entry[0] += 1
-            entry[1] += event.device_time
-    rows = sorted(per_kernel.items(), key=lambda kv: -kv[1][1])
-    total = sum(t for _, t in per_kernel.values()) / args.steps
-    calls = sum(c for c, _ in per_kernel.values()) / args.steps
+    # name -> [calls, device us, critical-path us]
+    per_kernel: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+    events = sorted(
+        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+        key=lambda e: e.time_range.start,
+    )
+    last_end = None
+    for event in events:
+        entry = per_kernel[event.name[:90]]
+        entry[0] += 1
+        entry[1] += event.device_time
+        start, end = event.time_range.start, event.time_range.end
+        # A kernel that starts after the previous ones ended (a host or graph gap) counts its own span.
+        since = start if last_end is None or start >= last_end else last_end
+        entry[2] += max(end - since, 0)
+        last_end = end if last_end is None else max(last_end, end)
+    rows = sorted(per_kernel.items(), key=lambda kv: -kv[1][2])
+    total = sum(t for _, t, _ in per_kernel.values()) / args.steps
+    path = sum(t for _, _, t in per_kernel.values()) / args.steps
+    calls = sum(c for c, _, _ in per_kernel.values()) / args.steps
     mode = "graphs" if args.graphs else "eager"
     quant = f" {args.quantization}" if args.quantization else ""
     shape = f"{args.model}{quant} batch {args.batch} ctx {args.context} ({mode})"
-    print(f"{shape}: {calls:.0f} kernels, {total:.1f} us per step")
-    for name, (count, us) in rows[:25]:
-        print(f"{us / args.steps:9.1f} us {count / args.steps:6.0f}x  {name}")
+    print(f"{shape}: {calls:.0f} kernels, {total:.1f} us device time, {path:.1f} us critical path per step")
+    print(f"{'path us':>9} {'device us':>9} {'calls':>6}  kernel")
+    for name, (count, us, critical) in rows[:25]:
+        print(f"{critical / args.steps:9.1f} {us / args.steps:9.1f} {count / args.steps:6.0f}x  {name}")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ as `core_proc` sends it (`encode`).
 
 Columns, median microseconds per step: schedule (`Scheduler.schedule`), the runner's prepare /
 forward (enqueueing forward + sampling) / sync (waiting for sampled tokens; on the CPU the argmax
-itself) / post, as it reports them in `ModelRunner.last_timings` ("-" when it reports none; `execute`
+itself; with `--async-scheduling on`, the default with CUDA, the wait for the running step's ids) /
+post, as it reports them in `ModelRunner.last_timings` ("-" when it reports none; `execute`
 is its whole call), update (`update_from_output`), outputs (building `EngineCoreOutputs`), encode, and
 host = step wall time - sync + encode. The last column is host / 1 ms.
 
@@ -122,6 +123,9 @@ class NullLoaded:
     dtype: torch.dtype = torch.float32
 
 
+ASYNC_MODES = {"auto": None, "on": True, "off": False}
+
+
 def build_core(args: argparse.Namespace, tmp: Path) -> EngineCore:
     num_batches = len(args.batch_sizes.split(","))
     steps_per_batch = 1 + args.repeats * (args.warmup + args.steps) + CUDA_COUNT_STEPS * args.count_cuda_calls
@@ -136,6 +140,7 @@ def build_core(args: argparse.Namespace, tmp: Path) -> EngineCore:
             cache=CacheConfig(block_size=block_size, num_kv_blocks=num_blocks),
             scheduler=scheduler,
             device="cpu",
+            async_scheduling=ASYNC_MODES[args.async_scheduling],
         )
         model = NullModel(args.hidden, args.vocab, args.max_num_batched_tokens, args.num_seqs)
         loaded = NullLoaded(model, max_model_len=max_model_len, vocab_size=args.vocab)
@@ -148,6 +153,7 @@ def build_core(args: argparse.Namespace, tmp: Path) -> EngineCore:
         model=ModelConfig(model=str(tmp), load_format="dummy", max_model_len=max_model_len),
         scheduler=scheduler,
         device=args.device,
+        async_scheduling=ASYNC_MODES[args.async_scheduling],
     )
     return EngineCore.from_config(config)
 
@@ -255,6 +261,12 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
+        "--async-scheduling",
+        choices=list(ASYNC_MODES),
+        default="auto",
+        help="auto: the engine's default (on with CUDA); on: sync is then the wait for the running step",
+    )
+    p.add_argument(
         "--count-cuda-calls", action="store_true", help="CUDA API calls per decode step (CUDA device only)"
     )
     args = p.parse_args()
@@ -272,8 +284,10 @@ def main() -> None:
         t0 = time.perf_counter()
         num_prefill = run_prefill(core)
         path = ", fake CUDA graphs" if args.fake_graphs else ""
+        mode = "on" if core.async_scheduling else "off"
         print(
-            f"model: {args.model_config}{path} on {args.device}, torch threads {torch.get_num_threads()}; "
+            f"model: {args.model_config}{path} on {args.device}, async scheduling {mode}, "
+            f"torch threads {torch.get_num_threads()}; "
             f"{args.num_seqs} requests, prompts uniform in [{args.min_len}, {args.max_len}]: "
             f"prefilled in {num_prefill} steps ({time.perf_counter() - t0:.1f} s); "
             f"best of {args.repeats} medians of {args.steps} decode steps, microseconds"

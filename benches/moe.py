@@ -15,15 +15,29 @@ each ratio measured in this run.
 4. `kernels`: one MoE layer's experts (routing included) at 1 to 8,192 tokens by the pair path (up to
    16 tokens), the decode GEMV, the grouped GEMM and the torch grouped form, with the bandwidth of the
    expert bytes the tokens touch.
-5. `profile`: where a batch-1 decode step goes. Whether it replayed a CUDA graph, the host's share
+5. `quant`: one layer's experts quantized (4-bit, groups of 128 with zero points, as AWQ/GPTQ write
+   them) at 1 to 1,024 tokens: the quantized pair path and the stacks dequantized for the fp16 kernels,
+   against the fp16 pair path on the same shape, with the bandwidth of the packed bytes the tokens
+   touch.
+6. `decode-ab`: the pair path's token limit (8 or 16) at batch 16 in one engine, its CUDA graphs
+   recaptured per variant, in alternating rounds.
+7. `profile`: where a batch-1 decode step goes. Whether it replayed a CUDA graph, the host's share
    (the runner's step timings), the graph replay's device time by CUDA events, and the per-kernel
    device time of replays (torch profiler): the gap between the two is the device idling between
    kernels.
+8. `pair-down`: the pair path's down-stage kernels side by side (`moe_pair_down_kernel`, chunks 0, and
+   the staged kernel at 12 and 24 loads per lane in flight), one layer from a CUDA graph, the down
+   stage by difference, at 1 to 64 tokens.
+   The whole layer also routed inside the pair stages (12R, 24R: no top-k launch).
+9. `down-ab`: those variants in the model, one engine, graphs recaptured per variant, alternating
+   rounds, at batch 1 (against the floor) and 8.
 
     python benches/moe.py                         # H200: all of them (the baseline of 3 takes minutes)
     python benches/moe.py --only decode step      # skip the offline comparison
     python benches/moe.py --only offline --baseline-layers 2
     python benches/moe.py --only profile          # batch-1 step: graph?, host, kernels
+    python benches/moe.py --only quant decode-ab  # quantized experts; the decode step's variants
+    python benches/moe.py --only pair-down down-ab  # the down-stage kernels: one layer, then the model
     python benches/moe.py --tiny --device cpu --num-seqs 8 --min-len 16 --max-len 64   # smoke test
 
 `--json PATH` writes the rows. The targets: >= 0.6 of the floor, >= 5x the loop, >= 10x transformers.
@@ -44,6 +58,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from decode_profile import AWQ_CONFIG  # noqa: E402
 from model_shapes import QWEN3_30B_A3B, TINY_QWEN3_MOE  # noqa: E402
 from offline_throughput import make_workload, time_offline_run  # noqa: E402
 
@@ -54,10 +69,25 @@ from voltllm.layers.activation import silu_and_mul  # noqa: E402
 from voltllm.layers.embedding import VocabParallelEmbedding  # noqa: E402
 from voltllm.layers.fused_moe import FusedMoE, UnquantizedFusedMoEMethod, select_experts  # noqa: E402
 from voltllm.layers.fused_moe.experts_torch import experts_grouped  # noqa: E402
-from voltllm.layers.norm import RMSNorm  # noqa: E402
-from voltllm.ops.linear import gemv  # noqa: E402
-from voltllm.ops.moe import fused_moe, fused_moe_pairs, moe_route, topk_softmax  # noqa: E402
+from voltllm.layers.quantization.quantized_weight import QuantizedWeight  # noqa: E402
+from voltllm.ops._dispatch import kernel_ops  # noqa: E402
+from voltllm.ops.moe import (  # noqa: E402
+    PAIR_DOWN_STAGED_CHUNKS,
+    fused_moe,
+    fused_moe_pairs,
+    fused_moe_pairs_routed,
+    topk_softmax,
+)
+from voltllm.ops.moe_quantized import (  # noqa: E402
+    PATHS,
+    PackedQuantExperts,
+    fused_moe_quantized,
+    pack_experts,
+    quantized_path,
+)
+from voltllm.ops.quantized_linear import PackedQuantWeight  # noqa: E402
 from voltllm.protocol import EngineCoreRequest, EngineSamplingParams  # noqa: E402
+from voltllm.worker.cuda_graphs import DecodeGraphs  # noqa: E402
 
 
 class PerExpertLoopMethod(UnquantizedFusedMoEMethod):
@@ -98,7 +128,7 @@ def copy_bandwidth(device: str) -> float:
 def touched_bytes(model: torch.nn.Module) -> int:
     """Weight bytes one decode token reads: all of it except the experts it is not routed to (top_k of
     num_experts of each FusedMoE) and the embedding rows of other tokens (one row; a tied table is read
-    whole by the LM head)."""
+    whole by the LM head). Quantized weights count in their packed form (codes and group words)."""
     total, seen = 0, set()
     for module in model.modules():
         for param in module.parameters(recurse=False):
@@ -113,6 +143,12 @@ def touched_bytes(model: torch.nn.Module) -> int:
             ):
                 size //= param.shape[0]
             total += size
+        packed = getattr(getattr(module, "quantized_matmul", None), "weight", None)
+        if isinstance(packed, PackedQuantWeight):
+            total += packed.nbytes
+        for stack in (getattr(module, "w13_packed", None), getattr(module, "w2_packed", None)):
+            if stack is not None:
+                total += stack.nbytes_per_expert * module.top_k
     return total
 
 
@@ -364,8 +400,99 @@ def kernel_row(
         seconds = graph_time(layer_pairs)
         row["pairs_us"] = seconds * 1e6
         row["pairs_gb_s"] = touched * expert_bytes / seconds / 1e9
+        row.update(pair_stage_split(x, logits, w13, w2, top_k, touched))
     row["torch_grouped_us"] = 1e6 * eager_time(lambda: experts_grouped(x, w13, w2, weights, ids.long()))
     return row
+
+
+def pair_stage_split(
+    x, logits, w13, w2, top_k: int, touched: int, down_variants: tuple[int | None, ...] = (None,)
+) -> dict:
+    """Where the pair path's time goes: the routing alone, routing + gated stage, and by difference each
+    stage, with the bandwidth of the expert bytes each stage reads (graph replays, as `kernel_row`). The
+    down stage is timed for each of `down_variants` (`fused_moe_pairs`' down_chunks; None: the default),
+    keyed `down_us` / `down_gb_s` for None, `down<chunks>_us` / `down<chunks>_gb_s` otherwise."""
+    ops = kernel_ops()
+    act = torch.empty(x.shape[0] * top_k, w13.shape[1] // 2, dtype=x.dtype, device=x.device)
+
+    def routing() -> torch.Tensor:
+        return topk_softmax(logits, top_k, True)[1]
+
+    def routing_gated() -> torch.Tensor:
+        weights, ids = topk_softmax(logits, top_k, True)
+        ops.moe_pair_experts(act, x, w13, ids, weights, True)
+        return act
+
+    route_s, gated_s = graph_time(routing), graph_time(routing_gated)
+    gated_bytes = touched * w13[0].numel() * w13.element_size()
+    down_bytes = touched * w2[0].numel() * w2.element_size()
+    row = {
+        "routing_us": route_s * 1e6,
+        "gated_us": (gated_s - route_s) * 1e6,
+        "gated_gb_s": gated_bytes / (gated_s - route_s) / 1e9,
+    }
+    for chunks in down_variants:
+
+        def layer(chunks: int | None = chunks) -> torch.Tensor:
+            return fused_moe_pairs(x, w13, w2, *topk_softmax(logits, top_k, True), chunks)
+
+        layer_s = graph_time(layer)
+        key = "down" if chunks is None else f"down{chunks}"
+        down_s = layer_s - gated_s
+        row.update({f"{key}_us": down_s * 1e6, f"{key}_gb_s": down_bytes / down_s / 1e9})
+        if chunks is not None:
+            row[f"layer{chunks}_us"] = layer_s * 1e6
+    return row
+
+
+DOWN_VARIANTS = (0, *PAIR_DOWN_STAGED_CHUNKS)  # the pair path's down-stage kernels (voltllm.ops.moe)
+# The decode step's variants the down-ab figure A/Bs: (name, PAIR_DOWN_CHUNKS, PAIR_ROUTED); "R" routes
+# inside the pair stages (no top-k launch).
+STEP_VARIANTS = (
+    *((str(c), c, False) for c in DOWN_VARIANTS),
+    *((f"{c}R", c, True) for c in PAIR_DOWN_STAGED_CHUNKS),
+)
+
+
+@torch.inference_mode()
+def bench_pair_down(config: dict, args: argparse.Namespace) -> list[dict]:
+    """The pair path's down-stage kernels side by side on the model's expert shape: one layer (routing,
+    gated stage, down stage) from a CUDA graph, the down stage by difference, for each of DOWN_VARIANTS,
+    and the whole layer for each of STEP_VARIANTS (the routed ones with no routing launch), at each of
+    `--pair-down-tokens` (fresh routings per size; past PAIRS_MAX_TOKENS the pair path is not the one
+    dispatched, shown for the trend)."""
+    experts, top_k = config["num_experts"], config["num_experts_per_tok"]
+    hidden, inter = config["hidden_size"], config["moe_intermediate_size"]
+    gen = torch.Generator(device="cuda").manual_seed(args.seed)
+    w13 = (torch.randn(experts, 2 * inter, hidden, device="cuda", generator=gen) * 0.02).half()
+    w2 = (torch.randn(experts, hidden, inter, device="cuda", generator=gen) * 0.02).half()
+    rows = []
+    print(
+        "pair path, one layer from a graph: down stage us by difference (TB/s of its bytes, speed-up over "
+        "chunks 0) | whole layer us per variant",
+        flush=True,
+    )
+    for tokens in args.pair_down_tokens:
+        x = torch.randn(tokens, hidden, device="cuda", generator=gen).half()
+        logits = torch.randn(tokens, experts, device="cuda", generator=gen).half()
+        touched = int(torch.unique(topk_softmax(logits, top_k, True)[1]).numel())
+        row = {"figure": "pair down", "tokens": tokens, "experts_touched": touched}
+        row.update(pair_stage_split(x, logits, w13, w2, top_k, touched, DOWN_VARIANTS))
+        for chunks in PAIR_DOWN_STAGED_CHUNKS:
+
+            def routed(x=x, logits=logits, chunks: int = chunks) -> torch.Tensor:
+                return fused_moe_pairs_routed(x, w13, w2, logits, top_k, True, chunks)
+
+            row[f"layer{chunks}R_us"] = graph_time(routed) * 1e6
+        rows.append(row)
+        downs = " ".join(
+            f"{c}: {row[f'down{c}_us']:5.1f} ({row[f'down{c}_gb_s'] / 1e3:4.2f}, "
+            f"{row['down0_us'] / row[f'down{c}_us']:4.2f}x)"
+            for c in DOWN_VARIANTS
+        )
+        layers = " ".join(f"{name}: {row[f'layer{name}_us']:5.1f}" for name, _, _ in STEP_VARIANTS)
+        print(f"{tokens:>4} tokens, {touched:>3} experts | down {downs} | layer {layers}", flush=True)
+    return rows
 
 
 @torch.inference_mode()
@@ -376,7 +503,7 @@ def bench_kernels(config: dict, args: argparse.Namespace) -> list[dict]:
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
     w13 = (torch.randn(experts, 2 * inter, hidden, device="cuda", generator=gen) * 0.02).half()
     w2 = (torch.randn(experts, hidden, inter, device="cuda", generator=gen) * 0.02).half()
-    rows = [route_row(tokens, config, gen) for tokens in (1, 2)]
+    rows = []
     for tokens in args.kernel_tokens:
         x = torch.randn(tokens, hidden, device="cuda", generator=gen).half()
         logits = torch.randn(tokens, experts, device="cuda", generator=gen).half()
@@ -389,33 +516,157 @@ def bench_kernels(config: dict, args: argparse.Namespace) -> list[dict]:
     return rows
 
 
-def route_row(tokens: int, config: dict, gen: torch.Generator) -> dict:
-    """A sparse block's front at `tokens` decode tokens: residual add + RMSNorm, the router linear and
-    the top-k as three kernels, against `moe_route`'s one, both replayed from CUDA graphs."""
-    hidden_size, experts, top_k = config["hidden_size"], config["num_experts"], config["num_experts_per_tok"]
-    hidden = torch.randn(tokens, hidden_size, device="cuda", generator=gen).half()
-    residual = torch.randn(tokens, hidden_size, device="cuda", generator=gen).half()
-    norm = RMSNorm(hidden_size).cuda().half()
-    gate = (torch.randn(experts, hidden_size, device="cuda", generator=gen) * 0.02).half()
-    counter = torch.zeros(1, dtype=torch.int32, device="cuda")
+def random_int4_experts(num_experts: int, rows: int, k: int, gen: torch.Generator) -> PackedQuantExperts:
+    """`num_experts` random 4-bit `[rows, k]` expert matrices, groups of 128 with zero points (AWQ/GPTQ's
+    layout), packed for the kernels; dequantized weights within about +-0.02."""
+    weights = []
+    for _ in range(num_experts):
+        groups = k // 128
+        weights.append(
+            QuantizedWeight(
+                codes=torch.randint(0, 16, (rows, k), device="cuda", generator=gen, dtype=torch.uint8),
+                scales=(torch.rand(rows, groups, device="cuda", generator=gen) * 0.0013 + 0.0013).half(),
+                zeros=torch.randint(7, 9, (rows, groups), device="cuda", generator=gen, dtype=torch.uint8),
+                bits=4,
+                group_size=128,
+            )
+        )
+    return pack_experts(weights)
 
-    def unfused() -> torch.Tensor:
-        normed, _ = norm(hidden, residual)
-        return topk_softmax(gemv(normed, gate), top_k, True)[1]  # the router as the model runs it
 
-    def fused() -> torch.Tensor:
-        return moe_route(hidden, residual, norm.weight, norm.eps, gate, top_k, True, counter)[3]
+def quant_kernel_row(x, logits, w13, w2, w13_dense, w2_dense, top_k: int) -> dict:
+    """One layer's quantized experts on `x` by each path, with the packed bytes the tokens touch, and the
+    fp16 pair path on the same shape."""
+    ids = topk_softmax(logits, top_k, True)[1]
+    touched = int(torch.unique(ids).numel())
+    packed_bytes = touched * (w13.nbytes_per_expert + w2.nbytes_per_expert)
+    tokens = x.shape[0]
+    row = {"figure": "quant kernels", "tokens": tokens, "experts_touched": touched}
+    paths = [p for p in PATHS if p != "pairs" or tokens <= 256]
+    for path in paths:
 
-    row = {"figure": "route", "tokens": tokens}
-    with torch.inference_mode():
-        row["unfused_us"] = graph_time(unfused) * 1e6
-        row["fused_us"] = graph_time(fused) * 1e6
-    print(
-        f"route: {tokens} tokens: add+norm, router, top-k {row['unfused_us']:.1f} us; one kernel "
-        f"{row['fused_us']:.1f} us",
-        flush=True,
-    )
+        def layer(path: str = path) -> torch.Tensor:
+            return fused_moe_quantized(x, w13, w2, *topk_softmax(logits, top_k, True), path=path)
+
+        seconds = graph_time(layer, iters=20 if tokens <= 16 else 3)
+        row[f"{path}_us"] = seconds * 1e6
+        row[f"{path}_gb_s"] = packed_bytes / seconds / 1e9
+    if tokens <= PAIRS_TIMED_UP_TO:
+
+        def fp16_pairs() -> torch.Tensor:
+            return fused_moe_pairs(x, w13_dense, w2_dense, *topk_softmax(logits, top_k, True))
+
+        row["fp16_pairs_us"] = graph_time(fp16_pairs) * 1e6
+    row["chosen"] = quantized_path(tokens)
     return row
+
+
+@torch.inference_mode()
+def bench_quant_kernels(config: dict, args: argparse.Namespace) -> list[dict]:
+    """One layer's int4 experts on the model's expert shape (random codes, fresh routings per size)."""
+    experts, top_k = config["num_experts"], config["num_experts_per_tok"]
+    hidden, inter = config["hidden_size"], config["moe_intermediate_size"]
+    gen = torch.Generator(device="cuda").manual_seed(args.seed)
+    w13 = random_int4_experts(experts, 2 * inter, hidden, gen)
+    w2 = random_int4_experts(experts, hidden, inter, gen)
+    w13_dense = (torch.randn(experts, 2 * inter, hidden, device="cuda", generator=gen) * 0.02).half()
+    w2_dense = (torch.randn(experts, hidden, inter, device="cuda", generator=gen) * 0.02).half()
+    rows = []
+    for tokens in args.quant_tokens:
+        x = torch.randn(tokens, hidden, device="cuda", generator=gen).half()
+        logits = torch.randn(tokens, experts, device="cuda", generator=gen).half()
+        rows.append(row := quant_kernel_row(x, logits, w13, w2, w13_dense, w2_dense, top_k))
+        print(
+            f"quant kernels (int4 g128): {tokens:>5} tokens, {row['experts_touched']:>3} experts: "
+            + ", ".join(f"{k} {v:.1f}" for k, v in row.items() if k.endswith(("_us", "_gb_s")))
+            + f" (dispatched: {row['chosen']})",
+            flush=True,
+        )
+    return rows
+
+
+def recapture_graphs(runner, sizes: list[int]) -> None:
+    """Drop the runner's decode graphs and capture `sizes` again (the model code as it is now)."""
+    runner.graphs = None
+    gc.collect()
+    torch.cuda.empty_cache()
+    runner.capture_cuda_graphs(DecodeGraphs(runner.model, sizes, runner.vocab_size, runner.device))
+
+
+def bench_decode_ab(model_dir: Path, args: argparse.Namespace) -> list[dict]:
+    """The pair path's token limit A/B'd at batch 16 in one engine (graphs recaptured for each, rounds
+    alternating): A is the code as it stands (PAIRS_MAX_TOKENS), B the other of 8 and 16."""
+    import voltllm.ops.moe as moe_ops
+
+    engine = build_engine(model_dir, args, max_num_seqs=16, eager=False)
+    runner = engine.core.runner
+    shipped_limit = moe_ops.PAIRS_MAX_TOKENS
+    other_limit = 8 if shipped_limit != 8 else 16
+    decode_step_times(engine, 16, 128, 4)  # warm-up
+    times: dict[str, list[float]] = {"A": [], "B": []}
+    for name in ("A", "B", "B", "A"):
+        moe_ops.PAIRS_MAX_TOKENS = other_limit if name == "B" else shipped_limit
+        recapture_graphs(runner, [16])
+        times[name] += decode_step_times(engine, 16, 128, args.tokens // 4)
+    moe_ops.PAIRS_MAX_TOKENS = shipped_limit
+    del engine, runner
+    release_gpu_memory()
+    a, b = (statistics.median(times[n]) for n in ("A", "B"))
+    return [
+        {
+            "figure": "decode A/B",
+            "batch": 16,
+            "a_ms": a * 1e3,
+            "b_ms": b * 1e3,
+            "b_over_a": b / a,
+            "pairs_limit_a": shipped_limit,
+            "pairs_limit_b": other_limit,
+        }
+    ]
+
+
+def bench_down_ab(model_dir: Path, args: argparse.Namespace, bandwidth: float) -> list[dict]:
+    """The decode step's pair-path variants (STEP_VARIANTS: the down-stage kernel, routed or not) A/B'd
+    in one engine at each of `--ab-batches`: the decode graph recaptured for each variant, rounds in the
+    order A B C D E E D C B A, step medians per variant; at batch 1 each against the byte floor
+    (`touched_bytes` over the copy bandwidth measured in this run)."""
+    import voltllm.ops.moe as moe_ops
+
+    engine = build_engine(model_dir, args, max_num_seqs=max(args.ab_batches), eager=False)
+    runner = engine.core.runner
+    floor = touched_bytes(runner.model) / bandwidth
+    shipped = moe_ops.PAIR_DOWN_CHUNKS, moe_ops.PAIR_ROUTED
+    rows = []
+    try:
+        for batch in args.ab_batches:
+            decode_step_times(engine, batch, 128, 4)  # warm-up
+            times: dict[str, list[float]] = {name: [] for name, _, _ in STEP_VARIANTS}
+            for name, chunks, routed in STEP_VARIANTS + STEP_VARIANTS[::-1]:
+                moe_ops.PAIR_DOWN_CHUNKS, moe_ops.PAIR_ROUTED = chunks, routed
+                recapture_graphs(runner, [batch])
+                times[name] += decode_step_times(engine, batch, 128, args.ab_tokens)
+            step = {name: statistics.median(t) for name, t in times.items()}
+            row = {"figure": "down A/B", "batch": batch, "floor_ms": floor * 1e3, "shipped": list(shipped)}
+            for name in step:
+                row[f"{name}_ms"] = step[name] * 1e3
+                row[f"{name}_vs_0"] = step["0"] / step[name]
+                if batch == 1:
+                    row[f"{name}_of_floor"] = floor / step[name]
+            rows.append(row)
+    finally:
+        moe_ops.PAIR_DOWN_CHUNKS, moe_ops.PAIR_ROUTED = shipped
+    del engine, runner
+    release_gpu_memory()
+    return rows
+
+
+def print_down_ab(r: dict) -> None:
+    print(f"decode step A/B, batch {r['batch']} (variant: ms, speed-up over 0[, of the floor]):", flush=True)
+    for name, _, _ in STEP_VARIANTS:
+        line = f"  {name:>4}: {r[f'{name}_ms']:.3f} ms, {r[f'{name}_vs_0']:.3f}x"
+        if f"{name}_of_floor" in r:
+            line += f", {r[f'{name}_of_floor']:.3f} of the {r['floor_ms']:.3f} ms floor (target >= 0.6)"
+        print(line, flush=True)
 
 
 def transformers_generate_batch(model_dir: Path, args, prompts, output_lens) -> float:
@@ -446,7 +697,17 @@ def main() -> None:
     p.add_argument(
         "--only",
         nargs="+",
-        choices=["kernels", "decode", "step", "offline", "profile"],
+        choices=[
+            "kernels",
+            "quant",
+            "decode",
+            "decode-ab",
+            "pair-down",
+            "down-ab",
+            "step",
+            "offline",
+            "profile",
+        ],
         default=["kernels", "decode", "step", "offline"],
     )
     p.add_argument("--tiny", action="store_true", help="a 4-layer Qwen3-MoE instead of the 30B-A3B shape")
@@ -471,12 +732,34 @@ def main() -> None:
     p.add_argument(
         "--kernel-tokens", type=int, nargs="+", default=[1, 8, 16, 64, 256, 1024, 8192], help="kernel sizes"
     )
+    p.add_argument(
+        "--quant-tokens",
+        type=int,
+        nargs="+",
+        default=[1, 16, 64, 128, 192, 256, 1024],
+        help="quantized kernel sizes",
+    )
+    p.add_argument(
+        "--pair-down-tokens", type=int, nargs="+", default=[1, 8, 16, 64], help="pair-down figure sizes"
+    )
+    p.add_argument("--ab-batches", type=int, nargs="+", default=[1, 8], help="down-ab figure batch sizes")
+    p.add_argument("--ab-tokens", type=int, default=24, help="decode steps per round of the down-ab figure")
+    p.add_argument("--layers", type=int, default=None, help="cut the model to its first N layers")
+    p.add_argument(
+        "--quantization", choices=["awq"], help="dummy AWQ weights (4-bit, groups of 128, zero points)"
+    )
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     if args.device == "cpu" and args.num_kv_blocks is None:
         args.num_kv_blocks = 1024
-    config = TINY_QWEN3_MOE if args.tiny else QWEN3_30B_A3B
+    config = dict(TINY_QWEN3_MOE if args.tiny else QWEN3_30B_A3B)
     name = "tiny Qwen3-MoE" if args.tiny else "Qwen3-30B-A3B shape"
+    if args.layers:
+        config["num_hidden_layers"] = args.layers
+        name += f" cut to {args.layers} layers"
+    if args.quantization == "awq":  # the routers stay dense, as the quantizing tools leave them
+        config["quantization_config"] = {**AWQ_CONFIG, "modules_to_not_convert": ["mlp.gate"]}
+        name += ", AWQ 4-bit g128"
     device = resolve_device(args.device)
     hw = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     bandwidth = copy_bandwidth(device.type)
@@ -487,6 +770,23 @@ def main() -> None:
         (model_dir / "config.json").write_text(json.dumps(config))
         if "kernels" in args.only and device.type == "cuda":
             rows.extend(bench_kernels(config, args))
+        if "quant" in args.only and device.type == "cuda":
+            rows.extend(bench_quant_kernels(config, args))
+        if "decode-ab" in args.only and device.type == "cuda":
+            for r in bench_decode_ab(model_dir, args):
+                rows.append(r)
+                print(
+                    f"decode A/B, batch {r['batch']}: A (pairs up to {r['pairs_limit_a']} tokens) "
+                    f"{r['a_ms']:.3f} ms, B (pairs up to {r['pairs_limit_b']}) {r['b_ms']:.3f} ms: "
+                    f"B/A {r['b_over_a']:.3f}",
+                    flush=True,
+                )
+        if "pair-down" in args.only and device.type == "cuda":
+            rows.extend(bench_pair_down(config, args))
+        if "down-ab" in args.only and device.type == "cuda":
+            for r in bench_down_ab(model_dir, args, bandwidth):
+                rows.append(r)
+                print_down_ab(r)
         if "decode" in args.only:
             rows.append(r := bench_decode(model_dir, args, bandwidth))
             print(

@@ -13,12 +13,15 @@ both engines instead of a dummy-weight config; with `--num-seqs 1` that is the s
 `--threads N` sets torch's intra-op threads for both engines (default: torch's own choice).
 `--api llm` drives voltllm through `LLM.generate` (the path users take: detokenization and outputs
 included; a dummy byte-level tokenizer of the model's vocabulary size stands in for the real one)
-instead of `LLMEngine.generate_token_ids`.
+instead of `LLMEngine.generate_token_ids`. `--async-scheduling both` times the same engine with
+asynchronous scheduling off and on, alternating for `--rounds` rounds, and prints the ratio of the
+medians (on / off); `on` / `off` force one, the default is the engine's own choice.
 
     python benches/offline_throughput.py                     # GPU, Qwen3-0.6B shape, 256 seqs, 100-1024
     python benches/offline_throughput.py --tiny --num-seqs 16 --min-len 32 --max-len 256   # CPU
     python benches/offline_throughput.py --default-model --num-seqs 16 --min-len 32 --max-len 64
     python benches/offline_throughput.py --api llm --temperature 0.6  # what users see
+    python benches/offline_throughput.py --api llm --temperature 0.6 --async-scheduling both --skip-baseline
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import argparse
 import json
 import platform
 import random
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -52,7 +56,12 @@ def make_workload(args: argparse.Namespace, vocab: int) -> tuple[list[list[int]]
     return prompts, output_lens
 
 
+ASYNC_MODES = {"auto": None, "on": True, "off": False, "both": None}
+
+
 def run_voltllm(model_dir: Path, args, prompts, output_lens) -> tuple[float, int]:
+    """(seconds, output tokens) of voltllm on the workload; with `--async-scheduling both`, the
+    median of the asynchronous runs, after printing both modes and their ratio."""
     config = EngineConfig(
         model=ModelConfig(
             model=str(model_dir),
@@ -66,16 +75,64 @@ def run_voltllm(model_dir: Path, args, prompts, output_lens) -> tuple[float, int
         ),
         device=args.device,
         enforce_eager=args.enforce_eager,
+        async_scheduling=ASYNC_MODES[args.async_scheduling],
     )
     if args.api == "llm":
         if not args.default_model:
             vocab_size = json.loads((model_dir / "config.json").read_text())["vocab_size"]
             write_dummy_tokenizer(model_dir, vocab_size)
         llm = LLM.from_engine_config(config)
-        return time_llm_run(llm, prompts, output_lens, args.device, args.temperature, args.top_p)
-    return time_offline_run(
-        LLMEngine(config), prompts, output_lens, args.device, args.temperature, args.top_p
+        core = llm.engine.core
+
+        def once() -> tuple[float, int]:
+            return time_llm_run(llm, prompts, output_lens, args.device, args.temperature, args.top_p)
+    else:
+        engine = LLMEngine(config)
+        core = engine.core
+
+        def once() -> tuple[float, int]:
+            return time_offline_run(engine, prompts, output_lens, args.device, args.temperature, args.top_p)
+
+    if args.async_scheduling != "both":
+        return once()
+    return compare_async(core, once, args.rounds)
+
+
+def compare_async(core, once, rounds: int) -> tuple[float, int]:
+    """Time `once` with asynchronous scheduling off and on, alternating; print each run (with the
+    share of its steps' wall time the host spent waiting for the device: near 100% is device-bound,
+    the rest is host work the device may have waited for), the medians and their ratio. Returns the
+    asynchronous median run."""
+    runs: dict[bool, list[float]] = {False: [], True: []}
+    num_tokens = 0
+    step = core.step
+    waited = [0.0, 0.0]  # seconds waiting for the device, seconds in steps
+
+    def timed_step():
+        out = step()
+        waited[0] += core.last_step_timings.sync_s
+        waited[1] += core.last_step_timings.total_s
+        return out
+
+    core.step = timed_step
+    for _ in range(rounds):
+        for enabled in (False, True):
+            core.set_async_scheduling(enabled)
+            waited[:] = [0.0, 0.0]
+            elapsed, num_tokens = once()
+            runs[enabled].append(elapsed)
+            share = waited[0] / max(waited[1], 1e-9)
+            print(
+                f"  async scheduling {'on ' if enabled else 'off'}: {num_tokens / elapsed:9.1f} tok/s, "
+                f"{share:.0%} of step time waiting for the device"
+            )
+    core.step = step
+    off, on = statistics.median(runs[False]), statistics.median(runs[True])
+    print(
+        f"async scheduling: off {num_tokens / off:9.1f} tok/s, on {num_tokens / on:9.1f} tok/s "
+        f"(median of {rounds}); on / off = {off / on:.3f}x"
     )
+    return on, num_tokens
 
 
 def time_offline_run(
@@ -194,6 +251,13 @@ def main() -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (both engines)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--api", choices=["engine", "llm"], default="engine", help="LLMEngine, or LLM.generate")
+    p.add_argument(
+        "--async-scheduling",
+        choices=list(ASYNC_MODES),
+        default="auto",
+        help="auto: the engine's default; both: off and on compared on one engine",
+    )
+    p.add_argument("--rounds", type=int, default=2, help="rounds of each mode with --async-scheduling both")
     args = p.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -216,7 +280,8 @@ def run(model_dir: Path, args: argparse.Namespace, vocab_size: int, model_name: 
         f"workload: {args.num_seqs} seqs, in/out lengths uniform in [{args.min_len}, {args.max_len}], "
         f"{sum(map(len, prompts))} prompt tokens, {sum(output_lens)} output tokens; "
         f"model: {model_name}; hardware: {hardware(args.device)}; "
-        f"sampling: temperature {args.temperature}, top-p {args.top_p}; voltllm through {args.api}"
+        f"sampling: temperature {args.temperature}, top-p {args.top_p}; voltllm through {args.api}, "
+        f"async scheduling {args.async_scheduling}"
     )
     t, n = run_voltllm(model_dir, args, prompts, output_lens)
     ours = n / t

@@ -2,20 +2,23 @@
 
 Tables (every ratio from numbers measured in this run):
 1. GEMV at 1 row for each packed format: bytes the kernel reads (packed codes + group parameters) per
-   second as a fraction of the device copy bandwidth, next to the fp16 GEMV and cuBLAS;
+   second as a fraction of the device copy bandwidth, next to session 9's GEMV shape, the fp16 GEMV and
+   cuBLAS; 1b (`shapes`). every built one-row GEMV shape on each projection (AWQ int4), the best per
+   layer and the one dispatched;
 2. rows 1..8: the GEMV, the weight-streaming GEMM, the tiled WMMA GEMM and cuBLAS fp16 (where the
    dispatch should switch);
-3. rows 16 and 64: the W4A16 kernels (AWQ-style int4, group 128, zero points: the weight-streaming
-   GEMM, the tiled WMMA GEMM) against cuBLAS fp16;
-4. rows 2048 (prefill): the tiled WMMA GEMM and the dequantize + cuBLAS path against cuBLAS fp16, as
-   throughput;
+3. rows 16, 64 and 128: the W4A16 kernels (AWQ-style int4, group 128, zero points: the weight-streaming
+   GEMM as dispatched and at each weight fragment count, the tiled WMMA GEMM, dequantize + cuBLAS)
+   against cuBLAS fp16;
+4. rows 2048 (prefill): the dequantize + cuBLAS path against cuBLAS fp16, as throughput
+   (`sweep`: the streaming GEMM's k split; `row_blocks`: 64 rows at 16, 32 or 64 rows per block);
 5. (`--engine`) end to end, dummy AWQ weights (4-bit, group 128, zero points): Llama-3-8B batch-1
    decode against the fp16 model and against its own floor (bytes a token reads / copy bandwidth), and a
    Qwen3-32B-shape model's weight memory and batch-1 decode.
 Calls are timed as CUDA-graph replays over enough weight copies to exceed the L2 cache (as
 `benches/gemv.py`), so every call reads its weight from memory.
 
-    python benches/quantization.py [--only gemv,rows,gemm,sweep,engine] [--formats "AWQ int4 g128,..."]
+    python benches/quantization.py [--only gemv,shapes,rows,gemm,sweep,row_blocks,engine] [--formats "..."]
     # default: gemv, rows, gemm; --engine / --engine-only / --sweep as before add or pick tables;
     # --skip-32b: the engine table without the Qwen3-32B model
 """
@@ -103,10 +106,18 @@ def cublas(x: torch.Tensor, weight: torch.Tensor, swiglu: bool) -> torch.Tensor:
     return silu_and_mul(out) if swiglu else out
 
 
+# The extension's one-row GEMV shape that is session 9's kernel (quant_gemv.cuh QuantGemvOneRowShape<0>,
+# `shape` counts from 1): the same-run baseline of table 1.
+SESSION9_SHAPE = 1
+
+
 def gemv_table(bandwidth: float) -> None:
     print("\n### 1. GEMV, 1 row: packed bytes (codes + group parameters) per second / copy bandwidth")
-    print("| format | layer | MB read | quantized GEMV (us) | of copy bw | fp16 GEMV (us) | cuBLAS (us) |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print(
+        "| format | layer | MB read | quantized GEMV (us) | of copy bw | session 9 shape (us) | speed-up | "
+        "fp16 GEMV (us) | cuBLAS (us) |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     fp16_us: dict[tuple[str, bool], tuple[float, float]] = {}  # the fp16 columns, timed once per layer
     for name, (n, k) in LLAMA_SHAPES.items():
         dense = fp16_copies(n, k)
@@ -116,25 +127,69 @@ def gemv_table(bandwidth: float) -> None:
             c_us = graph_time_us(lambda i: cublas(x, dense[i], swiglu), len(dense))  # noqa: B023
             fp16_us[name, swiglu] = h_us, c_us
     for fmt in selected_formats():
-        total_bytes, total_us = 0, 0.0
+        total_bytes, total_us, total_base = 0, 0.0, 0.0
         for name, (n, k) in LLAMA_SHAPES.items():
             weights = packed_copies(fmt, n, k)
             x = torch.randn(1, k, device="cuda").half()
             variants = [(name, False)] + ([(name + "+act", True)] if name == "gate_up" else [])
             for label, swiglu in variants:
                 q_us = graph_time_us(lambda i: ql.quant_gemv(weights[i], x, swiglu=swiglu), len(weights))  # noqa: B023
+                b_us = graph_time_us(
+                    lambda i: ql.quant_gemv(weights[i], x, swiglu=swiglu, shape=SESSION9_SHAPE),  # noqa: B023
+                    len(weights),
+                )
                 h_us, c_us = fp16_us[name, swiglu]
                 nbytes = weights[0].nbytes
                 if not swiglu:
-                    total_bytes, total_us = total_bytes + nbytes, total_us + q_us
+                    total_bytes += nbytes
+                    total_us, total_base = total_us + q_us, total_base + b_us
                 fraction = nbytes / (q_us * 1e-6) / bandwidth
                 print(
-                    f"| {fmt} | {label} | {nbytes / 1e6:.1f} | {q_us:.1f} | {fraction:.2f} | {h_us:.1f} | "
-                    f"{c_us:.1f} |",
+                    f"| {fmt} | {label} | {nbytes / 1e6:.1f} | {q_us:.1f} | {fraction:.2f} | {b_us:.1f} | "
+                    f"{b_us / q_us:.2f}x | {h_us:.1f} | {c_us:.1f} |",
                     flush=True,
                 )
         print(f"| {fmt} | **all four** | {total_bytes / 1e6:.1f} | {total_us:.1f} | "
-              f"**{total_bytes / (total_us * 1e-6) / bandwidth:.2f}** | | |", flush=True)  # fmt: skip
+              f"**{total_bytes / (total_us * 1e-6) / bandwidth:.2f}** | {total_base:.1f} | "
+              f"{total_base / total_us:.2f}x | | |", flush=True)  # fmt: skip
+
+
+def _one_row_times(layer: str) -> tuple[int, list[float], float]:
+    """(packed bytes, us of each built one-row shape, us of the dispatched one) on one projection."""
+    n, k = LLAMA_SHAPES[layer.removesuffix("+act")]
+    swiglu = layer.endswith("+act")
+    weights = packed_copies(W4A16, n, k)
+    x = torch.randn(1, k, device="cuda").half()
+
+    def timed(shape: int) -> float:
+        return graph_time_us(lambda i: ql.quant_gemv(weights[i], x, swiglu=swiglu, shape=shape), len(weights))
+
+    return weights[0].nbytes, [timed(s) for s in range(1, ql.GEMV_ONE_ROW_SHAPES + 1)], timed(0)
+
+
+def gemv_shapes_table(bandwidth: float) -> None:
+    """Every built one-row GEMV shape (quant_gemv.cuh QuantGemvOneRowShape<i - 1>) on each projection,
+    the best of them per layer, and the one the glue dispatches."""
+    print(f"\n### 1b. {W4A16}, 1 row, every built GEMV shape: us per call (fraction of copy bandwidth)")
+    layers = [*LLAMA_SHAPES, "gate_up+act"]
+    print("| shape | " + " | ".join(layers) + " | all four |")
+    print("|" + " --- |" * (len(layers) + 2))
+    nbytes, times, dispatched = {}, {}, {}
+    for layer in layers:
+        nbytes[layer], times[layer], dispatched[layer] = _one_row_times(layer)
+        torch.cuda.empty_cache()
+    four_bytes = sum(nbytes[layer] for layer in LLAMA_SHAPES)
+
+    def row(label: str, us: dict[str, float]) -> None:
+        cells = [f"{us[x]:.1f} ({nbytes[x] / (us[x] * 1e-6) / bandwidth:.2f})" for x in layers]
+        total = sum(us[x] for x in LLAMA_SHAPES)
+        fraction = four_bytes / (total * 1e-6) / bandwidth
+        print(f"| {label} | " + " | ".join(cells) + f" | {total:.1f} (**{fraction:.2f}**) |", flush=True)
+
+    for s in range(ql.GEMV_ONE_ROW_SHAPES):
+        row(str(s + 1), {layer: times[layer][s] for layer in layers})
+    row("best per layer", {layer: min(times[layer]) for layer in layers})
+    row("dispatched", dispatched)
 
 
 def few_rows_table() -> None:
@@ -156,52 +211,73 @@ def few_rows_table() -> None:
 
 
 def gemm_table() -> None:
-    print(f"\n### 3-4. {W4A16} GEMM vs cuBLAS fp16 (us; speed-up = cuBLAS time / ours)")
-    print("| layer | rows | streaming GEMM | tiled WMMA | block_m 16 | block_m 64 | dequant + cuBLAS | "
-          "cuBLAS fp16 | streaming speed-up | dispatch speed-up |")  # fmt: skip
+    print(f"\n### 3-4. {W4A16} GEMM vs cuBLAS fp16 (us; speed-up = cuBLAS time / what the dispatch runs)")
+    print("| layer | rows | cuBLAS fp16 | streaming (auto) | streaming n_frags 1 | streaming n_frags 2 | "
+          "tiled WMMA | dequant + cuBLAS | dispatch | speed-up |")  # fmt: skip
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    nan = float("nan")
     for name, (n, k) in LLAMA_SHAPES.items():
         weights, dense = packed_copies(W4A16, n, k), fp16_copies(n, k)
-        for rows in (16, 64, 2048):
+        for rows in (16, 64, 128, 2048):
             x = torch.randn(rows, k, device="cuda").half()
-            iters = 10 if rows > 64 else 40
-            auto = graph_time_us(lambda i: ql.quant_gemm(weights[i], x), len(weights), iters)  # noqa: B023
-            stream = (
-                graph_time_us(lambda i: ql.quant_gemm_stream(weights[i], x), len(weights), iters)  # noqa: B023
-                if rows <= ql.STREAM_MAX_ROWS else float("nan")
-            )  # fmt: skip
-            tiles = [
-                graph_time_us(lambda i: ql.quant_gemm(weights[i], x, block_m=bm), len(weights), iters)  # noqa: B023
-                if rows <= 64 else float("nan")
-                for bm in (16, 64)
+
+            def timed(fn, copies: int = len(weights), iters: int = 10 if rows > 128 else 40) -> float:  # noqa: B008
+                return graph_time_us(fn, copies, iters)
+
+            streaming = rows <= ql.STREAM_MAX_ROWS
+            auto = timed(lambda i: ql.quant_gemm_stream(weights[i], x)) if streaming else nan  # noqa: B023
+            by_frags = [
+                timed(lambda i: ql.quant_gemm_stream(weights[i], x, n_frags=nf)) if streaming else nan  # noqa: B023
+                for nf in (1, 2)
             ]  # fmt: skip
-            dense_us = graph_time_us(lambda i: ql.quant_dense(weights[i], x), len(weights), iters)  # noqa: B023
-            c_us = graph_time_us(lambda i: F.linear(x, dense[i]), len(dense), iters)  # noqa: B023
-            chosen = dense_us if rows >= ql.DENSE_MIN_ROWS else auto  # what CudaQuantizedMatmul runs
-            times = (
-                f"{stream:.1f} | {auto:.1f} | {tiles[0]:.1f} | {tiles[1]:.1f} | {dense_us:.1f} | {c_us:.1f}"
-            )
-            print(f"| {name} | {rows} | {times} | {c_us / stream:.2f}x | {c_us / chosen:.2f}x |", flush=True)
+            tiled = timed(lambda i: ql.quant_gemm(weights[i], x)) if rows < ql.DENSE_MIN_ROWS else nan  # noqa: B023
+            dense_us = timed(lambda i: ql.quant_dense(weights[i], x))  # noqa: B023
+            c_us = timed(lambda i: F.linear(x, dense[i]), len(dense))  # noqa: B023
+            # What CudaQuantizedMatmul runs at this many rows.
+            chosen, label = (auto, "streaming") if rows < ql.DENSE_MIN_ROWS else (dense_us, "dense")
+            times = " | ".join(f"{t:.1f}" for t in (c_us, auto, *by_frags, tiled, dense_us))
+            print(f"| {name} | {rows} | {times} | {label} | **{c_us / chosen:.2f}x** |", flush=True)
+
+
+def row_fragment_table() -> None:
+    """64 rows as 4 row blocks of 16, 2 of 32 or 1 of 64 per block (the weights re-read through L2 by
+    the extra row blocks, against fewer k-chunks in flight per warp at more accumulators)."""
+    print(f"\n### {W4A16} streaming GEMM, 64 rows by rows per block (us, split chosen by the glue)")
+    print("| layer | m_frags 1 | m_frags 2 | m_frags 4 |")
+    print("| --- | --- | --- | --- |")
+    for name, (n, k) in LLAMA_SHAPES.items():
+        weights = packed_copies(W4A16, n, k)
+        x = torch.randn(64, k, device="cuda").half()
+        times = [
+            graph_time_us(lambda i: ql.quant_gemm_stream(weights[i], x, m_frags=mf), len(weights))  # noqa: B023
+            for mf in (1, 2, 4)
+        ]
+        print(f"| {name} | " + " | ".join(f"{t:.1f}" for t in times) + " |", flush=True)
 
 
 def split_sweep() -> None:
-    """The WMMA GEMM's k split at 16 and 64 rows (the glue's choice is the default column above)."""
-    print(f"\n### Split-k sweep, {W4A16} WMMA GEMM (us)")
-    splits = (1, 2, 4, 8, 16)
-    print("| layer | rows | block_m | " + " | ".join(f"splits {s}" for s in splits) + " |")
-    print("| --- | --- | --- | " + " | ".join("---" for _ in splits) + " |")
-    for name in ("o", "gate_up"):
-        n, k = LLAMA_SHAPES[name]
+    """The streaming GEMM's k split at 16 and 64 rows against the glue's choice (`auto`)."""
+    print(f"\n### Split-k sweep, {W4A16} streaming GEMM (us)")
+    splits = (1, 2, 3, 4, 6, 8, 12, 16)
+    print("| layer | rows | m_frags / n_frags | auto | " + " | ".join(f"s{s}" for s in splits) + " |")
+    print("| --- | --- | --- | --- | " + " | ".join("---" for _ in splits) + " |")
+    for name, (n, k) in LLAMA_SHAPES.items():
         weights = packed_copies(W4A16, n, k)
-        for rows, block_m in ((16, 16), (64, 64), (64, 16)):
+        for rows in (16, 64):
             x = torch.randn(rows, k, device="cuda").half()
-            times = [
-                graph_time_us(lambda i: ql.quant_gemm(weights[i], x, block_m=block_m, splits=s), len(weights))  # noqa: B023
-                for s in splits
-            ]
-            print(
-                f"| {name} | {rows} | {block_m} | " + " | ".join(f"{t:.1f}" for t in times) + " |", flush=True
-            )
+            for mf, nf in ((0, 1), (0, 2)) if rows <= 16 else ((0, 1), (0, 2), (2, 1), (2, 2)):
+                times = [
+                    graph_time_us(
+                        lambda i: ql.quant_gemm_stream(weights[i], x, m_frags=mf, n_frags=nf, splits=s),  # noqa: B023
+                        len(weights),
+                    )
+                    for s in (0, *splits)
+                ]
+                shape = f"{mf or 'auto'} / {nf}"
+                print(
+                    f"| {name} | {rows} | {shape} | " + " | ".join(f"{t:.1f}" for t in times) + " |",
+                    flush=True,
+                )
 
 
 def bytes_per_token(model: torch.nn.Module) -> tuple[int, int]:
@@ -264,7 +340,8 @@ def engine_table(bandwidth: float) -> None:
     print("| model | weights (GB) | load (s) | step (ms) | tok/s | floor (ms) | floor / step |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     fp16 = decode_row("Llama-3-8B fp16", LLAMA3_8B, bandwidth)
-    awq = decode_row("Llama-3-8B AWQ", {**LLAMA3_8B, "quantization_config": AWQ_CONFIG}, bandwidth)
+    awq_config = {**LLAMA3_8B, "quantization_config": AWQ_CONFIG}
+    awq = decode_row("Llama-3-8B AWQ", awq_config, bandwidth)
     print(f"AWQ / fp16 tokens/s: **{awq['tok_s'] / fp16['tok_s']:.2f}x**", flush=True)
     if "--skip-32b" not in sys.argv:
         decode_row("Qwen3-32B AWQ", {**QWEN3_32B, "quantization_config": AWQ_CONFIG}, bandwidth)
@@ -293,9 +370,11 @@ def main() -> None:
     print(f"GPU: {gpu}; torch {torch.__version__}; copy bandwidth {bandwidth / 1e9:.0f} GB/s")
     by_name = {
         "gemv": lambda: gemv_table(bandwidth),
+        "shapes": lambda: gemv_shapes_table(bandwidth),
         "rows": few_rows_table,
         "gemm": gemm_table,
         "sweep": split_sweep,
+        "row_blocks": row_fragment_table,
         "engine": lambda: engine_table(bandwidth),
     }
     names = ["gemv", "rows", "gemm"]

@@ -9,8 +9,12 @@ the host, so it covers the GPU work). The table gives each setting's step time, 
 as a share of its step, and the runner's host split of a step (prepare, forward enqueue, sample +
 wait, post).
 
+`--async-scheduling both` runs the table with asynchronous scheduling off, then on, on one engine
+(a row's step time is then the period of `LLMEngine.step`, which returns the previous step's tokens).
+
     python benches/sampling_step.py
     python benches/sampling_step.py --batch-sizes 1 --steps 100
+    python benches/sampling_step.py --async-scheduling both
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ SETTINGS = {  # name -> (temperature, top_p)
     "T=0.6 top-p 0.95": (0.6, 0.95),
 }
 PROMPT_LEN = 128
+ASYNC_MODES = {"off": (False,), "on": (True,), "both": (False, True)}
 
 
 def make_engine(max_num_seqs: int, device: str) -> LLMEngine:
@@ -87,32 +92,42 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--device", default="cuda", help="cuda; cpu runs a tiny model (a smoke test)")
+    p.add_argument("--async-scheduling", choices=sorted(ASYNC_MODES), default="off")
     args = p.parse_args()
     batches = [int(b) for b in args.batch_sizes.split(",")]
     engine = make_engine(max(batches), args.device)
     print(
-        "| batch | sampling | step (ms) | cost over greedy (% of step) "
+        "| scheduling | batch | sampling | step (ms) | cost over greedy (% of step) "
         "| prepare / forward / sample+wait / post (us) | graph steps |"
     )
-    print("| --- | --- | --- | --- | --- | --- |")
-    for batch in batches:
-        times: dict[str, list[float]] = {s: [] for s in SETTINGS}
-        timings: dict[str, list] = {s: [] for s in SETTINGS}
-        for r in range(args.rounds):
-            for setting in SETTINGS:
-                t, tm = run_setting(engine, batch, setting, args.steps, f"b{batch}-r{r}-{setting}")
-                times[setting] += t
-                timings[setting] += tm
-        greedy = statistics.median(times["greedy"])
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for mode in ASYNC_MODES[args.async_scheduling]:
+        engine.core.set_async_scheduling(mode)
+        for batch in batches:
+            print_rows(engine, "async" if mode else "sync", batch, args.steps, args.rounds)
+
+
+def print_rows(engine: LLMEngine, mode: str, batch: int, steps: int, rounds: int) -> None:
+    """Time every setting at `batch` for `rounds` alternating rounds and print its rows."""
+    times: dict[str, list[float]] = {s: [] for s in SETTINGS}
+    timings: dict[str, list] = {s: [] for s in SETTINGS}
+    for r in range(rounds):
         for setting in SETTINGS:
-            step = statistics.median(times[setting])
-            split = " / ".join(
-                f"{statistics.median(getattr(t, f) for t in timings[setting]) * 1e6:.0f}"
-                for f in ("prepare_s", "forward_s", "sync_s", "post_s")
-            )
-            cost = "" if setting == "greedy" else f"{(step - greedy) / step * 100:.1f}%"
-            graphs = f"{sum(t.cuda_graph for t in timings[setting])}/{len(timings[setting])}"
-            print(f"| {batch} | {setting} | {step * 1e3:.3f} | {cost} | {split} | {graphs} |", flush=True)
+            t, tm = run_setting(engine, batch, setting, steps, f"{mode}-b{batch}-r{r}-{setting}")
+            times[setting] += t
+            timings[setting] += tm
+    greedy = statistics.median(times["greedy"])
+    for setting in SETTINGS:
+        step = statistics.median(times[setting])
+        split = " / ".join(
+            f"{statistics.median(getattr(t, f) for t in timings[setting]) * 1e6:.0f}"
+            for f in ("prepare_s", "forward_s", "sync_s", "post_s")
+        )
+        cost = "" if setting == "greedy" else f"{(step - greedy) / step * 100:.1f}%"
+        graphs = f"{sum(t.cuda_graph for t in timings[setting])}/{len(timings[setting])}"
+        print(
+            f"| {mode} | {batch} | {setting} | {step * 1e3:.3f} | {cost} | {split} | {graphs} |", flush=True
+        )
 
 
 if __name__ == "__main__":

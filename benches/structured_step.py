@@ -1,32 +1,44 @@
 """A JSON-schema-constrained decode step at batch 64 against an unconstrained one (target <= 1.05).
 
 One `LLMEngine` with dummy weights of the Qwen3-0.6B shape (`--tiny`: a 4-layer Qwen3 for the CPU)
-runs two identical workloads, alternating, in the same process: 64 requests with 128-token prompts,
+runs identical workloads, alternating, in the same process: 64 requests with 128-token prompts,
 greedy, ignore_eos, max_tokens large enough that none finishes while it is timed; one workload
-unconstrained, the other with every request under its own matcher of `SCHEMA` (an array of at
+unconstrained, the others with every request under its own matcher of `SCHEMA` (an array of at
 least 1,000 small objects, so no grammar ends while it is timed and the matchers walk through keys,
 numbers, strings and booleans). After the prefill, `--steps` decode steps of each are timed; the
-table gives each workload's median step time over `--rounds` rounds and the ratio. On the GPU the
-constrained step fills its masks in a thread while the forward runs (CUDA graphs in both workloads)
-and applies them to the logits on the device.
+table gives each workload's median step time over `--rounds` rounds and the ratio to the
+unconstrained one. On the GPU the constrained step hands its grammar work to the mask thread once
+the forward is queued (CUDA graphs in both workloads): accept the last step's tokens, fill the
+masks, queue their copy to the device on a side stream; the step applies them to the logits.
 
 Where the constrained step's extra time goes: a second table splits the median step of each workload
 into the engine's own timings (`EngineStepTimings`: schedule, the runner's prepare / forward enqueue /
 sync / post, the scheduler's update, outputs) and the constrained path's parts, measured by wrappers
-this script puts around them: the grammar accept of the last step's tokens and the mask fill (both in
-the mask thread, which starts once the last step's tokens are known and runs while the engine
-finishes that step, stages the next one and runs its forward), the runner's wait for that thread once
-the logits exist, the bitmask upload + apply (host launch time and CUDA-event device time), and, in
-the `mask-profile` workload only, each mask computed alone on a copy of its matcher after the fill:
-the slowest single mask of the step (the parallel fill cannot be shorter) and their sum. Other
-workloads switch parts off or change them (bench-only, through the same wrappers): `no-maxLength`
-uses `SCHEMA` without the string's `maxLength` (bounded strings are the grammar engine's expensive
-case), `apply-unpack` applies the masks with the torch reference (unpack to int32 bits, compare,
-`masked_fill`: what ran before the kernel), `all-cores` gives llguidance one thread per core (its
-default is 80% of them), `no-accept` never advances the matchers (each step masks
-with the same state), `fill-only` fills and waits but leaves the logits unmasked, `apply-only` uploads
-and applies the last filled masks without filling new ones (both also skip the accept, which would
-reject unmasked tokens).
+this script puts around the runner's `TokenMasks`: in the mask thread, the delay from the hand-off to
+the thread's start (the GIL, the queue), the accept, the fill, the upload's host time and its device
+time (CUDA events on the copy stream); on the main thread, the wait for the thread once the logits
+exist, and the apply's host time and device time (CUDA events around it on the step's stream: a late
+upload shows here). The `mask-profile` workload also computes each step's masks on copies of the
+matchers after the step's own fill: one after another on one thread (the slowest single mask and the
+sum) and with llguidance pools of 1, 4 and its default number of threads (its step times are not
+comparable). Other workloads change one thing: `split-N` splits the masks into N runs, each computed
+one after another by its own thread (`TokenMasks(threads=N)`); bench-only, through the same wrappers:
+`pool-default` fills and accepts with one call each on an llguidance pool of its default size (80% of
+the cores: session 9's placement of the work), `upload-at-apply` copies the masks on the step's stream after
+the wait (before: the copy was on the critical path), `no-maxLength` uses `SCHEMA` without the string's
+`maxLength` (bounded strings are the grammar engine's expensive case), `apply-only` uploads and applies
+the last filled masks without filling new ones or accepting (the floor of the device side). Every
+workload runs with the engine's asynchronous scheduling (its CUDA default: the next step is planned
+and launched before the last one's ids reach the host; a constrained step's draw is queued by the
+mask thread once its masks are filled, and the main thread waits for that only before the next
+forward: `launch_wait`), but the `-sync` ones, which step synchronously; `JSON schema-wait` is
+session 10's path under async (`ModelRunner.async_constrained_steps = False`: a constrained step
+waits for the running step's ids and its masks and finishes in `enqueue`), the A/B's baseline;
+`JSON schema-switch200us` runs with `sys.setswitchinterval(2e-4)` (the mask thread needs the GIL
+between llguidance calls while the main thread plans the next step). After each constrained workload
+(but `apply-only`) every request's tokens are fed to a fresh matcher of its schema: a token the
+grammar rejects stops the script (the masks were wrong or late); the first round's greedy outputs
+of the `SCHEMA` workloads are also compared token by token with `JSON schema-sync`'s (or `-wait`'s).
 
 The dummy checkpoint has no tokenizer, so the grammar engine gets a synthetic vocabulary of the
 model's size (`synthetic_tokenizer`: the 256 bytes, then deterministic pseudo-words, JSON
@@ -40,14 +52,15 @@ stands in for Qwen3's 151,669 tokens, not equals them).
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import random
 import statistics
 import sys
 import tempfile
+import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,12 +70,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from model_shapes import QWEN3_0_6B, TINY  # noqa: E402
 
-import voltllm.structured_output.grammar as grammar_module  # noqa: E402
-import voltllm.structured_output.masks as masks_module  # noqa: E402
 from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
 from voltllm.engine.llm_engine import LLMEngine  # noqa: E402
-from voltllm.ops.structured import apply_token_bitmask_ref  # noqa: E402
 from voltllm.protocol import EngineCoreRequest, EngineSamplingParams, StructuredOutput  # noqa: E402
+from voltllm.structured_output import TokenMasks  # noqa: E402
 
 SCHEMA = {
     "type": "array",
@@ -82,6 +93,10 @@ SCHEMA = {
 SCHEMA_NO_MAXLENGTH = json.loads(json.dumps(SCHEMA))
 del SCHEMA_NO_MAXLENGTH["items"]["properties"]["name"]["maxLength"]
 PROMPT_LEN = 128
+# llguidance's own default pool size (80% of the cores, at most 32).
+LLGUIDANCE_DEFAULT_THREADS = max(1, min(32, (os.cpu_count() or 1) * 80 // 100))
+# The pools `mask-profile` times on copies of the step's matchers.
+PROFILE_POOLS = tuple(sorted({1, 4, LLGUIDANCE_DEFAULT_THREADS}))
 _PIECES = ['{"', '":', '",', "},", "[{", "}]", '"', ",", ":", "{", "}", "[", "]", "true", "false", "null"]
 
 
@@ -141,16 +156,23 @@ def build_engine(args: argparse.Namespace, tmp: str) -> LLMEngine:
 
 @dataclass(frozen=True)
 class Variant:
-    """One timed workload: constrained or not, and which parts of the constrained path run."""
+    """One timed workload: constrained or not, and which parts of the constrained path run how."""
 
     name: str
     constrained: bool
+    threads: int = 1  # TokenMasks(threads=...): how many threads split the masks (each in a run)
+    pool: int | None = None  # fill and accept on an llguidance pool of this many threads instead
     fill: bool = True
-    apply: bool = True
     accept: bool = True
-    apply_unpack: bool = False  # apply with the torch reference instead of the kernel
-    profile_masks: bool = False  # time each mask alone after the fill (step times not comparable)
-    threads: int | None = None  # llguidance's threads for the fill and accept (None: its default)
+    upload_at_apply: bool = False  # copy the masks on the step's stream after the wait
+    profile_masks: bool = False  # time the masks again on copies (step times not comparable)
+    async_scheduling: bool = True  # the engine's asynchronous scheduling (the CUDA default)
+    # Under it, a step with grammars runs ahead (the mask thread queues its draw: the default) or
+    # waits for its masks and finishes in `enqueue` (session 10's path: `async_constrained_steps`).
+    async_constrained: bool = True
+    # sys.setswitchinterval while it runs (None: Python's 5 ms): how soon the mask thread gets the GIL
+    # back from the main thread, which now plans the next step while the masks are filled.
+    switch_interval_s: float | None = None
     schema: dict = field(default_factory=lambda: SCHEMA, compare=False)
 
 
@@ -159,12 +181,16 @@ VARIANTS = {
     for v in (
         Variant("unconstrained", False),
         Variant("JSON schema", True),
+        Variant("JSON schema-wait", True, async_constrained=False),
+        Variant("JSON schema-switch200us", True, switch_interval_s=2e-4),
+        Variant("unconstrained-sync", False, async_scheduling=False),
+        Variant("JSON schema-sync", True, async_scheduling=False),
+        Variant("split-2", True, threads=2),
+        Variant("split-4", True, threads=4),
+        Variant("pool-default", True, pool=LLGUIDANCE_DEFAULT_THREADS),
+        Variant("upload-at-apply", True, upload_at_apply=True),
         Variant("no-maxLength", True, schema=SCHEMA_NO_MAXLENGTH),
-        Variant("apply-unpack", True, apply_unpack=True),
-        Variant("no-accept", True, accept=False),
-        Variant("fill-only", True, apply=False, accept=False),
         Variant("apply-only", True, fill=False, accept=False),
-        Variant("all-cores", True, threads=os.cpu_count()),
         Variant("mask-profile", True, profile_masks=True),
     )
 }
@@ -179,13 +205,18 @@ ENGINE_PARTS = (
     "total_s",
 )
 PROBE_PARTS = (
+    "start_delay_s",
     "accept_s",
     "fill_s",
+    "upload_host_s",
+    "upload_device_s",
     "fill_wait_s",
+    "launch_wait_s",
     "apply_host_s",
     "apply_device_s",
     "slowest_mask_s",
     "sum_of_masks_s",
+    *(f"pool{n}_fill_s" for n in PROFILE_POOLS),
 )
 
 
@@ -198,82 +229,153 @@ class StepRecord:
 
 
 class ConstrainedPathProbe:
-    """Wraps the runner's `TokenMasks` (accept, fill, apply) to time the parts and to switch them off
-    per variant. Device times come from CUDA events read after the workload. The mask thread's parts
-    are recorded in the step whose apply waits for them."""
+    """Gives the runner a `TokenMasks` per variant and wraps its parts (start, accept, fill, upload,
+    apply) to time them and to switch them per variant. Device times come from CUDA events read after
+    the workload. The mask thread's parts are recorded in the step whose apply waits for them."""
 
     def __init__(self, engine: LLMEngine) -> None:
-        self.masks = masks = engine.core.runner.masks
-        self.cuda = masks.device.type == "cuda"
+        self.runner = engine.core.runner
+        self.cuda = self.runner.device.type == "cuda"
         self.variant = VARIANTS["JSON schema"]
         self.current: dict[str, float] = {}
-        self._thread_parts: dict[str, float] = {}
-        self._events: list[tuple[dict[str, float], object, object]] = []
-        accept, fill, apply = masks._accept, masks._fill, masks.apply
+        self._events: list[tuple[dict[str, float], str, object, object]] = []
+        self._masks: dict[int, TokenMasks] = {}
+        self._pools = {n: llguidance.LLExecutor(num_threads=n) for n in PROFILE_POOLS}
+        self._pools.update(
+            {v.pool: llguidance.LLExecutor(num_threads=v.pool) for v in VARIANTS.values() if v.pool}
+        )
+        self._wrap_launch_wait()
+
+    def use(self, variant: Variant) -> None:
+        """Time `variant` next: the runner gets the (wrapped) TokenMasks of its thread count."""
+        self.variant = variant
+        if variant.threads not in self._masks:
+            old = self.runner.masks
+            masks = TokenMasks(old._host.shape[0], old.vocab_size, old.device, threads=variant.threads)
+            self._wrap(masks)
+            self._masks[variant.threads] = masks
+        self.runner.masks = self._masks[variant.threads]
+
+    def _wrap(self, masks: TokenMasks) -> None:
+        start, run, accept, fill = masks.start, masks._run, masks._accept, masks._fill
+        upload, apply, apply_filled = masks._upload, masks.apply, masks.apply_filled
+        # The records of the steps whose work was handed to the thread, in order, and when: a job
+        # writes its parts into the record of the step that started it.
+        jobs: deque[tuple[dict[str, float], float]] = deque()
+        local = threading.local()  # the mask thread's current record
+
+        def timed_start(masked, accepts=None, then=None):
+            jobs.append((self.current, time.perf_counter()))
+            return start(masked, accepts, then)
+
+        def timed_run(accepts, masked, then=None):
+            local.parts, started = jobs.popleft()
+            local.parts["start_delay_s"] = time.perf_counter() - started
+            return run(accepts, masked, then)
 
         def timed_accept(accepts) -> list:
             begin = time.perf_counter()
-            ended = accept(accepts) if self.variant.accept else []
-            self._thread_parts["accept_s"] = time.perf_counter() - begin
+            pool = self._pools.get(self.variant.pool)
+            if not self.variant.accept:
+                ended = []
+            else:
+                ended = accept(accepts) if pool is None else accepts.accept(pool)
+            local.parts["accept_s"] = time.perf_counter() - begin
             return ended
 
         def timed_fill(matchers: list) -> None:
-            if self.variant.profile_masks:
-                self._profile(matchers)
+            # A matcher keeps its last mask: copies for the profile are taken before the fill.
+            copies = self._copy_matchers(matchers) if self.variant.profile_masks else None
             begin = time.perf_counter()
-            if self.variant.fill:
+            if self.variant.pool:
+                if masks._uploaded is not None:
+                    masks._uploaded.synchronize()  # as TokenMasks._fill: the last upload is done
+                host = masks._host
+                self._pools[self.variant.pool].unsafe_compute_mask_ptr(
+                    matchers, host.data_ptr(), masks.num_words * 4, host.shape[0]
+                )
+            elif self.variant.fill:
                 fill(matchers)
-            self._thread_parts["fill_s"] = time.perf_counter() - begin
+            local.parts["fill_s"] = time.perf_counter() - begin
+            if copies is not None:
+                self._profile(masks, copies, local.parts)
+
+        def timed_upload(masked) -> None:
+            if self.variant.upload_at_apply:
+                return
+            begin = time.perf_counter()
+            first = self._mark(masks._copy_stream)
+            upload(masked)
+            local.parts["upload_host_s"] = time.perf_counter() - begin
+            self._events.append((local.parts, "upload_device_s", first, self._mark(masks._copy_stream)))
 
         def timed_apply(pending, logits: torch.Tensor) -> None:
+            """The synchronous path's wait for the thread (then `apply_filled`, timed below)."""
             begin = time.perf_counter()
             pending.done.result()
-            waited = time.perf_counter() - begin
-            self.current.update(self._thread_parts)  # the thread is idle now
-            self._thread_parts = {}
-            self.current["fill_wait_s"] = waited
-            if not self.variant.apply:
-                return
-            first = self._mark()
-            if self.variant.apply_unpack:
-                apply_unpacked(pending, logits)
-            else:
-                apply(pending, logits)
-            self.current["apply_host_s"] = time.perf_counter() - begin - waited
-            self._events.append((self.current, first, self._mark()))
+            self.current["fill_wait_s"] = time.perf_counter() - begin
+            apply(pending, logits)
 
-        def apply_unpacked(pending, logits: torch.Tensor) -> None:
-            num = len(pending.rows)
-            bits = masks._host[:num].to(masks.device, non_blocking=True)
-            rows = torch.tensor(pending.rows, dtype=torch.int32, device=masks.device)
-            apply_token_bitmask_ref(logits, bits, None if pending.rows[-1] == num - 1 else rows)
-
-        masks._accept, masks._fill, masks.apply = timed_accept, timed_fill, timed_apply
-
-        def executor_of_variant() -> llguidance.LLExecutor:
-            return threads_executor(self.variant.threads)
-
-        # Both modules call `executor()` for llguidance's pool: the variant's pool instead.
-        masks_module.executor = grammar_module.executor = executor_of_variant
-
-    def _profile(self, matchers: list) -> None:
-        """Each mask alone, on a copy of its matcher taken before the fill (a matcher keeps its last
-        mask: a copy taken after would return it from that cache)."""
-        scratch = torch.empty(self.masks.num_words, dtype=torch.int32)
-        times = []
-        for matcher, _ in matchers:
-            copy = matcher.deep_copy()
+        def timed_apply_filled(masked, logits: torch.Tensor) -> None:
+            """The apply, on the main thread (synchronous path) or in the mask thread (its draw)."""
+            in_thread = threading.current_thread() is not threading.main_thread()
+            parts = local.parts if in_thread else self.current
             begin = time.perf_counter()
-            copy.unsafe_compute_mask_ptr(scratch.data_ptr(), scratch.numel() * 4)
-            times.append(time.perf_counter() - begin)
-        self._thread_parts["slowest_mask_s"] = max(times, default=0.0)
-        self._thread_parts["sum_of_masks_s"] = sum(times)
+            first = self._mark()
+            if self.variant.upload_at_apply and self.cuda:
+                num = len(masked.rows)
+                masks._bits[:num].copy_(masks._host[:num], non_blocking=True)
+                if not masked.rows_are_prefix:
+                    masks._host_rows.numpy()[:num] = masked.rows
+                    masks._rows[:num].copy_(masks._host_rows[:num], non_blocking=True)
+            apply_filled(masked, logits)
+            parts["apply_host_s"] = time.perf_counter() - begin
+            self._events.append((parts, "apply_device_s", first, self._mark()))
 
-    def _mark(self) -> object:
+        masks.start, masks._run, masks._accept, masks._fill = timed_start, timed_run, timed_accept, timed_fill
+        masks._upload, masks.apply, masks.apply_filled = timed_upload, timed_apply, timed_apply_filled
+
+    def _wrap_launch_wait(self) -> None:
+        """Time the main thread's wait for a constrained step's draw to be queued by the mask thread
+        (the asynchronous path's critical-path wait; several calls a step add up)."""
+        wait = self.runner._wait_launched
+
+        def timed_wait(handle) -> None:
+            begin = time.perf_counter()
+            wait(handle)
+            self.current["launch_wait_s"] = (
+                self.current.get("launch_wait_s", 0.0) + time.perf_counter() - begin
+            )
+
+        self.runner._wait_launched = timed_wait
+
+    @staticmethod
+    def _copy_matchers(matchers: list) -> dict[int, list]:
+        """Copies of the step's matchers, one set per profiled fill (0: one mask after another)."""
+        return {n: [(m.deep_copy(), i) for m, i in matchers] for n in (0, *PROFILE_POOLS)}
+
+    def _profile(self, masks: TokenMasks, copies: dict[int, list], parts: dict[str, float]) -> None:
+        """The step's masks again on `copies`: one after another on this thread (each mask alone),
+        then in one call on each profiled llguidance pool."""
+        mask_bytes = masks.num_words * 4
+        scratch = torch.empty((len(copies[0]), masks.num_words), dtype=torch.int32)
+        times = []
+        for copy, i in copies[0]:
+            begin = time.perf_counter()
+            copy.unsafe_compute_mask_ptr(scratch[i].data_ptr(), mask_bytes)
+            times.append(time.perf_counter() - begin)
+        parts["slowest_mask_s"] = max(times, default=0.0)
+        parts["sum_of_masks_s"] = sum(times)
+        for n, pool in self._pools.items():
+            begin = time.perf_counter()
+            pool.unsafe_compute_mask_ptr(copies[n], scratch.data_ptr(), mask_bytes, scratch.shape[0])
+            parts[f"pool{n}_fill_s"] = time.perf_counter() - begin
+
+    def _mark(self, stream: torch.cuda.Stream | None = None) -> object:
         if not self.cuda:
             return time.perf_counter()
         event = torch.cuda.Event(enable_timing=True)
-        event.record()
+        event.record(stream)
         return event
 
     def new_step(self) -> dict[str, float]:
@@ -281,53 +383,101 @@ class ConstrainedPathProbe:
         return self.current
 
     def resolve_device_times(self) -> None:
-        """Fill in `apply_device_s` of every recorded step (syncs the device)."""
+        """Fill in the device times of every recorded step (waits for the mask thread, then syncs
+        the device)."""
+        self.runner.masks._thread.submit(lambda: None).result()  # its last events are recorded
         if self.cuda:
             torch.cuda.synchronize()
-        for record, begin, end in self._events:
-            record["apply_device_s"] = (
-                begin.elapsed_time(end) / 1e3 if self.cuda else end - begin  # type: ignore[attr-defined]
-            )
+        for record, part, begin, end in self._events:
+            record[part] = begin.elapsed_time(end) / 1e3 if self.cuda else end - begin  # type: ignore[attr-defined]
         self._events.clear()
-
-
-@functools.cache
-def threads_executor(threads: int | None) -> llguidance.LLExecutor:
-    return llguidance.LLExecutor(num_threads=threads)
 
 
 def timed_steps(
     engine: LLMEngine, args: argparse.Namespace, variant: Variant, probe: ConstrainedPathProbe, tag: str
-) -> list[StepRecord]:
-    """Add the batch, run its prefill, then time `args.steps` decode steps; abort the batch after."""
-    probe.variant = variant
+) -> tuple[list[StepRecord], list[list[int]]]:
+    """Add the batch, run its prefill, then time `args.steps` decode steps; abort the batch after.
+    Returns the timed steps and every request's tokens (in request order)."""
+    probe.use(variant)
+    engine.core.set_async_scheduling(variant.async_scheduling)
+    engine.core.runner.async_constrained_steps = variant.async_constrained
+    switch_interval = sys.getswitchinterval()
+    if variant.switch_interval_s is not None:
+        sys.setswitchinterval(variant.switch_interval_s)
+    try:
+        return _run_workload(engine, args, variant, probe, tag)
+    finally:
+        sys.setswitchinterval(switch_interval)
+
+
+def _run_workload(
+    engine: LLMEngine, args: argparse.Namespace, variant: Variant, probe: ConstrainedPathProbe, tag: str
+) -> tuple[list[StepRecord], dict[str, list[int]]]:
     schema = json.dumps(variant.schema)
     constraint = StructuredOutput(kind="json", spec=schema) if variant.constrained else None
     params = EngineSamplingParams(
         temperature=0.0, max_tokens=100_000 // 8, ignore_eos=True, structured_output=constraint
     )
     ids = [f"{tag}-{i}" for i in range(args.batch)]
+    tokens: dict[str, list[int]] = {request_id: [] for request_id in ids}
+
+    def step() -> list:
+        outputs = engine.step()
+        for out in outputs:
+            tokens[out.request_id] += out.new_token_ids
+        return outputs
+
     for i, request_id in enumerate(ids):
         prompt = [(7 * i + j) % 1000 + 300 for j in range(PROMPT_LEN)]
         engine.add_request(EngineCoreRequest(request_id, prompt, params, time.time()))
     while engine.core.scheduler.waiting or any(
         r.num_output_tokens == 0 for r in engine.core.scheduler.running
     ):
-        engine.step()
+        step()
     for _ in range(3):  # warm-up (the first masks of a grammar build its lexer caches)
-        engine.step()
+        step()
     records = []
     for _ in range(args.steps):
         probe_parts = probe.new_step()
-        outputs = engine.step()
+        outputs = step()
         timings = engine.core.last_step_timings
         records.append(StepRecord({k: getattr(timings, k) for k in ENGINE_PARTS}, probe_parts))
         assert len(outputs) == args.batch and not any(o.finished for o in outputs), "the batch shrank"
     probe.resolve_device_times()
     engine.abort_requests(ids)
     while engine.has_unfinished_requests():
-        engine.step()
-    return records
+        step()
+    if constraint is not None and variant.fill and variant.accept:
+        check_grammar(engine, constraint, tokens, variant.name)
+    return records, [tokens[request_id] for request_id in ids]
+
+
+def follows_schema(variant: Variant) -> bool:
+    """Whether the variant's greedy outputs are `SCHEMA`'s (masks filled, tokens accepted)."""
+    return variant.constrained and variant.fill and variant.accept and variant.schema is SCHEMA
+
+
+def compare_outputs(outputs: dict[str, list[list[int]]], baseline: str) -> None:
+    """Print whether each greedy constrained workload with `SCHEMA` gave `baseline`'s tokens (on the
+    tokens both have: an asynchronous run delivers one token less or more before the abort)."""
+    for name, tokens in outputs.items():
+        if name == baseline:
+            continue
+        lengths = [min(len(a), len(b)) for a, b in zip(tokens, outputs[baseline], strict=True)]
+        differ = sum(a[:n] != b[:n] for a, b, n in zip(tokens, outputs[baseline], lengths, strict=True))
+        verdict = "equal" if not differ else f"DIFFERENT in {differ} requests"
+        print(f"exactness: {name} vs {baseline}: {verdict} ({min(lengths)}+ tokens each, first round)")
+
+
+def check_grammar(
+    engine: LLMEngine, constraint: StructuredOutput, tokens: dict[str, list[int]], name: str
+) -> None:
+    """Every request's tokens must be accepted, one by one, by a fresh matcher of `constraint`."""
+    compiler = engine.core.structured_output
+    for request_id, ids in tokens.items():
+        matcher = compiler.compile(constraint).matcher
+        if not all(matcher.consume_token(t) for t in ids):
+            raise AssertionError(f"{name}: {request_id}'s tokens break the grammar: {matcher.get_error()}")
 
 
 def median_of(records: list[StepRecord], part: str) -> float:
@@ -359,9 +509,12 @@ def main() -> None:
     probe = ConstrainedPathProbe(engine)
     medians: dict[str, list[float]] = {n: [] for n in names}
     records: dict[str, list[StepRecord]] = {n: [] for n in names}
+    outputs: dict[str, list[list[int]]] = {}  # the first round's, of the greedy SCHEMA workloads
     for r in range(args.rounds):
         for name in names:
-            steps = timed_steps(engine, args, VARIANTS[name], probe, f"{r}-{name}")
+            steps, tokens = timed_steps(engine, args, VARIANTS[name], probe, f"{r}-{name}")
+            if r == 0 and follows_schema(VARIANTS[name]):
+                outputs[name] = tokens
             medians[name].append(statistics.median(s.engine["total_s"] for s in steps))
             records[name] += steps
         # One line per round as it ends, so a run cut short still reports what it timed.
@@ -376,7 +529,22 @@ def main() -> None:
         rounds = ", ".join(f"{m * 1e3:.3f}" for m in medians[name])
         best = min(medians[name])
         print(f"| {name} | {best * 1e3:.3f} | {best / plain:.3f} | {rounds} |")
-    print(f"ratio constrained / unconstrained: {min(medians['JSON schema']) / plain:.3f} (target <= 1.05)")
+    print(f"grammar check: every constrained workload's {args.batch} outputs follow the schema")
+    same_round = [c / u for c, u in zip(medians["JSON schema"], medians["unconstrained"], strict=True)]
+    print(
+        f"ratio constrained / unconstrained: {min(medians['JSON schema']) / plain:.3f} of the best rounds, "
+        f"{statistics.median(same_round):.3f} the median of same-round ratios (target <= 1.05)"
+    )
+    baseline = next((n for n in ("JSON schema-sync", "JSON schema-wait") if n in outputs), None)
+    if baseline is not None:
+        compare_outputs(outputs, baseline)
+    if "JSON schema-wait" in names:
+        wait = [w / c for w, c in zip(medians["JSON schema-wait"], medians["JSON schema"], strict=True)]
+        print(
+            f"A/B: JSON schema-wait (session 10: a grammar step waits for its masks) / JSON schema (its "
+            f"draw queued by the mask thread): {statistics.median(wait):.3f} (median of same-round ratios; "
+            f"> 1: turn async_constrained_steps on by default)"
+        )
     print()
     print("per-step medians over all rounds, us (fill runs in its thread, overlapping the forward;")
     print("fill wait, apply host and sync are on the critical path)")

@@ -1,39 +1,76 @@
 #!/bin/bash
-# One device call that checks and measures everything GPU-side, in order of importance, each step
-# under its own time limit, printing a short log (and writing the full ones under $OUT if set).
+# One device call: builds the kernels, runs every GPU test file, then the measurement requests, each
+# under its own time limit inside the call's budget, and prints a table of what ran last.
 #
-#   bash tools/gpu_run.sh [tests|kernels|engine|all]      # default: all
+#   bash tools/gpu_run.sh [--budget SECONDS] [--no-tests] [REQUEST ...]
 #
-# Carry the msgspec and pyzmq wheels the GPU machine lacks (tools/gpu_wheels.sh says how). The front-end
-# benchmark also needs the built `python/voltllm/_core.abi3.so` carried. Kernels build on first use
-# (~75 s on an H200).
+# A request is a bash script (default: every tools/gpu_requests/*.sh, in name order) run from the repo
+# root; its first line may say `# timeout: N` (seconds). Each gets min(N, what is left of the budget over
+# the requests left), so a slow one cannot starve the rest. Its output goes to $OUT/NAME.log (the last
+# lines are also printed). The device tool allows 600 s a command: keep the default budget (540 s) under
+# it, kernel build (~100 s) and tests (~75 s) included.
+#
+# Carry `.carry` (the wheels tools/gpu_wheels.sh lists) and the built `python/voltllm/_core.abi3.so`
+# (anything through `LLM` needs it). On a warm machine the kernel cache survives between calls but
+# ninja compares mtimes: `touch` changed sources, or the old build loads.
 set -u
 export PYTHONUNBUFFERED=1
-what=${1:-all}
+budget=540
+tests=1
+requests=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --budget) budget=$2; shift 2 ;;
+    --no-tests) tests=0; shift ;;
+    *) requests+=("$1"); shift ;;
+  esac
+done
+[ ${#requests[@]} -eq 0 ] && requests=(tools/gpu_requests/*.sh)
 out=${OUT:-/tmp/gpu_run}
 mkdir -p "$out"
 source "$(dirname "$0")/gpu_wheels.sh"
 install_carried_wheels || exit 1
 export PYTHONPATH=/tmp/site:$PWD/python:$PWD/tests/engine
 t0=$(date +%s)
-el() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+elapsed() { echo $(( $(date +%s) - t0 )); }
+summary=()
+record() {  # record NAME RC SECONDS LOG
+  summary+=("$(printf '| %s | %s | %s | %s |' "$1" "$2" "$3" "$(grep -v '^\s*$' "$4" | tail -1 | cut -c1-90)")")
+}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-python -m voltllm.ops 2>&1 | tail -1
-el "kernel build"
-if [ "$what" = tests ] || [ "$what" = all ]; then
-  timeout 200 python -m pytest -q -p no:cacheprovider tests/kernels/test_kernels_cuda.py \
-    tests/kernels/test_gemv_cuda.py tests/kernels/test_prologue_cuda.py tests/engine/test_gpu_engine.py \
-    > "$out/gpu_tests.log" 2>&1
-  tail -1 "$out/gpu_tests.log"; grep -E "^FAILED|margin" "$out/gpu_tests.log" | head -8
-  el "GPU tests"
+start=$(elapsed)
+python -m voltllm.ops >"$out/build.log" 2>&1
+record build $? $(( $(elapsed) - start )) "$out/build.log"
+if [ "$tests" = 1 ]; then
+  start=$(elapsed)
+  # Every test file that needs the GPU, found by name so a new one cannot be left out.
+  mapfile -t files < <(find tests -name 'test_*cuda*.py' -o -name 'test_*gpu*.py' | sort)
+  timeout 150 python -m pytest -q -p no:cacheprovider "${files[@]}" tests/kernels/test_sampling_distribution.py \
+    >"$out/gpu_tests.log" 2>&1
+  rc=$?
+  grep -E "^(FAILED|ERROR)" "$out/gpu_tests.log" | head -8
+  record "GPU tests (${#files[@]} files)" $rc $(( $(elapsed) - start )) "$out/gpu_tests.log"
 fi
-if [ "$what" = kernels ] || [ "$what" = all ]; then
-  timeout 100 python benches/kernels.py 2>&1 | tee "$out/kernels.log" | grep -v -i warn
-  el "kernel bench"
-fi
-if [ "$what" = engine ] || [ "$what" = all ]; then
-  timeout 120 python benches/decode_latency.py --no-eager --tokens 128 2>&1 | tee "$out/decode.log" | grep "^|"
-  timeout 70 python benches/host_overhead.py --model-config qwen3-0.6b --device cuda 2>&1 | tee "$out/host.log" | tail -4
-  timeout 280 python benches/offline_throughput.py 2>&1 | grep -v Capturing | tee "$out/offline.log"
-  el "engine benches"
-fi
+left_requests=${#requests[@]}
+for request in "${requests[@]}"; do
+  name=$(basename "$request" .sh)
+  asked=$(sed -n '1s/^# timeout: *\([0-9]*\).*/\1/p' "$request")
+  share=$(( (budget - $(elapsed)) / left_requests ))
+  limit=$(( ${asked:-$share} < share ? ${asked:-$share} : share ))
+  left_requests=$(( left_requests - 1 ))
+  if [ "$limit" -lt 1 ]; then
+    summary+=("| $name | skipped | 0 | no time left |")
+    continue
+  fi
+  echo "=== $name (limit ${limit} s, at $(elapsed) s)"
+  start=$(elapsed)
+  timeout "$limit" bash "$request" >"$out/$name.log" 2>&1
+  rc=$?
+  tail -15 "$out/$name.log"
+  record "$name" $rc $(( $(elapsed) - start )) "$out/$name.log"
+done
+echo
+echo "| step | rc | s | last line |"
+echo "| --- | --- | --- | --- |"
+printf '%s\n' "${summary[@]}"
+echo "total $(elapsed) s"

@@ -20,6 +20,7 @@ not fatal.
 
     python tools/sm70_gate.py              # sm_70, sm_80 and sm_90
     python tools/sm70_gate.py --arch 90    # one architecture
+    python tools/sm70_gate.py --source quantization/quant_gemm_frag.cuh   # one kernel source
     python tools/sm70_gate.py --glue       # also syntax-check the torch glue (g++, minutes)
 
 `--glue` checks what only the GPU machine's nvcc would otherwise see: the torch glue (`csrc/torch_glue/`:
@@ -238,8 +239,11 @@ def check_source(
     return reports
 
 
-def run_gate(keep: Path | None = None, archs: tuple[int, ...] = ARCHS) -> list[tuple[int, KernelReport]]:
-    """Checks every variant; returns (arch, report) pairs or raises GateError on the first failure."""
+def run_gate(
+    keep: Path | None = None, archs: tuple[int, ...] = ARCHS, sources: tuple[str, ...] = ()
+) -> list[tuple[int, KernelReport]]:
+    """Checks every variant (of `sources` only, paths from csrc/, when given); returns (arch, report)
+    pairs or raises GateError on the first failure."""
     tools = Toolchain.find()
     variants = load_variants()
     probes = _variants_module().dynamic_smem_probes()
@@ -249,6 +253,8 @@ def run_gate(keep: Path | None = None, archs: tuple[int, ...] = ARCHS) -> list[t
         workdir.mkdir(parents=True, exist_ok=True)
         for arch in archs:
             for source, exprs in variants[arch].items():
+                if sources and source not in sources:
+                    continue
                 results.extend((arch, r) for r in check_source(tools, source, exprs, arch, workdir, probes))
     return results
 
@@ -291,6 +297,7 @@ int __popc(unsigned);
 void __threadfence();
 float rsqrtf(float);
 float __expf(float);
+float __fmul_rn(float, float);
 float __fdividef(float, float);
 template <class T> T __ldg(const T*);
 size_t __cvta_generic_to_shared(const void*);
@@ -361,6 +368,9 @@ def main() -> int:
         "--arch", type=int, action="append", choices=ARCHS, help="check only this architecture (repeatable)"
     )
     parser.add_argument("--glue", action="store_true", help="also g++-syntax-check the torch glue")
+    parser.add_argument(
+        "--source", action="append", default=[], help="check only this kernel source, from csrc/ (repeatable)"
+    )
     args = parser.parse_args()
     try:
         if args.glue:
@@ -368,7 +378,7 @@ def main() -> int:
                 if glue_failures := check_glue(Path(tmp)):
                     print("glue check FAILED:\n" + "\n".join(glue_failures), file=sys.stderr)
                     return 1
-        results = run_gate(args.keep, tuple(args.arch) if args.arch else ARCHS)
+        results = run_gate(args.keep, tuple(args.arch) if args.arch else ARCHS, tuple(args.source))
     except GateError as err:
         print(f"sm70 gate FAILED: {err}", file=sys.stderr)
         return 1

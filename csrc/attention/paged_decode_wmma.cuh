@@ -8,11 +8,15 @@
 // Each warp walks its own KV blocks (one 16-token block per step) with its own online softmax; the
 // next block's keys/values are loaded into registers while the current one is computed (Volta has
 // no cp.async). Warps merge at the end of the split. Long contexts are split over the grid's z
-// dimension; the reduce kernel then merges the splits (log-sum-exp weighting).
+// dimension, each sequence by its own length (decode_split); the splits are merged (log-sum-exp
+// weighting) by the last split block to finish (a ticket per sequence and kv head) or by the reduce
+// kernel, as the glue chooses. Optionally the layer's attention prologue (q/k RMSNorm, rotary, the newest
+// token's KV-cache write) runs inside the kernel (DecodePrologue), saving its launch.
 #pragma once
 
 #include "attention/wmma_common.cuh"
 #include "attention/paged_decode_common.cuh"
+#include "ops/qk_norm_rope.cuh"
 
 namespace voltllm {
 
@@ -51,6 +55,82 @@ template <int HEAD>
 __device__ const int decode_wmma_smem_bytes = DecodeWmmaTraits<HEAD>::kSmemBytes;
 #endif
 
+// The folded prologue's query staging: warps take the tile's rows in turn; a row of the group is the
+// query head normalised and rotated (norm_rope_head, as ops/qk_norm_rope.cuh does it) and rounded to T,
+// the bits the unfused prologue would have left in the qkv projection; rows past the group are zero.
+template <typename T, int HEAD>
+__device__ __forceinline__ void stage_prologue_query(const DecodePrologue& pro, const T* query, int group,
+                                                     const float* cos, bool rotate, T* q_s, int ld, int rows,
+                                                     int warps) {
+  constexpr int kPerLane = HEAD / 32;
+  const int first = (threadIdx.x & 31) * kPerLane;
+  for (int r = threadIdx.x >> 5; r < rows; r += warps) {
+    float v[kPerLane] = {};
+    if (r < group) norm_rope_head<T, HEAD>(query + r * HEAD, static_cast<const T*>(pro.q_weight), pro.eps, cos, rotate, v);
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) q_s[r * ld + first + j] = DType<T>::from_float(v[j]);
+  }
+}
+
+// The folded prologue's cache write, by one warp: the newest token's key of `kv_head` normalised and
+// rotated like the query, and its value as projected, into cache slot `slot`.
+template <typename T, int HEAD>
+__device__ __forceinline__ void write_newest_kv(const DecodeParams& p, const T* qkv_row, int kv_head, long long slot,
+                                                const float* cos, bool rotate) {
+  constexpr int kPerLane = HEAD / 32;
+  const int first = (threadIdx.x & 31) * kPerLane;
+  float k[kPerLane];
+  norm_rope_head<T, HEAD>(qkv_row + (p.num_heads + kv_head) * HEAD, static_cast<const T*>(p.prologue.k_weight),
+                          p.prologue.eps, cos, rotate, k);
+  const T* value = qkv_row + (p.num_heads + p.num_kv_heads + kv_head) * HEAD + first;
+  const long long at = (slot * p.num_kv_heads + kv_head) * HEAD + first;
+  T* key_dst = static_cast<T*>(p.key_cache) + at;
+  T* value_dst = static_cast<T*>(p.value_cache) + at;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    key_dst[j] = DType<T>::from_float(k[j]);
+    value_dst[j] = value[j];
+  }
+}
+
+// The in-kernel split merge (DecodeParams::merge_tickets), by the last split block of a (sequence, kv head):
+// each thread combines 8 dims of one query row over the splits' partials (normalised outputs, maxima and
+// sums, log-sum-exp weighted) and stores the result. Partials are read from L2 (__ldcg): other blocks
+// wrote them.
+template <typename T, int HEAD>
+__device__ __forceinline__ void merge_split_rows(const DecodeParams& p, int seq, int first_head, int group,
+                                                 int num_splits) {
+  constexpr int kThreadsPerRow = HEAD / 8;
+  const int rows_per_pass = blockDim.x / kThreadsPerRow;
+  const int d0 = (threadIdx.x % kThreadsPerRow) * 8;
+  for (int r = threadIdx.x / kThreadsPerRow; r < group; r += rows_per_pass) {
+    const int head = first_head + r;
+    const long long idx0 = (static_cast<long long>(seq) * p.num_heads + head) * p.max_splits;
+    float m = neg_inf(), l = 0.f;
+    float o[8] = {};
+#pragma unroll 4
+    for (int s = 0; s < num_splits; ++s) {
+      const float split_max = __ldcg(p.partial_max + idx0 + s);
+      const float split_sum = __ldcg(p.partial_sum + idx0 + s);
+      const float4* part = reinterpret_cast<const float4*>(p.partial_out + (idx0 + s) * HEAD + d0);
+      const float4 lo = __ldcg(part), hi = __ldcg(part + 1);
+      const float new_max = fmaxf(m, split_max);
+      const float alpha = merge_weight(m, new_max);  // 0 before the first split with tokens
+      const float w = split_sum * merge_weight(split_max, new_max);
+      l = l * alpha + w;
+      o[0] = o[0] * alpha + lo.x * w, o[1] = o[1] * alpha + lo.y * w;
+      o[2] = o[2] * alpha + lo.z * w, o[3] = o[3] * alpha + lo.w * w;
+      o[4] = o[4] * alpha + hi.x * w, o[5] = o[5] * alpha + hi.y * w;
+      o[6] = o[6] * alpha + hi.z * w, o[7] = o[7] * alpha + hi.w * w;
+      m = new_max;
+    }
+    const float inv_l = 1.f / l;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[i] *= inv_l;
+    store_floats(static_cast<T*>(p.out) + seq * p.out_stride + head * HEAD + d0, o);
+  }
+}
+
 template <typename T, int HEAD>
 __device__ __forceinline__ void paged_decode_wmma_block(const DecodeParams& p) {
   using Tr = DecodeWmmaTraits<HEAD>;
@@ -68,28 +148,45 @@ __device__ __forceinline__ void paged_decode_wmma_block(const DecodeParams& p) {
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
   const int group = p.num_heads / p.num_kv_heads;
+  const bool fused_prologue = p.prologue.positions != nullptr;
 
   // Sequence lengths and block tables come from host copies and torch ops, never from a kernel launched
   // as a dependent one, so they are read before waiting for the kernel before this one (see
   // begin_dependent_grid): the length -> block id chain overlaps that kernel's end. Without a sliding
-  // window the split's first block id does not depend on the length, so both are read at once.
+  // window the first split's first block id does not depend on the length, so both are read at once.
   const int* block_table = p.block_tables + static_cast<long long>(seq) * p.max_blocks_per_seq;
-  const int guess_block = split * (p.partition_size / kBlockSize) + warp;
-  const int guess_id = block_table[min(guess_block, p.max_blocks_per_seq - 1)];
+  const int guess_id = block_table[min(warp, p.max_blocks_per_seq - 1)];
   const int seq_len = p.seq_lens[seq];
   // With a sliding window the splits cover only the blocks that hold visible positions.
   const int first_pos = p.sliding_window > 0 ? max(0, seq_len - p.sliding_window) : 0;
-  const int base = (first_pos / kBlockSize) * kBlockSize;
-  const int start = base + split * p.partition_size;
-  if (start >= seq_len) return;
-  const int end = min(start + p.partition_size, seq_len);
-  const int num_splits = (seq_len - base + p.partition_size - 1) / p.partition_size;
+  const int base = decode_base(seq_len, p.sliding_window);
+  const DecodeSplit plan = decode_split(seq_len - base, p.max_splits, p.min_split);
+  const int start = base + split * plan.partition;
+  if (split >= plan.count) return;
+  const int end = min(start + plan.partition, seq_len);
+  const int num_splits = plan.count;
   const int first_block = start / kBlockSize + warp;
   const int last_block = (end - 1) / kBlockSize;  // inclusive
+  const int newest_block = (seq_len - 1) / kBlockSize;
   // Block ids are read one step ahead of the K/V they locate, so issuing a block's loads never waits
   // for its block-table entry.
-  int next_id = first_block > last_block ? 0 : base == 0 ? guess_id : block_table[first_block];
+  int next_id = first_block > last_block ? 0 : start == 0 ? guess_id : block_table[first_block];
   int second_id = Tr::kPrefetch && first_block + Tr::kWarps <= last_block ? block_table[first_block + Tr::kWarps] : 0;
+  // With the prologue folded in, the split holding the newest position writes that token's K/V itself.
+  const bool writes_newest = fused_prologue && end == seq_len;
+  long long newest_slot = -1;
+  if (writes_newest) {
+    newest_slot = p.prologue.slot_mapping[seq];
+    if (newest_slot >= p.prologue.num_slots) newest_slot = -1;
+  }
+  // Positions, like lengths, come from host copies: the rotary table row is located before the wait.
+  bool rotate = false;
+  const float* cos = nullptr;
+  if (fused_prologue) {
+    const long long pos = p.prologue.positions[seq];
+    rotate = pos >= 0 && pos < p.prologue.max_position;
+    cos = p.prologue.cos_sin_cache + (rotate ? pos : 0) * HEAD;
+  }
 
   const long long token_stride = static_cast<long long>(p.num_kv_heads) * HEAD;
   const T* k_cache = static_cast<const T*>(p.key_cache) + kv_head * HEAD;
@@ -110,13 +207,12 @@ __device__ __forceinline__ void paged_decode_wmma_block(const DecodeParams& p) {
   // first block that ends before the newest token is loaded before the wait: the stream starts while
   // that kernel finishes. The block holding the newest token, the query and the outputs wait.
   const bool first_loaded = Tr::kPrefetch && first_block <= last_block;
-  const bool early = first_loaded && first_block < (seq_len - 1) / kBlockSize;
+  const bool early = first_loaded && first_block < newest_block;
   if (early) {
     load_block(next_id);
     next_id = second_id;
   }
   begin_dependent_grid();
-
   VOLTLLM_DYNAMIC_SMEM(smem);
   T* q_s = reinterpret_cast<T*>(smem);  // [16][kLdKV]
   unsigned char* warp_base = smem + Tr::kQBytes + warp * Tr::kWarpBytes;
@@ -128,18 +224,28 @@ __device__ __forceinline__ void paged_decode_wmma_block(const DecodeParams& p) {
   float* stat_max = reinterpret_cast<float*>(smem + Tr::kQBytes + Tr::kWarps * Tr::kWarpBytes);
   float* stat_sum = stat_max + Tr::kWarps * Tr::kRows;
 
-  // Otherwise the first block's loads are issued before the query is staged, so the two latencies overlap.
-  if (first_loaded && !early) {
+  // Otherwise the first block's loads are issued before the query is staged, so the two latencies overlap;
+  // but not where this block writes the newest token into that first block: then they wait for the write.
+  if (first_loaded && !early && !writes_newest) {
     load_block(next_id);
     next_id = second_id;
   }
   // Query rows of this group; rows past the group stay zero so their scores are finite.
   const T* query = static_cast<const T*>(p.query) + seq * p.query_stride + kv_head * group * HEAD;
-  for (int c = threadIdx.x; c < Tr::kRows * kChunksPerRow; c += Tr::kThreads) {
-    const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (r < group) v = *reinterpret_cast<const uint4*>(query + r * HEAD + col);
-    *reinterpret_cast<uint4*>(q_s + r * Tr::kLdKV + col) = v;
+  if (fused_prologue) {
+    stage_prologue_query<T, HEAD>(p.prologue, query, group, cos, rotate, q_s, Tr::kLdKV, Tr::kRows, Tr::kWarps);
+    // The warp with the fewest query rows (the last) writes the newest token's K/V.
+    if (newest_slot >= 0 && warp == Tr::kWarps - 1) {
+      write_newest_kv<T, HEAD>(p, static_cast<const T*>(p.query) + seq * p.query_stride, kv_head, newest_slot, cos,
+                               rotate);
+    }
+  } else {
+    for (int c = threadIdx.x; c < Tr::kRows * kChunksPerRow; c += Tr::kThreads) {
+      const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (r < group) v = *reinterpret_cast<const uint4*>(query + r * HEAD + col);
+      *reinterpret_cast<uint4*>(q_s + r * Tr::kLdKV + col) = v;
+    }
   }
 
   int acc_rows[FragC::num_elements];
@@ -154,7 +260,11 @@ __device__ __forceinline__ void paged_decode_wmma_block(const DecodeParams& p) {
   float row_max = neg_inf();
   float row_sum = 0.f;
 
-  __syncthreads();  // q_s complete
+  __syncthreads();  // q_s complete, and the newest token's K/V in the cache (visible to the whole block)
+  if (first_loaded && !early && writes_newest) {
+    load_block(next_id);
+    next_id = second_id;
+  }
 
   for (int b = first_block; b <= last_block; b += Tr::kWarps) {
     if (!Tr::kPrefetch) {
@@ -286,6 +396,24 @@ __device__ __forceinline__ void paged_decode_wmma_block(const DecodeParams& p) {
       }
     }
   }
+  if (num_splits == 1 || p.merge_tickets == nullptr) return;
+
+  // The last split block of this (sequence, kv head) to finish merges every split's partials: no merge
+  // launch, which at short contexts costs more than the merge itself. The fence makes this block's
+  // partials visible to whichever block turns out to be last before its ticket is counted.
+  __threadfence();
+  __syncthreads();  // every thread's partials fenced; the row statistics are no longer read
+  int* last_flag = reinterpret_cast<int*>(stat_max);
+  if (threadIdx.x == 0) {
+    int* ticket = p.merge_tickets + static_cast<long long>(seq) * p.num_kv_heads + kv_head;
+    const bool last = atomicAdd(ticket, 1) == num_splits - 1;
+    if (last) atomicExch(ticket, 0);  // every other split has counted: ready for the next launch
+    *last_flag = last;
+  }
+  __syncthreads();
+  if (!*last_flag) return;
+  __threadfence();
+  merge_split_rows<T, HEAD>(p, seq, kv_head * group, group, num_splits);
 }
 
 // grid: (num_kv_heads, num_seqs, max_splits), block: DecodeWmmaTraits::kThreads,
@@ -342,9 +470,7 @@ __global__ void __launch_bounds__(kReduceThreads) paged_decode_reduce_kernel(Dec
   const int head = blockIdx.x;
   const int seq = blockIdx.y;
   const int seq_len = p.seq_lens[seq];  // read before the wait, as in the attention kernel
-  const int first_pos = p.sliding_window > 0 ? max(0, seq_len - p.sliding_window) : 0;
-  const int base = (first_pos / kBlockSize) * kBlockSize;
-  const int num_splits = (seq_len - base + p.partition_size - 1) / p.partition_size;
+  const int num_splits = decode_split(seq_len - decode_base(seq_len, p.sliding_window), p.max_splits, p.min_split).count;
   // Every block waits, even one with nothing to merge, so the merge never completes before the
   // attention kernel: the kernels after it may rely on both being done.
   wait_for_previous_grid();

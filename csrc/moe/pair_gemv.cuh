@@ -13,9 +13,23 @@
 // T first, as the unfused projection stores them. Down stage: out[token, f] = sum_j weight_j *
 // (act[pair_j] . down_{e_j}[f]) in fp32, the rows of kMoePairDownInFlight pairs loaded together so that a
 // short row (k = 768 is three 16-byte loads a lane) still keeps enough bytes in flight.
+//
+// The staged down stage (moe_pair_down_staged_kernel) is the same sum laid out for fewer memory round
+// trips: a warp's feature is one flat run of top_k * k / 8 16-byte chunks (pair j's row, then pair j + 1's),
+// each lane takes every 32nd, CHUNKS of them in flight at once, and the token's act rows are staged once
+// per block in shared memory, in the same flat order, so no register holds act. Its first CHUNKS loads are
+// issued before the wait for the gated stage: the weights and the routing (two kernels back) are final by
+// then, so on the Qwen3-30B-A3B shape (768 chunks a feature, CHUNKS 24) the whole down stage's weight
+// traffic overlaps the gated stage's tail and only act makes a round trip after it.
+//
+// ROUTED kernels route themselves from the router's logits (topk_softmax.cuh's choices, the same bits as
+// moe_topk_softmax_kernel), so the sparse block needs no top-k launch: the gated stage's first warp
+// picks its pair's expert after the wait for the router (the kernel before it), the staged down stage's
+// first warp the token's experts and weights before its wait (the router is two kernels back by then).
 #pragma once
 
 #include "moe/moe_params.cuh"
+#include "moe/topk_softmax.cuh"
 #include "ops/activation.cuh"
 #include "ops/gemv.cuh"
 
@@ -25,17 +39,60 @@ constexpr int kMoePairWarps = 4;          // output features per thread block
 constexpr int kMoePairGatedUnroll = 4;    // 16-byte loads per weight row in flight (gate and up: 8)
 constexpr int kMoePairDownUnroll = 2;     // 16-byte loads per weight row in flight, per pair
 constexpr int kMoePairDownInFlight = 4;   // pairs whose rows the down stage loads together
+constexpr int kMoePairStagedWarps = 8;    // output features per thread block of the staged down stage
+// Most bytes (moe_pair_staged_smem_bytes) the staged down stage stages without opting in to more shared
+// memory; larger shapes (Mixtral's top-2 of 14,336) run moe_pair_down_kernel.
+constexpr int kMoePairStagedMaxSmem = 48 * 1024;
 
-// grid: (pairs, ceil(n / kMoePairWarps)), block: 32 * kMoePairWarps.
+// Dynamic shared memory of moe_pair_down_staged_kernel: the token's top_k act rows of k elements (k / 8
+// chunks of 16 bytes each), a routing weight per chunk, and (ROUTED) the token's choices, an id and a
+// weight each.
+__host__ __device__ constexpr int moe_pair_staged_smem_bytes(int top_k, int k) {
+  return top_k * ((k / 8) * (16 + 4) + 8);
+}
+__device__ const int moe_pair_staged_max_smem_bytes = kMoePairStagedMaxSmem;  // for the sm70 gate's report
+// Dynamic shared memory of the ROUTED gated stage: the block's expert.
+constexpr int kMoePairRoutedGatedSmem = 16;
+
+// Most experts the ROUTED kernels route among (4 logits a lane: the gated stage's 64 registers hold no
+// more without spilling); the glue checks it.
+constexpr int kMoeRoutedMaxExperts = 128;
+
+// The choices of `token` from router_logits by the calling warp (topk_softmax.cuh): lane j < top_k gets
+// choice j's weight and id.
 template <typename T>
-__global__ void __launch_bounds__(32 * kMoePairWarps) moe_pair_gated_kernel(MoePairParams p) {
+__device__ __forceinline__ void route_token(const MoePairParams& p, int token, int lane, float& weight, int& id) {
+  const T* row = static_cast<const T*>(p.router_logits) + token * p.logits_stride;
+  moe_topk_softmax_choices<T, kMoeRoutedMaxExperts / 32>(row, p.num_experts, p.top_k, p.renormalize != 0, lane,
+                                                          weight, id);
+}
+
+// The gated stage of one warp's feature: act[pair, f] = silu(x[token] . gate_f) * (x[token] . up_f) of the
+// pair's expert, taken from topk_ids or, ROUTED, chosen by the block's first warp from router_logits (then
+// smem holds it: every thread of the block calls this, a barrier).
+template <typename T, bool ROUTED>
+__device__ __forceinline__ void moe_pair_gated_feature(const MoePairParams& p, unsigned char* smem) {
   constexpr int kUnroll = kMoePairGatedUnroll, kStep = 32 * 8 * kUnroll;
   const int lane = threadIdx.x & 31;
   const int pair = blockIdx.x;
   const int feature = blockIdx.y * kMoePairWarps + (threadIdx.x >> 5);
-  begin_dependent_grid();  // the routing and x come from the kernels before this one
+  begin_dependent_grid();  // the routing (or the router's logits) and x come from the kernels before this one
+  long long expert;
+  if constexpr (ROUTED) {  // the first warp routes the pair's token; choice pair % top_k is the pair's
+    int* expert_s = reinterpret_cast<int*>(smem);
+    if (threadIdx.x < 32) {
+      const int token = pair / p.top_k;
+      float weight;
+      int id;
+      route_token<T>(p, token, lane, weight, id);
+      if (lane == pair - token * p.top_k) *expert_s = id;
+    }
+    __syncthreads();
+    expert = *expert_s;
+  } else {
+    expert = p.topk_ids[pair];
+  }
   if (feature >= p.n) return;
-  const long long expert = p.topk_ids[pair];
   const T* weight = static_cast<const T*>(p.weight) + expert * 2 * p.n * static_cast<long long>(p.k);
   const T* const w_rows[2] = {weight + static_cast<long long>(feature) * p.k,
                               weight + static_cast<long long>(feature + p.n) * p.k};
@@ -60,6 +117,21 @@ __global__ void __launch_bounds__(32 * kMoePairWarps) moe_pair_gated_kernel(MoeP
   if (lane == 0) {
     static_cast<T*>(p.out)[static_cast<long long>(pair) * p.n + feature] = DType<T>::from_float(silu(gate) * up);
   }
+}
+
+// grid: (pairs, ceil(n / kMoePairWarps)), block: 32 * kMoePairWarps.
+template <typename T>
+__global__ void __launch_bounds__(32 * kMoePairWarps) moe_pair_gated_kernel(MoePairParams p) {
+  moe_pair_gated_feature<T, false>(p, nullptr);
+}
+
+// The gated stage that routes itself. grid and block as moe_pair_gated_kernel, dynamic shared memory
+// kMoePairRoutedGatedSmem. 64 registers at most, as the unrouted kernel takes (its occupancy, 8 blocks per
+// SM): the routing's registers are dead before the GEMV's are live.
+template <typename T>
+__global__ void __launch_bounds__(32 * kMoePairWarps, 7) moe_pair_gated_routed_kernel(MoePairParams p) {
+  VOLTLLM_DYNAMIC_SMEM(smem);
+  moe_pair_gated_feature<T, true>(p, smem);
 }
 
 // grid: (tokens, ceil(n / kMoePairWarps)), block: 32 * kMoePairWarps.
@@ -135,6 +207,114 @@ __global__ void __launch_bounds__(32 * kMoePairWarps) moe_pair_down_kernel(MoePa
   }
   sum = warp_sum(sum);
   if (lane == 0) static_cast<T*>(p.out)[token * p.out_stride + feature] = DType<T>::from_float(sum);
+}
+
+// Where flat chunk c of a feature's run lies: pair j = c / row_chunks of the token, chunk o of its row.
+// Walked 32 chunks at a time (a lane's next chunk) without a division. (The loop, rather than one
+// compare for rows of 32 chunks or more, also keeps ptxas from computing every address of a round ahead
+// of its first load: that spills at CHUNKS 24.)
+struct MoeFlatChunk {
+  int j, o;
+  __device__ __forceinline__ MoeFlatChunk(int first, int row_chunks) : j(first / row_chunks) {
+    o = first - j * row_chunks;
+  }
+  __device__ __forceinline__ void advance(int row_chunks) {
+    o += 32;
+    while (o >= row_chunks) {
+      o -= row_chunks;
+      ++j;
+    }
+  }
+};
+
+// Issues the lane's CHUNKS 16-byte weight loads of one round, chunks round_base + lane + 32 i of the
+// feature's flat run; lane q (< top_k) holds where pair q's weight row starts, in 16-byte chunks of the
+// stack, in `row`. Chunks past the run load the last pair's row again (inside it, never added:
+// add_staged_round weighs them 0), so the loads need no branch. Called by whole warps (the shuffles).
+template <int CHUNKS>
+__device__ __forceinline__ void load_staged_round(uint4 (&w_raw)[CHUNKS], const uint4* weight, unsigned row, int top_k,
+                                                  int round_base, int lane, int row_chunks) {
+  MoeFlatChunk at(round_base + lane, row_chunks);
+#pragma unroll
+  for (int i = 0; i < CHUNKS; ++i) {
+    w_raw[i] = weight[__shfl_sync(0xffffffffu, row, min(at.j, top_k - 1)) + at.o];
+    at.advance(row_chunks);
+  }
+}
+
+// sum += weight_j * (the round's weight chunks . the matching act chunks) for the lane's chunks of the
+// round: act_s holds the run's act chunks in the same flat order and scale_s each chunk's routing weight;
+// chunks past the run weigh 0.
+template <typename T, int CHUNKS>
+__device__ __forceinline__ void add_staged_round(float& sum, const uint4 (&w_raw)[CHUNKS], const uint4* act_s,
+                                                 const float* scale_s, int round_base, int lane, int chunks) {
+#pragma unroll
+  for (int i = 0; i < CHUNKS; ++i) {
+    const int c = round_base + lane + 32 * i;
+    float w[8], a[8];
+    to_floats<T>(w_raw[i], w);
+    to_floats<T>(act_s[min(c, chunks - 1)], a);
+    float dot = 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) dot = fmaf(w[e], a[e], dot);
+    sum = fmaf(c < chunks ? scale_s[min(c, chunks - 1)] : 0.f, dot, sum);
+  }
+}
+
+// grid: (tokens, ceil(n / kMoePairStagedWarps)), block: 32 * kMoePairStagedWarps, dynamic shared memory:
+// moe_pair_staged_smem_bytes(top_k, k) (at most kMoePairStagedMaxSmem). CHUNKS: 16-byte weight
+// loads per lane in flight (a round); the same sum as moe_pair_down_kernel, out[token, f] = sum_j weight_j *
+// (act[pair_j] . down_{e_j}[f]) in fp32, rounded once. ROUTED: the token's experts and weights from
+// router_logits, else from topk_ids / topk_weights.
+template <typename T, int CHUNKS, bool ROUTED>
+__global__ void __launch_bounds__(32 * kMoePairStagedWarps, 2) moe_pair_down_staged_kernel(MoePairParams p) {
+  VOLTLLM_DYNAMIC_SMEM(smem);
+  const int row_chunks = p.k / 8, chunks = p.top_k * row_chunks;
+  uint4* act_s = reinterpret_cast<uint4*>(smem);                      // [chunks]: the flat run's act chunks
+  float* scale_s = reinterpret_cast<float*>(smem + chunks * 16);      // [chunks]: their pairs' routing weights
+  int* ids_s = reinterpret_cast<int*>(smem + chunks * 20);            // [top_k] (ROUTED): the token's choices
+  float* weights_s = reinterpret_cast<float*>(ids_s + p.top_k);       // [top_k] (ROUTED): and their weights
+  const int lane = threadIdx.x & 31;
+  const int token = blockIdx.x;
+  const int feature = blockIdx.y * kMoePairStagedWarps + (threadIdx.x >> 5);
+  const bool live = feature < p.n;  // a warp past n still stages act and meets the barriers
+  const int first_pair = token * p.top_k;
+  // The routing (or the router's logits) is two kernels back (the gated stage is between), so it is final
+  // even before the wait (common.cuh), and weights are never written: the first round's loads go out
+  // while the gated stage ends.
+  if constexpr (ROUTED) {
+    if (threadIdx.x < 32) {
+      float weight;
+      int id;
+      route_token<T>(p, token, lane, weight, id);
+      if (lane < p.top_k) {
+        ids_s[lane] = id;
+        weights_s[lane] = weight;
+      }
+    }
+    __syncthreads();
+  }
+  const int* ids = ROUTED ? ids_s : p.topk_ids + first_pair;
+  const float* weights = ROUTED ? weights_s : p.topk_weights + first_pair;
+  const uint4* weight = static_cast<const uint4*>(p.weight);  // the glue checks it has < 2^32 chunks
+  const unsigned row = lane < p.top_k ? (static_cast<unsigned>(ids[lane]) * p.n + feature) * row_chunks : 0u;
+  uint4 w_raw[CHUNKS];
+  if (live) load_staged_round<CHUNKS>(w_raw, weight, row, p.top_k, 0, lane, row_chunks);
+  begin_dependent_grid();  // act comes from the kernel before this one
+  const T* act = static_cast<const T*>(p.a);
+  for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+    const int j = c / row_chunks;
+    act_s[c] = load16(act + static_cast<long long>(first_pair + j) * p.a_stride + (c - j * row_chunks) * 8);
+    scale_s[c] = weights[j];
+  }
+  __syncthreads();
+  float sum = 0.f;  // this lane's share of the weighted sum over the token's pairs
+  for (int round_base = 0; live && round_base < chunks; round_base += 32 * CHUNKS) {
+    if (round_base > 0) load_staged_round<CHUNKS>(w_raw, weight, row, p.top_k, round_base, lane, row_chunks);
+    add_staged_round<T, CHUNKS>(sum, w_raw, act_s, scale_s, round_base, lane, chunks);
+  }
+  sum = warp_sum(sum);
+  if (live && lane == 0) static_cast<T*>(p.out)[token * p.out_stride + feature] = DType<T>::from_float(sum);
 }
 
 }  // namespace voltllm

@@ -14,34 +14,38 @@ namespace voltllm {
 constexpr int kMoeTopkWarps = 4;  // tokens per thread block
 constexpr int kMoeExpertsPerLane = kMoeMaxExperts / 32;
 
-// One warp's work: the choices of `token` (every lane of the warp calls it).
-template <typename T>
-__device__ __forceinline__ void moe_topk_softmax_token(const MoeTopkParams& p, int token, int lane) {
-  const T* row = static_cast<const T*>(p.logits) + token * p.logits_stride;
-  float prob[kMoeExpertsPerLane];
+// One warp's work: the choices of one token from its logits `row` (every lane of the warp calls it).
+// Lane j < top_k gets the j-th choice, its id and its weight (renormalised when asked); the other lanes
+// get nothing meaningful. PER_LANE experts per lane: num_experts <= 32 * PER_LANE. The pair stages
+// (pair_gemv.cuh) that route themselves call this too, with fewer per lane (their register budget): the
+// slots past num_experts add nothing, so their choices are the same bits as this kernel's.
+template <typename T, int PER_LANE = kMoeExpertsPerLane>
+__device__ __forceinline__ void moe_topk_softmax_choices(const T* row, int num_experts, int top_k, bool renormalize,
+                                                         int lane, float& my_weight, int& my_id) {
+  float prob[PER_LANE];
   float row_max = neg_inf();
 #pragma unroll
-  for (int i = 0; i < kMoeExpertsPerLane; ++i) {
+  for (int i = 0; i < PER_LANE; ++i) {
     const int e = lane + 32 * i;
-    prob[i] = e < p.num_experts ? DType<T>::to_float(row[e]) : neg_inf();
+    prob[i] = e < num_experts ? DType<T>::to_float(row[e]) : neg_inf();
     row_max = fmaxf(row_max, prob[i]);
   }
   row_max = warp_max(row_max);
   float sum = 0.f;
 #pragma unroll
-  for (int i = 0; i < kMoeExpertsPerLane; ++i) {
+  for (int i = 0; i < PER_LANE; ++i) {
     // Experts past num_experts get -1: below every probability, so never chosen.
-    prob[i] = lane + 32 * i < p.num_experts ? expf(prob[i] - row_max) : -1.f;
+    prob[i] = lane + 32 * i < num_experts ? expf(prob[i] - row_max) : -1.f;
     sum += prob[i] > 0.f ? prob[i] : 0.f;
   }
   sum = warp_sum(sum);
-  float my_weight = 0.f;
-  int my_id = 0;
-  for (int j = 0; j < p.top_k; ++j) {
+  my_weight = 0.f;
+  my_id = 0;
+  for (int j = 0; j < top_k; ++j) {
     float best = -2.f;
     int best_id = 0x7fffffff;
 #pragma unroll
-    for (int i = 0; i < kMoeExpertsPerLane; ++i) {
+    for (int i = 0; i < PER_LANE; ++i) {
       if (prob[i] > best) {  // strictly: the lane's lowest index wins a tie
         best = prob[i];
         best_id = lane + 32 * i;
@@ -57,7 +61,7 @@ __device__ __forceinline__ void moe_topk_softmax_token(const MoeTopkParams& p, i
       }
     }
 #pragma unroll
-    for (int i = 0; i < kMoeExpertsPerLane; ++i) {
+    for (int i = 0; i < PER_LANE; ++i) {
       if (lane + 32 * i == best_id) prob[i] = -2.f;  // taken: below even the padding
     }
     if (lane == j) {
@@ -65,7 +69,16 @@ __device__ __forceinline__ void moe_topk_softmax_token(const MoeTopkParams& p, i
       my_id = best_id;
     }
   }
-  if (p.renormalize) my_weight /= warp_sum(lane < p.top_k ? my_weight : 0.f);
+  if (renormalize) my_weight /= warp_sum(lane < top_k ? my_weight : 0.f);
+}
+
+// One warp's work: the choices of `token`, stored (every lane of the warp calls it).
+template <typename T>
+__device__ __forceinline__ void moe_topk_softmax_token(const MoeTopkParams& p, int token, int lane) {
+  const T* row = static_cast<const T*>(p.logits) + token * p.logits_stride;
+  float my_weight;
+  int my_id;
+  moe_topk_softmax_choices<T>(row, p.num_experts, p.top_k, p.renormalize != 0, lane, my_weight, my_id);
   if (lane < p.top_k) {
     p.topk_weights[token * p.top_k + lane] = my_weight;
     p.topk_ids[token * p.top_k + lane] = my_id;

@@ -98,11 +98,13 @@ __device__ __forceinline__ void load_weight_chunk(uint4 (&w_raw)[MATS][UNROLL], 
 }
 
 // Reduces a warp's partial products of `feature` and lane 0 stores them: bias added, rounded to T as
-// an unfused projection would store it, then for SWIGLU silu(gate) * up.
-template <typename T, int ROWS, bool SWIGLU>
-__device__ __forceinline__ void store_feature(float (&acc)[GemvTile<ROWS, SWIGLU>::kMats][ROWS], T* out,
+// an unfused projection would store it, then for SWIGLU silu(gate) * up. Out = float stores that rounded
+// value widened (what a cast of the T result gives: the lm_head's fp32 logits without a cast kernel).
+template <typename T, int ROWS, bool SWIGLU, typename Out = T>
+__device__ __forceinline__ void store_feature(float (&acc)[GemvTile<ROWS, SWIGLU>::kMats][ROWS], Out* out,
                                               long long out_stride, const T* bias, int rows, int n, int feature,
                                               int lane) {
+  static_assert(is_same<Out, T>::value || (is_same<Out, float>::value && !SWIGLU), "float out: plain GEMV only");
   constexpr int kMats = GemvTile<ROWS, SWIGLU>::kMats;
 #pragma unroll
   for (int r = 0; r < ROWS; ++r) {
@@ -113,15 +115,22 @@ __device__ __forceinline__ void store_feature(float (&acc)[GemvTile<ROWS, SWIGLU
       value[m] = DType<T>::to_float(DType<T>::from_float(warp_sum(acc[m][r]) + b));
     }
     const float result = SWIGLU ? silu(value[0]) * value[kMats - 1] : value[0];
-    if (lane == 0 && r < rows) out[r * out_stride + feature] = DType<T>::from_float(result);
+    if (lane == 0 && r < rows) {
+      if constexpr (is_same<Out, float>::value) {
+        out[r * out_stride + feature] = result;
+      } else {
+        out[r * out_stride + feature] = DType<T>::from_float(result);
+      }
+    }
   }
 }
 
 // grid: ceil(n / kGemvWarps), block: 32 * kGemvWarps. ROWS is the most x rows handled (1 or 2).
 // SWIGLU: the weight is a gate/up projection [gate; up] of 2n rows, and the warp of feature f computes
 // both f and n + f and writes silu(gate) * up, so the gated MLP's activation needs no kernel of its
-// own. Both products are rounded to T first, as the unfused projection would store them.
-template <typename T, int ROWS, bool SWIGLU>
+// own. Both products are rounded to T first, as the unfused projection would store them. Out: the
+// output's element type, T or (plain GEMV) float.
+template <typename T, int ROWS, bool SWIGLU, typename Out = T>
 __global__ void __launch_bounds__(32 * kGemvWarps) gemv_kernel(GemvParams p) {
   using Tile = GemvTile<ROWS, SWIGLU>;
   constexpr int kMats = Tile::kMats, kUnroll = Tile::kUnroll;
@@ -133,7 +142,8 @@ __global__ void __launch_bounds__(32 * kGemvWarps) gemv_kernel(GemvParams p) {
 #pragma unroll
   for (int m = 0; m < kMats; ++m) w_rows[m] = weight + static_cast<long long>(feature + m * p.n) * p.k;
   // Weights are never written by a kernel: their first chunk can be on its way to L2 while the kernel
-  // before this one (whose output is x) still runs.
+  // before this one (whose output is x) still runs. (Asking L2 for whole rows there, or loading the first
+  // chunk into registers, measured no gain: benches/RESULTS.md, "Batch-1 decode (issue 21)".)
   prefetch_first_chunk<T, kMats, kUnroll>(w_rows, lane, p.k);
   begin_dependent_grid();
   const T* x = static_cast<const T*>(p.x);
@@ -164,8 +174,8 @@ __global__ void __launch_bounds__(32 * kGemvWarps) gemv_kernel(GemvParams p) {
       }
     }
   }
-  store_feature<T, ROWS, SWIGLU>(acc, static_cast<T*>(p.out), p.out_stride, static_cast<const T*>(p.bias), p.rows,
-                                 p.n, feature, lane);
+  store_feature<T, ROWS, SWIGLU, Out>(acc, static_cast<Out*>(p.out), p.out_stride, static_cast<const T*>(p.bias),
+                                      p.rows, p.n, feature, lane);
 }
 
 // ---------------------------------------------------------------------------------------------------

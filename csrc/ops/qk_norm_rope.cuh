@@ -31,14 +31,49 @@ struct QkNormRopeParams {
   float eps;
 };
 
+// One head of one token through the prologue, by one warp: lane l holds elements [l * HEAD / 32, ...)
+// of `x` in `v` on return, normalised by `weight` (skipped when nullptr) and rotated by `cos` / `sin`
+// (positions' table rows; skipped when !rotate). Rounding follows the unfused sequence: the normalised
+// head is rounded to T before the rotation reads it, as when rms_norm writes it out. The decode attention
+// kernel runs the same function on its query and newest key (attention/paged_decode_wmma.cuh).
+template <typename T, int HEAD>
+__device__ __forceinline__ void norm_rope_head(const T* x, const T* weight, float eps, const float* cos,
+                                               bool rotate, float (&v)[HEAD / 32]) {
+  static_assert(HEAD % 64 == 0, "the NeoX partner must sit in lane ^ 16");
+  constexpr int kPerLane = HEAD / 32;
+  constexpr int kHalf = HEAD / 2;
+  const int first = (threadIdx.x & 31) * kPerLane;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) v[j] = DType<T>::to_float(x[first + j]);
+  if (weight != nullptr) {
+    float sq = 0.f;
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) sq += v[j] * v[j];
+    const float inv_rms = rsqrtf(warp_sum(sq) / HEAD + eps);
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const float normed = v[j] * inv_rms * DType<T>::to_float(weight[first + j]);
+      v[j] = DType<T>::to_float(DType<T>::from_float(normed));
+    }
+  }
+  if (rotate) {
+    const float* sin = cos + kHalf;
+    const bool low = first < kHalf;  // lanes 0-15 hold the first half, 16-31 its partners
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const float partner = __shfl_xor_sync(0xffffffffu, v[j], 16);
+      const int i = (first + j) % kHalf;
+      v[j] = low ? v[j] * cos[i] - partner * sin[i] : v[j] * cos[i] + partner * sin[i];
+    }
+  }
+}
+
 // grid: (num_tokens), block: 32 * min(num_heads + num_kv_heads, 16); warps stride over the token's
 // q and k heads.
 template <typename T, int HEAD>
 __global__ void qk_norm_rope_kernel(QkNormRopeParams p) {
   begin_dependent_grid();
-  static_assert(HEAD % 64 == 0, "the NeoX partner must sit in lane ^ 16");
   constexpr int kPerLane = HEAD / 32;
-  constexpr int kHalf = HEAD / 2;
   const int token = blockIdx.x;
   const int lane = threadIdx.x & 31;
   const int num_warps = blockDim.x >> 5;
@@ -48,35 +83,12 @@ __global__ void qk_norm_rope_kernel(QkNormRopeParams p) {
   const bool write = slot >= 0 && slot < p.num_slots;
   T* row = static_cast<T*>(p.qkv) + token * p.qkv_stride;
   const int first = lane * kPerLane;  // this lane's elements: [first, first + kPerLane)
-  const float* cos = p.cos_sin_cache + pos * HEAD;
-  const float* sin = cos + kHalf;
+  const float* cos = p.cos_sin_cache + (rotate ? pos : 0) * HEAD;
   for (int head = threadIdx.x >> 5; head < p.num_heads + p.num_kv_heads; head += num_warps) {
     const bool is_key = head >= p.num_heads;
     T* x = row + head * HEAD;
     float v[kPerLane];
-#pragma unroll
-    for (int j = 0; j < kPerLane; ++j) v[j] = DType<T>::to_float(x[first + j]);
-    const T* weight = static_cast<const T*>(is_key ? p.k_weight : p.q_weight);
-    if (weight != nullptr) {
-      float sq = 0.f;
-#pragma unroll
-      for (int j = 0; j < kPerLane; ++j) sq += v[j] * v[j];
-      const float inv_rms = rsqrtf(warp_sum(sq) / HEAD + p.eps);
-#pragma unroll
-      for (int j = 0; j < kPerLane; ++j) {
-        const float normed = v[j] * inv_rms * DType<T>::to_float(weight[first + j]);
-        v[j] = DType<T>::to_float(DType<T>::from_float(normed));
-      }
-    }
-    if (rotate) {
-      const bool low = first < kHalf;  // lanes 0-15 hold the first half, 16-31 its partners
-#pragma unroll
-      for (int j = 0; j < kPerLane; ++j) {
-        const float partner = __shfl_xor_sync(0xffffffffu, v[j], 16);
-        const int i = (first + j) % kHalf;
-        v[j] = low ? v[j] * cos[i] - partner * sin[i] : v[j] * cos[i] + partner * sin[i];
-      }
-    }
+    norm_rope_head<T, HEAD>(x, static_cast<const T*>(is_key ? p.k_weight : p.q_weight), p.eps, cos, rotate, v);
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j) x[first + j] = DType<T>::from_float(v[j]);
     if (is_key && write) {

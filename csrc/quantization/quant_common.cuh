@@ -64,6 +64,41 @@ __device__ __forceinline__ unsigned and_or(unsigned a) {
 #endif
 }
 
+// Loads of what a kernel reads once (packed weights, group words): by the non-coherent path without
+// allocating in L1 (PTX ISA 7.4, sm_70+), so that the lines of x, which every warp reads again, keep
+// L1 while the weights stream past.
+__device__ __forceinline__ uint4 load_no_l1(const uint4* ptr) {
+#ifdef VOLTLLM_EMULATE
+  return *ptr;
+#else
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(ptr));
+  return v;
+#endif
+}
+
+__device__ __forceinline__ unsigned load_no_l1(const unsigned* ptr) {
+#ifdef VOLTLLM_EMULATE
+  return *ptr;
+#else
+  unsigned v;
+  asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(ptr));
+  return v;
+#endif
+}
+
+// *ptr for data a kernel reads once: through load_no_l1 with NO_L1, else a plain load.
+template <bool NO_L1, typename T>
+__device__ __forceinline__ T load_once(const T* ptr) {
+  if constexpr (NO_L1) {
+    return load_no_l1(ptr);
+  } else {
+    return *ptr;
+  }
+}
+
 // One (row, group)'s parameters, unpacked once per chunk.
 template <int KIND>
 struct GroupParams {

@@ -1,91 +1,117 @@
-// Weight-streaming quantized GEMM for 4-64 rows on tensor cores (WMMA m16n16k16, fp16 operands, fp32
+// Weight-streaming quantized GEMM for 4-128 rows on tensor cores (WMMA m16n16k16, fp16 operands, fp32
 // accumulation; Volta-legal): out[m, f] = sum_k x[m, k] * W[f, k] (+ bias[f]) for fp16 x and a packed
 // 4-bit / 8-bit / fp8 weight (quant_common.cuh's layout).
 //
-// At tens of rows the product still reads far more weight bytes than it computes on, so the kernel is
-// organised like the GEMV rather than like a tiled GEMM: every warp owns 16 * NF output features and
-// streams their packed rows through a ring of DEPTH k-chunks of 64 columns in registers. Per k-chunk a
-// warp dequantizes its chunks into its own shared-memory tile and multiplies it (WMMA matrix_b) with MF
-// fragments of 16 rows of x. The block's rows of x over its whole k range are staged in shared memory
-// once, before the single barrier (rows past m as zeros), so the warps never wait for each other after
-// it, and the x fragments come from shared memory (a fragment read from global memory touches 16 rows'
-// cache lines per load: that made the first version L1-bound).
-// k is split over gridDim.z, for enough streaming warps and so that a split's x fits shared memory;
-// splits add their fp32 partial sums into a zeroed buffer (atomics) that quant_gemm_finalize_kernel
-// (quant_gemm_wmma.cuh) rounds.
+// At tens of rows the product reads far more weight bytes than it computes on, so the kernel is organised
+// around keeping enough packed-weight loads in flight (about 100 KB per SM, as the GEMV) rather than
+// around tile reuse:
+// - a block is 8 warps over one range of k (its split, gridDim.z) and 16 rows of x per fragment (MF of
+//   them, gridDim.x row blocks); every warp owns 16 * NF output features (gridDim.y blocks of features);
+// - each warp streams its features' packed rows through a ring of kDepth 64-column k-chunks in
+//   registers (128 bytes per lane in flight; the first ones issued before waiting for the previous
+//   kernel: weights are never a kernel's output), dequantizes each chunk into its own shared-memory tile
+//   (no block barrier: a warp only waits for itself) and multiplies it (WMMA matrix_b) with the MF
+//   fragments of x;
+// - x comes through shared memory in windows of kXWindow k-chunks, double-buffered: the block loads the
+//   next window into registers while it multiplies the current one, with one barrier per window (a
+//   fragment read from global memory touches 16 rows' cache lines per load: session 9's first version
+//   was L1-bound on it; staging a split's whole x at once cost session 9's second version its occupancy);
+// - splits write fp32 partial tiles to a workspace and count themselves on a per-tile counter; the last
+//   split of a tile adds the partials in split order (deterministic), adds the bias, writes fp16 and
+//   resets the counter for the next call. One kernel, no zeroed buffer, no atomics on the output.
 #pragma once
 
 #include <mma.h>
 
-#include "quantization/quant_gemm_wmma.cuh"
+#include "quantization/quant_common.cuh"
 
 namespace voltllm {
 
-template <int KIND, int MF, int NF, int DEPTH>
-struct QuantStreamTraits {
-  static_assert(MF >= 1 && MF <= 4 && NF >= 1 && NF <= 2 && DEPTH >= 1, "shape");
+struct QuantStreamParams {
+  void* out;                     // [m, n] fp16, rows out_stride apart
+  float* partial;                // splits > 1: [splits][tiles][kTileFloats] fp32 (any contents)
+  unsigned* split_counters;      // splits > 1: [tiles], zero between calls (the last split resets its own)
+  const void* x;                 // [m, k] fp16, rows x_stride apart (16-byte aligned); packed column order
+  const uint4* weight;           // [n, k / kChunk] packed chunks
+  const unsigned* group_params;  // [n, num_groups]
+  const void* bias;              // [n] fp16 or nullptr
+  long long out_stride;
+  long long x_stride;
+  int m;                  // rows of x
+  int n;                  // output features
+  int k;                  // a multiple of kBlockK
+  int num_groups;         // groups per weight row
+  int chunk_group_shift;  // log2(chunks per group); unused when num_groups == 1
+  int chunks_per_split;   // 64-column k-chunks each split (blockIdx.z) covers
+};
+
+// What the weight-streaming GEMMs (this one and quant_gemm_frag.cuh) share: a block of 8 warps, 16 MF
+// rows of x, 16 NF output features per warp, 64-column k-chunks, x staged in double-buffered windows
+// and the split-k partial tiles.
+template <int MF, int NF>
+struct QuantStreamTiles {
+  static_assert(MF >= 1 && MF <= 4 && (NF == 1 || NF == 2), "1-4 fragments of x, 1-2 of weights per warp");
+  static constexpr int kMFrags = MF, kNFrags = NF;
   static constexpr int kWarps = 8;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kRows = 16 * NF;             // weight rows (output features) per warp
-  static constexpr int kBlockK = 64;                // columns per k-chunk
+  static constexpr int kRows = 16 * NF;                 // weight rows (output features) per warp
+  static constexpr int kBlockFeatures = kWarps * kRows;
+  static constexpr int kXRows = 16 * MF;                // rows of x per block
+  static constexpr int kBlockK = 64;                    // columns per k-chunk
+  // k-chunks' packed weights in flight per lane: 128 bytes while the accumulators are few, less as they
+  // grow, so that two blocks fit an SM's registers unspilled (128 per thread).
+  static constexpr int kLaneBytesInFlight = MF * NF <= 2 ? 128 : MF * NF <= 4 ? 64 : 32;
+  // x windows of k-chunks (16 KB of x up to 2 fragments, 12 and 8 KB at 3 and 4), two buffers.
+  static constexpr int kXWindow = MF == 1 ? 8 : MF == 2 ? 4 : MF == 3 ? 2 : 1;
+  static constexpr int kXLd = kXWindow * kBlockK + 8;               // 16 bytes of padding: no bank conflicts
+  static constexpr int kXBufHalves = kXRows * kXLd;
+  static constexpr int kXVectors = kXRows * kXWindow * kBlockK / 8;  // 16-byte vectors per window
+  static constexpr int kXLoads = (kXVectors + kThreads - 1) / kThreads;
+  static constexpr int kXSmemBytes = 2 * kXBufHalves * 2;
+  static constexpr int kTileFloats = kXRows * kBlockFeatures;       // one block's fp32 partial tile
+};
+
+template <int KIND, int MF, int NF>
+struct QuantStreamTraits : QuantStreamTiles<MF, NF> {
+  using Tiles = QuantStreamTiles<MF, NF>;
+  static constexpr int kRows = Tiles::kRows, kBlockK = Tiles::kBlockK;
   static constexpr int kChunk = QuantTraits<KIND>::kChunk;
   static constexpr int kChunksPerRow = kBlockK / kChunk;             // 2 (4-bit) or 4 (8-bit)
   static constexpr int kLoads = kRows * kChunksPerRow / 32;          // 16-byte chunks per lane per k-chunk
+  static constexpr int kDepth =
+      Tiles::kLaneBytesInFlight / 16 / kLoads > 1 ? Tiles::kLaneBytesInFlight / 16 / kLoads : 1;
   static constexpr int kLd = kBlockK + 8;                            // padded fp16 row of the warp's tile
   static constexpr int kWarpSmemBytes = kRows * kLd * 2;
-  static constexpr int kFixedSmemBytes = kWarps * kWarpSmemBytes;    // then x: 16 MF rows of the split
-  static constexpr int kXRows = 16 * MF;
+  static constexpr int kSmemBytes = Tiles::kWarps * kWarpSmemBytes + Tiles::kXSmemBytes;
   static_assert(kRows * kChunksPerRow % 32 == 0, "every lane loads the same number of chunks");
   static_assert(kWarpSmemBytes >= 16 * 16 * 4, "the epilogue's fp32 fragment fits the warp's tile");
+  static_assert(kSmemBytes <= 96 * 1024, "Volta's shared memory");
 };
 
-// The shape the extension builds for each kind and number of 16-row fragments of x (1..4): weight
-// fragments per warp (NF) and k-chunks in flight (DEPTH). 8-bit chunks hold half the columns of 4-bit
-// ones, so the same bytes in flight take half the depth. Every shape fits sm_70's registers unspilled.
-template <int KIND, int MF>
-struct QuantStreamShape {
-  static constexpr int kNF = 1;
-  static constexpr int kDepth = (KIND == kQuantInt4 ? 8 : 4) / (MF > 2 ? 2 : 1);
-};
-
-// Padded fp16 row of the staged x for a split of `k_chunks` 64-column chunks (16 bytes of padding keep
-// the fragment loads free of bank conflicts).
-__host__ __device__ constexpr int quant_stream_x_ld(int k_chunks) { return k_chunks * 64 + 8; }
-
-// Dynamic shared memory of a launch whose splits cover `k_chunks` k-chunks each.
-template <int KIND, int MF, int NF, int DEPTH>
-__host__ __device__ constexpr int quant_gemm_stream_smem_bytes(int k_chunks) {
-  using Tr = QuantStreamTraits<KIND, MF, NF, DEPTH>;
-  return Tr::kFixedSmemBytes + Tr::kXRows * quant_stream_x_ld(k_chunks) * 2;
-}
-
-// The most k-chunks a split may cover within `smem_limit` bytes of shared memory per block.
-template <int KIND, int MF, int NF, int DEPTH>
-__host__ __device__ constexpr int quant_gemm_stream_max_chunks(int smem_limit) {
-  using Tr = QuantStreamTraits<KIND, MF, NF, DEPTH>;
-  return ((smem_limit - Tr::kFixedSmemBytes) / (Tr::kXRows * 2) - 8) / 64;
+template <int KIND, int MF, int NF>
+__host__ __device__ constexpr int quant_gemm_stream_smem_bytes() {
+  return QuantStreamTraits<KIND, MF, NF>::kSmemBytes;
 }
 
 #ifdef __CUDACC_RTC__
-// What a launch at Volta's most k-chunks per split takes (the sm70 gate checks it against 96 KB).
-template <int KIND, int MF, int NF, int DEPTH>
-__device__ const int quant_gemm_stream_smem_bytes_probe = quant_gemm_stream_smem_bytes<KIND, MF, NF, DEPTH>(
-    quant_gemm_stream_max_chunks<KIND, MF, NF, DEPTH>(96 * 1024));
+// The dynamic shared memory each variant launches with, for the sm70 gate (ptxas sees only static).
+template <int KIND, int MF, int NF>
+__device__ const int quant_gemm_stream_smem_bytes_probe = QuantStreamTraits<KIND, MF, NF>::kSmemBytes;
 #endif
 
 // One k-chunk of a warp's weight rows in registers: kLoads packed chunks and their group words.
-template <int KIND, int MF, int NF, int DEPTH>
+template <int KIND, int MF, int NF>
 struct QuantStreamRegs {
-  uint4 w[QuantStreamTraits<KIND, MF, NF, DEPTH>::kLoads];
-  unsigned g[QuantStreamTraits<KIND, MF, NF, DEPTH>::kLoads];
+  uint4 w[QuantStreamTraits<KIND, MF, NF>::kLoads];
+  unsigned g[QuantStreamTraits<KIND, MF, NF>::kLoads];
 };
 
-// Lane `lane`'s load i of a k-chunk: chunk q = lane + 32 i of the warp's [kRows][kChunksPerRow] block,
+// Lane `lane`'s load i of k-chunk kt: chunk q = lane + 32 i of the warp's [kRows][kChunksPerRow] block,
 // so that neighbouring lanes read the neighbouring 16-byte chunks of one row.
-template <int KIND, int MF, int NF, int DEPTH>
-__device__ __forceinline__ void load_stream_chunk(const QuantGemmParams& p, int f0, int kt, int lane,
-                                                  QuantStreamRegs<KIND, MF, NF, DEPTH>& regs) {
-  using Tr = QuantStreamTraits<KIND, MF, NF, DEPTH>;
+template <int KIND, int MF, int NF>
+__device__ __forceinline__ void load_stream_chunk(const QuantStreamParams& p, int f0, int kt, int lane,
+                                                  QuantStreamRegs<KIND, MF, NF>& regs) {
+  using Tr = QuantStreamTraits<KIND, MF, NF>;
   const int chunks = p.k / Tr::kChunk;
 #pragma unroll
   for (int i = 0; i < Tr::kLoads; ++i) {
@@ -102,10 +128,11 @@ __device__ __forceinline__ void load_stream_chunk(const QuantGemmParams& p, int 
   }
 }
 
-template <int KIND, int MF, int NF, int DEPTH>
-__device__ __forceinline__ void store_stream_chunk(const QuantStreamRegs<KIND, MF, NF, DEPTH>& regs, int lane,
+// The chunk's weights dequantized into the warp's [kRows][kLd] fp16 tile.
+template <int KIND, int MF, int NF>
+__device__ __forceinline__ void store_stream_chunk(const QuantStreamRegs<KIND, MF, NF>& regs, int lane,
                                                    __half* tile) {
-  using Tr = QuantStreamTraits<KIND, MF, NF, DEPTH>;
+  using Tr = QuantStreamTraits<KIND, MF, NF>;
 #pragma unroll
   for (int i = 0; i < Tr::kLoads; ++i) {
     const int q = lane + 32 * i;
@@ -117,69 +144,209 @@ __device__ __forceinline__ void store_stream_chunk(const QuantStreamRegs<KIND, M
   }
 }
 
-// The block's x rows [m0, m0 + 16 MF) over columns [col0, col0 + 64 k_chunks) into x_s (row stride
-// quant_stream_x_ld(k_chunks)), zeros for rows past m.
-template <int KIND, int MF, int NF, int DEPTH>
-__device__ __forceinline__ void stage_stream_x(const QuantGemmParams& p, int m0, int col0, int k_chunks,
-                                               __half* x_s) {
-  using Tr = QuantStreamTraits<KIND, MF, NF, DEPTH>;
-  const __half* x = static_cast<const __half*>(p.x);
-  const int vectors = k_chunks * 8;  // 16-byte vectors per row
-  const int ld = quant_stream_x_ld(k_chunks);
-  for (int idx = threadIdx.x; idx < Tr::kXRows * vectors; idx += Tr::kThreads) {
-    const int row = idx / vectors, v = idx % vectors;
-    uint4 value = make_uint4(0, 0, 0, 0);
-    if (m0 + row < p.m)
-      value = *reinterpret_cast<const uint4*>(x + static_cast<long long>(m0 + row) * p.x_stride + col0 + 8 * v);
-    *reinterpret_cast<uint4*>(x_s + row * ld + 8 * v) = value;
+// Window `window` of the block's x: rows [m0, m0 + kXRows) over the window's k-chunks of the split
+// (which starts at chunk kt_begin and has num_chunks), as this thread's kXLoads 16-byte vectors; zeros
+// for rows past m (the window's columns past the split are never read and not loaded).
+template <typename Tr>
+__device__ __forceinline__ void load_x_window(const QuantStreamParams& p, int m0, int kt_begin, int num_chunks,
+                                              int window, uint4 (&regs)[Tr::kXLoads]) {
+  constexpr int kRowVectors = Tr::kXWindow * Tr::kBlockK / 8;
+  const int first = window * Tr::kXWindow;
+  const int width = min(Tr::kXWindow, num_chunks - first) * (Tr::kBlockK / 8);  // vectors per row loaded
+  const __half* x = static_cast<const __half*>(p.x) + static_cast<long long>(kt_begin + first) * Tr::kBlockK;
+#pragma unroll
+  for (int i = 0; i < Tr::kXLoads; ++i) {
+    const int idx = threadIdx.x + i * Tr::kThreads;
+    const int row = idx / kRowVectors, v = idx % kRowVectors;
+    regs[i] = make_uint4(0, 0, 0, 0);
+    if (idx < Tr::kXVectors && v < width && m0 + row < p.m)
+      regs[i] = *reinterpret_cast<const uint4*>(x + static_cast<long long>(m0 + row) * p.x_stride + 8 * v);
   }
 }
 
-// grid: (ceil(n / (8 * 16 * NF)), ceil(m / (16 * MF)), splits), block: 256, dynamic shared memory
-// quant_gemm_stream_smem_bytes(p.k_tiles_per_split). p.k_tiles_per_split counts 64-column k-chunks.
-template <int KIND, int MF, int NF, int DEPTH>
-__global__ void __launch_bounds__(256) quant_gemm_stream_kernel(QuantGemmParams p) {
+template <typename Tr>
+__device__ __forceinline__ void store_x_window(const uint4 (&regs)[Tr::kXLoads], __half* buffer) {
+  constexpr int kRowVectors = Tr::kXWindow * Tr::kBlockK / 8;
+#pragma unroll
+  for (int i = 0; i < Tr::kXLoads; ++i) {
+    const int idx = threadIdx.x + i * Tr::kThreads;
+    if (idx < Tr::kXVectors)
+      *reinterpret_cast<uint4*>(buffer + (idx / kRowVectors) * Tr::kXLd + 8 * (idx % kRowVectors)) = regs[i];
+  }
+}
+
+// A load of 16 bytes another block wrote (the split partials): through L2, never a stale L1 line.
+__device__ __forceinline__ float4 load_from_l2(const float* ptr) {
+#ifdef VOLTLLM_EMULATE
+  return *reinterpret_cast<const float4*>(ptr);
+#else
+  return __ldcg(reinterpret_cast<const float4*>(ptr));
+#endif
+}
+
+// The last split of a tile: out = sum of the splits' partial tiles in split order (+ bias), in fp16.
+template <typename Tr>
+__device__ __forceinline__ void reduce_split_tiles(const QuantStreamParams& p, int tile, int tiles, int m0,
+                                                   int block_f0) {
+  const __half* bias = static_cast<const __half*>(p.bias);
+  for (int e = 4 * threadIdx.x; e < Tr::kTileFloats; e += 4 * Tr::kThreads) {
+    const int gm = m0 + e / Tr::kBlockFeatures, gn = block_f0 + e % Tr::kBlockFeatures;
+    if (gm >= p.m || gn >= p.n) continue;
+    float sum[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int z = 0; z < static_cast<int>(gridDim.z); ++z) {
+      const float4 v = load_from_l2(p.partial + (static_cast<long long>(z) * tiles + tile) * Tr::kTileFloats + e);
+      sum[0] += v.x;
+      sum[1] += v.y;
+      sum[2] += v.z;
+      sum[3] += v.w;
+    }
+    __half* dst = static_cast<__half*>(p.out) + gm * p.out_stride + gn;
+    for (int q = 0; q < 4 && gn + q < p.n; ++q)
+      dst[q] = __float2half_rn(sum[q] + (bias ? __half2float(bias[gn + q]) : 0.f));
+  }
+}
+
+// The first x window staged and the second's loads issued, then the barrier before the k loop.
+template <typename Tr>
+__device__ __forceinline__ void begin_x_windows(const QuantStreamParams& p, int m0, int kt_begin, int num_chunks,
+                                                __half* x_buffers, uint4 (&x_regs)[Tr::kXLoads]) {
+  load_x_window<Tr>(p, m0, kt_begin, num_chunks, 0, x_regs);
+  store_x_window<Tr>(x_regs, x_buffers);
+  if (num_chunks > Tr::kXWindow) load_x_window<Tr>(p, m0, kt_begin, num_chunks, 1, x_regs);
+  __syncthreads();
+}
+
+// Before k-chunk t (block-uniform: every warp, active or not, calls it for every t, so that all meet the
+// same barriers): at the start of window w > 0 the registers' window w goes into buffer w & 1, last read
+// in window w - 2 (before the barrier that began w - 1), and window w + 1's loads are issued.
+template <typename Tr>
+__device__ __forceinline__ void advance_x_window(const QuantStreamParams& p, int t, int m0, int kt_begin,
+                                                 int num_chunks, __half* x_buffers, uint4 (&x_regs)[Tr::kXLoads]) {
+  if (t > 0 && t % Tr::kXWindow == 0) {
+    const int w = t / Tr::kXWindow;
+    store_x_window<Tr>(x_regs, x_buffers + (w & 1) * Tr::kXBufHalves);
+    __syncthreads();
+    if ((w + 1) * Tr::kXWindow < num_chunks) load_x_window<Tr>(p, m0, kt_begin, num_chunks, w + 1, x_regs);
+  }
+}
+
+// The staged x of k-chunk t: [kXRows][kBlockK] halves, rows kXLd apart.
+template <typename Tr>
+__device__ __forceinline__ const __half* x_window_chunk(const __half* x_buffers, int t) {
+  return x_buffers + ((t / Tr::kXWindow) & 1) * Tr::kXBufHalves + (t % Tr::kXWindow) * Tr::kBlockK;
+}
+
+template <typename Tr>
+using QuantStreamAcc = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>[Tr::kMFrags][Tr::kNFrags];
+
+// After the k loop, called by every thread of the block (it has barriers): the warp's accumulators go
+// to out (one split) or to its split's partial tile through `scratch` (the warp's own 1 KB of shared
+// memory), one 16x16 fp32 fragment at a time, each lane 8 columns of one row; then the last split of the
+// tile to finish sums the partial tiles. `flag`: 4 bytes of shared memory no warp reads any more.
+template <typename Tr>
+__device__ __forceinline__ void finish_stream_tile(const QuantStreamParams& p, const QuantStreamAcc<Tr>& acc,
+                                                   float* scratch, int* flag, int m0, int block_f0, int f0,
+                                                   bool active) {
   using namespace nvcuda;
-  using Tr = QuantStreamTraits<KIND, MF, NF, DEPTH>;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int tile_index = blockIdx.y * gridDim.x + blockIdx.x;
+  const int tiles = gridDim.x * gridDim.y;
+  const bool split = gridDim.z > 1;
+  float* partial = split ? p.partial + (static_cast<long long>(blockIdx.z) * tiles + tile_index) * Tr::kTileFloats
+                         : nullptr;
+  const __half* bias = static_cast<const __half*>(p.bias);
+  const int r = lane >> 1, c0 = (lane & 1) * 8;
+  if (active) {
+#pragma unroll
+    for (int i = 0; i < Tr::kMFrags; ++i)
+#pragma unroll
+      for (int j = 0; j < Tr::kNFrags; ++j) {
+        wmma::store_matrix_sync(scratch, acc[i][j], 16, wmma::mem_row_major);
+        __syncwarp();
+        const float* src = scratch + r * 16 + c0;
+        if (split) {
+          float* dst = partial + (16 * i + r) * Tr::kBlockFeatures + warp * Tr::kRows + 16 * j + c0;
+          reinterpret_cast<float4*>(dst)[0] = make_float4(src[0], src[1], src[2], src[3]);
+          reinterpret_cast<float4*>(dst)[1] = make_float4(src[4], src[5], src[6], src[7]);
+        } else {
+          const int gm = m0 + 16 * i + r, gn = f0 + 16 * j + c0;
+          if (gm < p.m) {
+            __half* dst = static_cast<__half*>(p.out) + gm * p.out_stride;
+            for (int e = 0; e < 8 && gn + e < p.n; ++e)
+              dst[gn + e] = __float2half_rn(src[e] + (bias ? __half2float(bias[gn + e]) : 0.f));
+          }
+        }
+        __syncwarp();
+      }
+  }
+  if (!split) return;
+  // The last split of this tile to finish reduces it: the partial stores are made visible before the
+  // count (fence, then the barrier that orders every thread's stores before thread 0's increment).
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned done = atomicAdd(p.split_counters + tile_index, 1u);
+    *flag = done == gridDim.z - 1;
+  }
+  __syncthreads();
+  if (!*flag) return;
+  __threadfence();
+  reduce_split_tiles<Tr>(p, tile_index, tiles, m0, block_f0);
+  if (threadIdx.x == 0) p.split_counters[tile_index] = 0;  // ready for the next call (or graph replay)
+}
+
+// Blocks the kernel is compiled to fit per SM: two from SM80 (128 registers per thread: the ring of
+// weight loads is sized for it); on Volta, whose WMMA fragments take more registers, one (unspilled).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+constexpr int kQuantStreamMinBlocks = 1;
+#else
+constexpr int kQuantStreamMinBlocks = 2;
+#endif
+
+// grid: (ceil(m / (16 MF)), ceil(n / (128 NF)), splits), block: 256, dynamic shared memory
+// quant_gemm_stream_smem_bytes<KIND, MF, NF>(). Row blocks vary fastest, so that the blocks reading the
+// same weights run side by side (the second read hits L2).
+template <int KIND, int MF, int NF>
+__global__ void __launch_bounds__(256, kQuantStreamMinBlocks) quant_gemm_stream_kernel(QuantStreamParams p) {
+  using namespace nvcuda;
+  using Tr = QuantStreamTraits<KIND, MF, NF>;
+  constexpr int kDepth = Tr::kDepth;
   VOLTLLM_DYNAMIC_SMEM(smem);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   __half* tile = reinterpret_cast<__half*>(smem + warp * Tr::kWarpSmemBytes);
-  __half* x_s = reinterpret_cast<__half*>(smem + Tr::kFixedSmemBytes);
-  const int f0 = (blockIdx.x * Tr::kWarps + warp) * Tr::kRows;
-  const int m0 = blockIdx.y * Tr::kXRows;
-  const int k_tiles = p.k / Tr::kBlockK;
-  const int kt_begin = blockIdx.z * p.k_tiles_per_split;
-  const int num_tiles = min(k_tiles, kt_begin + p.k_tiles_per_split) - kt_begin;  // block-uniform
-  if (num_tiles <= 0) {  // an empty split (the host sizes splits so that none is)
-    begin_dependent_grid();
-    return;
-  }
+  __half* x_buffers = reinterpret_cast<__half*>(smem + Tr::kWarps * Tr::kWarpSmemBytes);  // [2][kXBufHalves]
+  const int m0 = blockIdx.x * Tr::kXRows;
+  const int block_f0 = blockIdx.y * Tr::kBlockFeatures;
+  const int f0 = block_f0 + warp * Tr::kRows;
+  const int kt_begin = blockIdx.z * p.chunks_per_split;
+  const int num_chunks = min(p.k / Tr::kBlockK, kt_begin + p.chunks_per_split) - kt_begin;  // >= 1 (host)
   const bool active = f0 < p.n;  // a warp past n only helps stage x
-  QuantStreamRegs<KIND, MF, NF, DEPTH> ring[DEPTH];
+  QuantStreamRegs<KIND, MF, NF> ring[kDepth];
   if (active) {
 #pragma unroll
-    for (int d = 0; d < DEPTH; ++d)
-      if (d < num_tiles) load_stream_chunk<KIND, MF, NF, DEPTH>(p, f0, kt_begin + d, lane, ring[d]);
+    for (int d = 0; d < kDepth; ++d)
+      if (d < num_chunks) load_stream_chunk<KIND, MF, NF>(p, f0, kt_begin + d, lane, ring[d]);
   }
-  begin_dependent_grid();  // x is the previous kernel's output: read only from here on
-  stage_stream_x<KIND, MF, NF, DEPTH>(p, m0, kt_begin * Tr::kBlockK, num_tiles, x_s);
-  __syncthreads();  // the only block-wide barrier
-  if (!active) return;
-  const int x_ld = quant_stream_x_ld(num_tiles);
+  begin_dependent_grid();  // x is the previous kernel's output, and the counters its last writes
+  uint4 x_regs[Tr::kXLoads];
+  begin_x_windows<Tr>(p, m0, kt_begin, num_chunks, x_buffers, x_regs);
 
   wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[MF][NF];
 #pragma unroll
   for (int i = 0; i < MF; ++i)
 #pragma unroll
     for (int j = 0; j < NF; ++j) wmma::fill_fragment(acc[i][j], 0.f);
-  for (int t0 = 0; t0 < num_tiles; t0 += DEPTH) {
+  for (int t0 = 0; t0 < num_chunks; t0 += kDepth) {
 #pragma unroll
-    for (int d = 0; d < DEPTH; ++d) {
-      const int t = t0 + d;
-      if (t >= num_tiles) break;
-      store_stream_chunk<KIND, MF, NF, DEPTH>(ring[d], lane, tile);
-      if (t + DEPTH < num_tiles) load_stream_chunk<KIND, MF, NF, DEPTH>(p, f0, kt_begin + t + DEPTH, lane, ring[d]);
+    for (int d = 0; d < kDepth; ++d) {
+      const int t = t0 + d;  // block-uniform: every warp, active or not, meets the same barriers
+      if (t >= num_chunks) break;
+      advance_x_window<Tr>(p, t, m0, kt_begin, num_chunks, x_buffers, x_regs);
+      if (!active) continue;
+      store_stream_chunk<KIND, MF, NF>(ring[d], lane, tile);
+      if (t + kDepth < num_chunks) load_stream_chunk<KIND, MF, NF>(p, f0, kt_begin + t + kDepth, lane, ring[d]);
       __syncwarp();
+      const __half* x_s = x_window_chunk<Tr>(x_buffers, t);
 #pragma unroll
       for (int kk = 0; kk < Tr::kBlockK; kk += 16) {
         wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b[NF];
@@ -188,7 +355,7 @@ __global__ void __launch_bounds__(256) quant_gemm_stream_kernel(QuantGemmParams 
 #pragma unroll
         for (int i = 0; i < MF; ++i) {
           wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
-          wmma::load_matrix_sync(a, x_s + 16 * i * x_ld + t * Tr::kBlockK + kk, x_ld);
+          wmma::load_matrix_sync(a, x_s + 16 * i * Tr::kXLd + kk, Tr::kXLd);
 #pragma unroll
           for (int j = 0; j < NF; ++j) wmma::mma_sync(acc[i][j], a, b[j], acc[i][j]);
         }
@@ -196,36 +363,10 @@ __global__ void __launch_bounds__(256) quant_gemm_stream_kernel(QuantGemmParams 
       __syncwarp();  // the tile is rewritten by the next k-chunk
     }
   }
-
-  // Epilogue through the warp's tile (free now): one 16x16 fp32 fragment at a time, each lane 8 columns
-  // of one row.
-  float* scratch = reinterpret_cast<float*>(tile);
-  const __half* bias = static_cast<const __half*>(p.bias);
-  const int r = lane >> 1, c0 = (lane & 1) * 8;
-#pragma unroll
-  for (int i = 0; i < MF; ++i)
-#pragma unroll
-    for (int j = 0; j < NF; ++j) {
-      wmma::store_matrix_sync(scratch, acc[i][j], 16, wmma::mem_row_major);
-      __syncwarp();
-      const int gm = m0 + 16 * i + r;
-      const int gn = f0 + 16 * j + c0;
-      if (gm < p.m) {
-        if (gridDim.z > 1) {
-          float* dst = p.partial + static_cast<long long>(gm) * p.n;
-          for (int e = 0; e < 8; ++e)
-            if (gn + e < p.n) atomicAdd(dst + gn + e, scratch[r * 16 + c0 + e]);
-        } else {
-          __half* dst = static_cast<__half*>(p.out) + gm * p.out_stride;
-          for (int e = 0; e < 8; ++e)
-            if (gn + e < p.n) {
-              const float b = bias ? __half2float(bias[gn + e]) : 0.f;
-              dst[gn + e] = __float2half_rn(scratch[r * 16 + c0 + e] + b);
-            }
-        }
-      }
-      __syncwarp();
-    }
+  // The epilogue goes through the warp's tile (free now); x is no longer read once every warp has
+  // passed the epilogue's barrier, so its buffer holds the last-split flag.
+  finish_stream_tile<Tr>(p, acc, reinterpret_cast<float*>(tile), reinterpret_cast<int*>(x_buffers), m0, block_f0,
+                         f0, active);
 }
 
 }  // namespace voltllm

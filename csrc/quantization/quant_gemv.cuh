@@ -18,7 +18,6 @@
 #pragma once
 
 #include "ops/activation.cuh"
-#include "ops/gemv.cuh"  // add_rms_norm_to_smem: the norm prologue, as the fp16 GEMV runs it
 #include "quantization/quant_common.cuh"
 
 namespace voltllm {
@@ -120,9 +119,9 @@ struct GemvStepRegs {
 };
 
 // Loads the step of row group `group` that starts at chunk `step_start` (lane l takes chunks
-// step_start + l + 32 u). Weights and group words are never written by a kernel: this may run before
-// the wait for the previous kernel.
-template <int KIND, bool SWIGLU, int MATS, int UNROLL>
+// step_start + l + 32 u); NO_L1: without allocating in L1 (load_no_l1). Weights and group words are
+// never written by a kernel: this may run before the wait for the previous kernel.
+template <int KIND, bool SWIGLU, int MATS, int UNROLL, bool NO_L1 = false>
 __device__ __forceinline__ void load_gemv_step(const QuantGemvParams& p, int group, int step_start, int lane,
                                                GemvStepRegs<MATS, UNROLL>& s) {
   const int chunks = p.k / QuantTraits<KIND>::kChunk;
@@ -135,15 +134,15 @@ __device__ __forceinline__ void load_gemv_step(const QuantGemvParams& p, int gro
     for (int u = 0; u < UNROLL; ++u) {
       const int c = step_start + lane + 32 * u;
       if (c < chunks) {
-        s.w[m][u] = w[c];
-        s.g[m][u] = g[group_of_chunk(c, p.chunk_group_shift, p.num_groups)];
+        s.w[m][u] = load_once<NO_L1>(w + c);
+        s.g[m][u] = load_once<NO_L1>(g + group_of_chunk(c, p.chunk_group_shift, p.num_groups));
       }
     }
   }
 }
 
 // acc[m][r] += the step's products with x's rows.
-// x: the rows (global memory, or the normalized rows in shared memory), x_stride apart.
+// x: the rows, x_stride apart.
 template <int KIND, int ROWS, int MATS, int UNROLL>
 __device__ __forceinline__ void gemv_step_dot(const QuantGemvParams& p, const __half* x, long long x_stride,
                                               const GemvStepRegs<MATS, UNROLL>& s, int step_start, int lane,
@@ -169,192 +168,203 @@ __device__ __forceinline__ void gemv_step_dot(const QuantGemvParams& p, const __
   }
 }
 
-// Reduces a row group's sums over the warp and stores them: bias added, rounded to fp16 as an unfused
-// projection stores it; SWIGLU then writes silu(gate) * up. Leaves acc zeroed for the next group.
-template <int ROWS, bool SWIGLU, int MATS>
-__device__ __forceinline__ void store_gemv_group(const QuantGemvParams& p, int group, int lane,
-                                                 float (&acc)[MATS][ROWS]) {
+// Stores row r of a row group's warp-reduced sums (called by one lane): bias added, rounded to fp16 as an
+// unfused projection stores it; SWIGLU then writes silu(gate) * up.
+template <bool SWIGLU, int MATS>
+__device__ __forceinline__ void store_gemv_row(const QuantGemvParams& p, int group, int r, const float (&sum)[MATS]) {
   constexpr int kFeats = SWIGLU ? MATS / 2 : MATS;
   __half* out = static_cast<__half*>(p.out);
   const __half* bias = static_cast<const __half*>(p.bias);
+  float value[MATS];
 #pragma unroll
-  for (int r = 0; r < ROWS; ++r) {
-    float value[MATS];
+  for (int m = 0; m < MATS; ++m) {
+    const float b = bias ? __half2float(bias[gemv_row_of<SWIGLU, MATS>(group, m, p.n)]) : 0.f;
+    value[m] = __half2float(__float2half_rn(sum[m] + b));
+  }
 #pragma unroll
-    for (int m = 0; m < MATS; ++m) {
-      const float b = bias ? __half2float(bias[gemv_row_of<SWIGLU, MATS>(group, m, p.n)]) : 0.f;
-      value[m] = __half2float(__float2half_rn(warp_sum(acc[m][r]) + b));
-      acc[m][r] = 0.f;
-    }
-    if (lane != 0 || r >= p.rows) continue;
-#pragma unroll
-    for (int f = 0; f < kFeats; ++f) {
-      const int feature = group * kFeats + f;
-      if (feature >= p.n) break;
-      if constexpr (SWIGLU) {
-        out[r * p.out_stride + feature] = __float2half_rn(silu(value[f]) * value[f + kFeats]);
-      } else {
-        out[r * p.out_stride + feature] = __float2half_rn(value[f]);
-      }
+  for (int f = 0; f < kFeats; ++f) {
+    const int feature = group * kFeats + f;
+    if (feature >= p.n) break;
+    if constexpr (SWIGLU) {
+      out[r * p.out_stride + feature] = __float2half_rn(silu(value[f]) * value[f + kFeats]);
+    } else {
+      out[r * p.out_stride + feature] = __float2half_rn(value[f]);
     }
   }
 }
 
-// grid: ceil(n / quant_gemv_features_per_block<SWIGLU, MATS, WARPS>()), block: 32 * WARPS. Each warp
-// one row group (MATS rows) over all of k, UNROLL chunks per row per lane in flight at a time.
-template <int KIND, int ROWS, bool SWIGLU, int MATS = kQuantGemvMats, int UNROLL = kQuantGemvUnroll,
-          int WARPS = kQuantGemvWarps>
-__global__ void __launch_bounds__(32 * WARPS) quant_gemv_kernel(QuantGemvParams p) {
-  static_assert(!SWIGLU || MATS % 2 == 0, "SWIGLU pairs gate and up rows");
-  constexpr int kFeats = SWIGLU ? MATS / 2 : MATS;
-  const int lane = threadIdx.x & 31;
-  const int group = blockIdx.x * WARPS + (threadIdx.x >> 5);
-  if (group * kFeats >= p.n) return;
+// Reduces a row group's sums over the warp and stores them (store_gemv_row). Leaves acc zeroed for the
+// next group.
+template <int ROWS, bool SWIGLU, int MATS>
+__device__ __forceinline__ void store_gemv_group(const QuantGemvParams& p, int group, int lane,
+                                                 float (&acc)[MATS][ROWS]) {
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    float sum[MATS];
+#pragma unroll
+    for (int m = 0; m < MATS; ++m) {
+      sum[m] = warp_sum(acc[m][r]);
+      acc[m][r] = 0.f;
+    }
+    if (lane == 0 && r < p.rows) store_gemv_row<SWIGLU, MATS>(p, group, r, sum);
+  }
+}
+
+// Asks L2 for the 128-byte lines holding bytes [begin, end) past `base`, spread over the warp's lanes.
+__device__ __forceinline__ void prefetch_lines_l2(const void* base, long long begin, long long end, int lane) {
+  const char* bytes = static_cast<const char*>(base);
+  for (long long at = (begin & ~127ll) + 128ll * lane; at < end; at += 128ll * 32) prefetch_l2(bytes + at);
+}
+
+// Before the wait for the previous kernel (weights and group words are never written by a kernel): asks
+// L2 for the first `steps` steps this warp will load (part `part` of the KSPLIT warps sharing a row group
+// takes steps part, part + KSPLIT, ...; a step is 32 * UNROLL chunks of each of its rows) and for its
+// rows' group words from its first step to the last one asked for. A prefetch holds no register, so a
+// warp can ask for more than it keeps in flight: with `steps` covering its whole share, a small
+// projection's weight streams into L2 while the kernel before it finishes.
+template <int KIND, bool SWIGLU, int MATS, int UNROLL, int KSPLIT>
+__device__ __forceinline__ void prefetch_gemv_steps(const QuantGemvParams& p, int group, int part, int lane,
+                                                    int steps) {
+  constexpr int kStep = 32 * UNROLL, kChunkBytes = 16;
   const int chunks = p.k / QuantTraits<KIND>::kChunk;
-  // Weights are never written by a kernel: their first chunks can be on the way to L2 while the kernel
-  // before this one (whose output is x) still runs.
+  const int first = part * kStep;
+  if (first >= chunks) return;
+  const long long reach = static_cast<long long>(first) + static_cast<long long>(steps - 1) * KSPLIT * kStep + kStep;
+  const int last = static_cast<int>(min(static_cast<long long>(chunks), reach)) - 1;  // last chunk asked for
+  const int g0 = group_of_chunk(first, p.chunk_group_shift, p.num_groups);
+  const int g1 = group_of_chunk(last, p.chunk_group_shift, p.num_groups);
 #pragma unroll
   for (int m = 0; m < MATS; ++m) {
-    const uint4* w = p.weight + static_cast<long long>(gemv_row_of<SWIGLU, MATS>(group, m, p.n)) * chunks;
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u)
-      if (lane + 32 * u < chunks) prefetch_l2(w + lane + 32 * u);
+    const long long row = gemv_row_of<SWIGLU, MATS>(group, m, p.n);
+    const uint4* w = p.weight + row * chunks;
+    for (int start = first; start <= last; start += KSPLIT * kStep)
+      prefetch_lines_l2(w, static_cast<long long>(start) * kChunkBytes,
+                        static_cast<long long>(min(chunks, start + kStep)) * kChunkBytes, lane);
+    prefetch_lines_l2(p.group_params + row * p.num_groups, 4ll * g0, 4ll * (g1 + 1), lane);
   }
-  begin_dependent_grid();
+}
+
+// A PREFETCH of quant_gemv_kernel that covers every step of any row.
+constexpr int kQuantGemvPrefetchAll = 1 << 16;
+
+// Shared memory of quant_gemv_kernel: the KSPLIT warps of a row group hand their warp sums to its first
+// warp (none without a k split).
+template <int ROWS, int MATS, int WARPS, int KSPLIT>
+__host__ __device__ constexpr int quant_gemv_smem_bytes() {
+  return KSPLIT == 1 ? 0 : WARPS * MATS * ROWS * 4;
+}
+
+// The KSPLIT warps' sums of each row group (acc of every warp) added in part order into its first warp's
+// lane 0, which stores them. Every warp of the block calls this (it holds a barrier); `partial` is
+// shared memory of WARPS * MATS * ROWS floats.
+template <int ROWS, bool SWIGLU, int MATS, int KSPLIT>
+__device__ __forceinline__ void store_split_gemv_group(const QuantGemvParams& p, int group, bool active, int warp,
+                                                       int lane, const float (&acc)[MATS][ROWS], float* partial) {
+#pragma unroll
+  for (int m = 0; m < MATS; ++m)
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      const float v = warp_sum(acc[m][r]);
+      if (lane == 0) partial[(warp * MATS + m) * ROWS + r] = v;
+    }
+  __syncthreads();
+  if (!active || warp % KSPLIT != 0 || lane != 0) return;
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    if (r >= p.rows) break;
+    float sum[MATS];
+#pragma unroll
+    for (int m = 0; m < MATS; ++m) {
+      sum[m] = 0.f;
+#pragma unroll
+      for (int s = 0; s < KSPLIT; ++s) sum[m] += partial[((warp + s) * MATS + m) * ROWS + r];
+    }
+    store_gemv_row<SWIGLU, MATS>(p, group, r, sum);
+  }
+}
+
+// Where a warp of the one-shot GEMV works: its row group (MATS weight rows) and its part of k (the KSPLIT
+// warps of a row group are neighbours in the block).
+template <bool SWIGLU, int MATS, int WARPS, int KSPLIT>
+struct OneShotWarp {
+  static_assert(WARPS % KSPLIT == 0, "a block holds whole row groups");
+  int lane, warp, group, part;
+  bool active;  // the row group has a feature below n (one past it still joins the k split's barrier)
+
+  __device__ __forceinline__ explicit OneShotWarp(int n)
+      : lane(threadIdx.x & 31),
+        warp(threadIdx.x >> 5),
+        group(blockIdx.x * (WARPS / KSPLIT) + warp / KSPLIT),
+        part(warp % KSPLIT),
+        active(group * (SWIGLU ? MATS / 2 : MATS) < n) {}
+};
+
+// The one-shot GEMV after its prefetch and the wait: every step of the warp's part of its rows against x,
+// the k split's sums meeting in `partial` (shared memory, see store_split_gemv_group; unused without a
+// split), the result stored.
+template <int KIND, int ROWS, bool SWIGLU, int MATS, int UNROLL, int WARPS, int KSPLIT, bool NO_L1>
+__device__ __forceinline__ void one_shot_gemv(const QuantGemvParams& p, const OneShotWarp<SWIGLU, MATS, WARPS, KSPLIT>& w,
+                                              const __half* x, long long x_stride, float* partial) {
+  constexpr int kStep = 32 * UNROLL;
+  const int chunks = p.k / QuantTraits<KIND>::kChunk;
   float acc[MATS][ROWS];
 #pragma unroll
   for (int m = 0; m < MATS; ++m)
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) acc[m][r] = 0.f;
-  for (int step = 0; step < chunks; step += 32 * UNROLL) {
-    GemvStepRegs<MATS, UNROLL> s;
-    load_gemv_step<KIND, SWIGLU, MATS, UNROLL>(p, group, step, lane, s);
-    gemv_step_dot<KIND, ROWS, MATS, UNROLL>(p, static_cast<const __half*>(p.x), p.x_stride, s, step, lane, acc);
-  }
-  store_gemv_group<ROWS, SWIGLU, MATS>(p, group, lane, acc);
-}
-
-// The persistent form: a grid of at most a few blocks per SM whose warps walk row groups group,
-// group + gridDim.x * WARPS, ... Each step's loads are issued before the previous step is multiplied
-// (two register sets, used in turn), so a warp's loads stay in flight across the ends of its row
-// groups, and the first step is loaded before the wait for the previous kernel: with few enough
-// registers and warps (a block per SM at most half the register file) the grid is resident beside the
-// kernel before it, and its first weights arrive while that kernel finishes.
-template <int KIND, int ROWS, bool SWIGLU, int MATS, int UNROLL>
-struct GemvPipeline {
-  const QuantGemvParams& p;
-  const __half* x;  // p.x, or the normalized rows in shared memory
-  long long x_stride;
-  int lane, groups, stride, chunks;
-  float acc[MATS][ROWS];
-
-  // The first step of this warp's first row group, before the wait for the previous kernel.
-  __device__ __forceinline__ void start(int group, GemvStepRegs<MATS, UNROLL>& first) {
-    if (group < groups) load_gemv_step<KIND, SWIGLU, MATS, UNROLL>(p, group, 0, lane, first);
-#pragma unroll
-    for (int m = 0; m < MATS; ++m)
-#pragma unroll
-      for (int r = 0; r < ROWS; ++r) acc[m][r] = 0.f;
-  }
-
-  // Every step of the warp's row groups, the register sets a and b in turn (a holds the first).
-  __device__ __forceinline__ void run(int group, GemvStepRegs<MATS, UNROLL>& a, GemvStepRegs<MATS, UNROLL>& b) {
-    int step_start = 0;
-    if (group >= groups) return;
-    while (step(group, step_start, a, b) && step(group, step_start, b, a)) {
+  if (w.active) {
+    for (int step = w.part * kStep; step < chunks; step += KSPLIT * kStep) {
+      GemvStepRegs<MATS, UNROLL> s;
+      load_gemv_step<KIND, SWIGLU, MATS, UNROLL, NO_L1>(p, w.group, step, w.lane, s);
+      gemv_step_dot<KIND, ROWS, MATS, UNROLL>(p, x, x_stride, s, step, w.lane, acc);
     }
   }
-
-  // Multiplies the step (group, step_start) held in `cur` while the next one loads into `next`;
-  // advances (group, step_start) and returns false when this warp has no step left.
-  __device__ __forceinline__ bool step(int& group, int& step_start, const GemvStepRegs<MATS, UNROLL>& cur,
-                                       GemvStepRegs<MATS, UNROLL>& next) {
-    int next_group = group, next_start = step_start + 32 * UNROLL;
-    if (next_start >= chunks) {
-      next_group += stride;
-      next_start = 0;
-    }
-    const bool more = next_group < groups;
-    if (more) load_gemv_step<KIND, SWIGLU, MATS, UNROLL>(p, next_group, next_start, lane, next);
-    gemv_step_dot<KIND, ROWS, MATS, UNROLL>(p, x, x_stride, cur, step_start, lane, acc);
-    if (next_group != group) store_gemv_group<ROWS, SWIGLU, MATS>(p, group, lane, acc);
-    group = next_group;
-    step_start = next_start;
-    return more;
+  if constexpr (KSPLIT == 1) {
+    if (w.active) store_gemv_group<ROWS, SWIGLU, MATS>(p, w.group, w.lane, acc);
+  } else {
+    store_split_gemv_group<ROWS, SWIGLU, MATS, KSPLIT>(p, w.group, w.active, w.warp, w.lane, acc, partial);
   }
-};
-
-// The persistent GEMV the extension builds, by rows of x: weight rows per warp and chunks per row in
-// flight per lane, kQuantGemvPersistentWarps warps per block and kQuantGemvBlocksPerSm blocks per SM.
-// At most 128 registers (the launch bounds ask for two blocks' worth), so that a block takes at most
-// half of an SM's registers and the grid fits beside the kernel before it.
-template <int ROWS>
-struct QuantGemvPersistentShape {
-  static constexpr int kMats = ROWS == 1 ? 4 : 2;
-  static constexpr int kUnroll = 2;
-};
-constexpr int kQuantGemvPersistentWarps = 8;
-constexpr int kQuantGemvBlocksPerSm = 1;
-
-// Row groups (MATS rows, or MATS / 2 features with SWIGLU) of an n-feature output.
-template <bool SWIGLU, int MATS>
-__host__ __device__ constexpr int quant_gemv_groups(int n) {
-  return (n + (SWIGLU ? MATS / 2 : MATS) - 1) / (SWIGLU ? MATS / 2 : MATS);
 }
 
-// grid: min(ceil(groups / WARPS), SMs * blocks per SM) with groups = quant_gemv_groups<SWIGLU, MATS>(n),
-// block: 32 * WARPS.
-template <int KIND, int ROWS, bool SWIGLU, int MATS, int UNROLL, int WARPS>
-__global__ void __launch_bounds__(32 * WARPS, 2) quant_gemv_persistent_kernel(QuantGemvParams p) {
+// grid: ceil(n / quant_gemv_features_per_block<SWIGLU, MATS, WARPS / KSPLIT>()), block: 32 * WARPS,
+// dynamic shared memory quant_gemv_smem_bytes<ROWS, MATS, WARPS, KSPLIT>(). Each row group (MATS weight
+// rows) is KSPLIT warps of the block: warp `part` takes steps part, part + KSPLIT, ... of k, a step being
+// UNROLL chunks per row per lane in flight at once; their sums meet in shared memory. Before the wait for
+// the previous kernel every warp asks L2 for its first PREFETCH steps. NO_L1: weights and group words
+// are loaded without allocating in L1 (load_no_l1).
+template <int KIND, int ROWS, bool SWIGLU, int MATS = kQuantGemvMats, int UNROLL = kQuantGemvUnroll,
+          int WARPS = kQuantGemvWarps, int KSPLIT = 1, int PREFETCH = 1, bool NO_L1 = false>
+__global__ void __launch_bounds__(32 * WARPS) quant_gemv_kernel(QuantGemvParams p) {
   static_assert(!SWIGLU || MATS % 2 == 0, "SWIGLU pairs gate and up rows");
-  GemvPipeline<KIND, ROWS, SWIGLU, MATS, UNROLL> pipe{p,
-                                                      static_cast<const __half*>(p.x),
-                                                      p.x_stride,
-                                                      static_cast<int>(threadIdx.x & 31),
-                                                      quant_gemv_groups<SWIGLU, MATS>(p.n),
-                                                      static_cast<int>(gridDim.x) * WARPS,
-                                                      p.k / QuantTraits<KIND>::kChunk};
-  const int group = blockIdx.x * WARPS + (threadIdx.x >> 5);
-  GemvStepRegs<MATS, UNROLL> a, b;
-  pipe.start(group, a);
+  const OneShotWarp<SWIGLU, MATS, WARPS, KSPLIT> w(p.n);
+  if (KSPLIT == 1 && !w.active) return;
+  if (w.active) prefetch_gemv_steps<KIND, SWIGLU, MATS, UNROLL, KSPLIT>(p, w.group, w.part, w.lane, PREFETCH);
   begin_dependent_grid();
-  pipe.run(group, a, b);
-}
-
-// The persistent GEMV of one row with a pre-norm block's residual add and RMSNorm as its prologue:
-// out = rms_norm(hidden + residual_in) @ W^T (+ bias), SWIGLU as above; block 0 also stores the sum
-// to residual_out. Every block normalizes the row into shared memory (bit for bit what
-// fused_add_rms_norm_kernel computes, through ops/gemv.cuh's prologue) after its first weight loads
-// were issued, then streams its row groups as quant_gemv_persistent_kernel does.
-struct QuantGemvNormParams {
-  QuantGemvParams gemv;  // gemv.x and gemv.x_stride unused; gemv.rows is 1
-  GemvNormParams norm;   // hidden, residual_in / _out, norm_weight, their strides, eps, rows, k
-};
-
-__host__ __device__ constexpr int quant_gemv_norm_smem_bytes(int k) { return kGemvNormScratchBytes + k * 2; }
-
-// grid as quant_gemv_persistent_kernel, block: 32 * WARPS (at least 256 threads: the norm's layout),
-// dynamic shared memory quant_gemv_norm_smem_bytes(k).
-template <int KIND, bool SWIGLU, int MATS, int UNROLL, int WARPS>
-__global__ void __launch_bounds__(32 * WARPS, 2) quant_gemv_norm_kernel(QuantGemvNormParams p) {
-  static_assert(32 * WARPS >= kNormThreads, "the norm prologue takes 256 threads per row");
   VOLTLLM_DYNAMIC_SMEM(smem);
-  float* scratch = reinterpret_cast<float*>(smem);
-  __half* x_s = reinterpret_cast<__half*>(smem + kGemvNormScratchBytes);
-  GemvPipeline<KIND, 1, SWIGLU, MATS, UNROLL> pipe{p.gemv,
-                                                   x_s,
-                                                   p.gemv.k,
-                                                   static_cast<int>(threadIdx.x & 31),
-                                                   quant_gemv_groups<SWIGLU, MATS>(p.gemv.n),
-                                                   static_cast<int>(gridDim.x) * WARPS,
-                                                   p.gemv.k / QuantTraits<KIND>::kChunk};
-  const int group = blockIdx.x * WARPS + (threadIdx.x >> 5);
-  GemvStepRegs<MATS, UNROLL> a, b;
-  pipe.start(group, a);
-  begin_dependent_grid();  // hidden and residual_in come from the kernels before this one
-  add_rms_norm_to_smem<__half, 1>(p.norm, x_s, scratch);
-  __syncthreads();
-  pipe.run(group, a, b);
+  one_shot_gemv<KIND, ROWS, SWIGLU, MATS, UNROLL, WARPS, KSPLIT, NO_L1>(p, w, static_cast<const __half*>(p.x),
+                                                                         p.x_stride, reinterpret_cast<float*>(smem));
 }
+
+// The one-row shapes the extension builds, by index (the glue picks one by the layer's size; tests and
+// benches name them): weight rows per warp, chunks per row per lane in flight, warps per block, warps
+// per row group (the k split), steps asked of L2 before the wait, weights loaded without L1.
+template <int INDEX>
+struct QuantGemvOneRowShape;
+template <int MATS, int UNROLL, int WARPS, int KSPLIT, int PREFETCH, bool NO_L1>
+struct QuantGemvShapeOf {
+  static constexpr int kMats = MATS, kUnroll = UNROLL, kWarps = WARPS, kSplit = KSPLIT, kPrefetch = PREFETCH;
+  static constexpr bool kNoL1 = NO_L1;
+};
+// Session 9's shape (H200: 0.59 of copy bandwidth over the Llama-3-8B projections, gate/up 0.77); the
+// glue runs it above 32 MiB (gate/up).
+template <>
+struct QuantGemvOneRowShape<0> : QuantGemvShapeOf<4, 2, 4, 1, 1, false> {};
+// 4 rows x 1 chunk per warp (half the registers in flight, so more warps per SM), k split over 2 warps,
+// every step asked of L2, weights out of L1. The glue runs it up to 32 MiB (H200, session 10: qkv 7.0 us
+// against 8.9 for session 9's). Session 10's five other shapes (weights out of L1 alone, the prefetch
+// alone, 4-warp splits, 2 rows x 2 chunks) lost on every projection and were dropped.
+template <>
+struct QuantGemvOneRowShape<1> : QuantGemvShapeOf<4, 1, 8, 2, kQuantGemvPrefetchAll, true> {};
+constexpr int kQuantGemvOneRowShapes = 2;
 
 }  // namespace voltllm

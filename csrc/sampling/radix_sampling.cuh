@@ -2,9 +2,11 @@
 // vocabulary, and noise that depends only on the row's seed and the token id.
 //
 // Every draw is the exponential race: the argmax over the kept tokens of log(weight) - log(E_i),
-// E_i ~ Exp(1), is an exact draw in proportion to the weights. E_i comes from a counter-based hash of
-// (row seed, token id), so a row's draw depends on its seed alone, not on the batch, the block size or
-// the order threads run in.
+// E_i ~ Exp(1), is an exact draw in proportion to the weights; here the race value of token i is
+// g_i = x_i / T - log(E_i) (race_value), whatever the filters (they only decide which tokens take part).
+// E_i comes from a counter-based hash of (row seed, token id), so a row's draw depends on its seed alone,
+// not on the batch, the block size or the order threads run in. (race_first_sampling.cuh draws top-p
+// rows another way, with the same race values, so both give the same token.)
 //
 // Every pass over a row is split over blocks (`split_tokens` tokens each: many splits at batch 1, so
 // that a draw uses the whole GPU, fewer as the batch grows), and a row costs about the same whatever
@@ -22,7 +24,7 @@
 //   - top-p: the same select with per-bin mass (fixed point, floor(e * 2^40): exact and order-free)
 //     over {d <= K_k} finds the smallest K_p whose set {d <= K_p} holds at least p of that set's mass;
 //   - min-p keeps e >= min_p;
-//   - the race over the kept tokens, with weight e (log weight -d), split like the others.
+//   - the race over the kept tokens (g_i, as every row's), split like the others.
 //
 // Most rows with top-p (or top-k) are decided by few tokens: after top-k, one split pass
 // (gather_candidates_kernel) lists the tokens that can be in the top-p set at all (e >= (1 - p) / V:
@@ -104,9 +106,10 @@ struct ArgmaxShared {
 __device__ const int select_smem_bytes_probe = sizeof(SelectShared);  // for the sm70 gate's report
 
 // Splits per row and tokens per split for `rows` rows of `vocab` tokens: about kSplitBlocksWanted
-// blocks in all, at least kMinSplitTokens tokens a block. The draw does not depend on it.
-__host__ __device__ inline void split_sizes(long long rows, int vocab, int& splits, int& split_tokens) {
-  const long long most = (vocab + kMinSplitTokens - 1) / kMinSplitTokens;
+// blocks in all, at least `min_split_tokens` tokens a block. The draw does not depend on it.
+__host__ __device__ inline void split_sizes(long long rows, int vocab, int& splits, int& split_tokens,
+                                            int min_split_tokens = kMinSplitTokens) {
+  const long long most = (vocab + min_split_tokens - 1) / min_split_tokens;
   long long wanted = (kSplitBlocksWanted + rows - 1) / rows;
   wanted = wanted < 1 ? 1 : wanted > most ? most : wanted;
   split_tokens = static_cast<int>((vocab + wanted - 1) / wanted);
@@ -129,6 +132,12 @@ __device__ __forceinline__ float exponential_noise(unsigned long long seed, int 
   const unsigned long long h = splitmix64(seed + static_cast<unsigned long long>(token + 1) * 0x9e3779b97f4a7c15ULL);
   const float v = __uint2float_rn(static_cast<unsigned>(h >> 32) | 1u) * 2.3283064365386963e-10f;  // 2^-32
   return -log1pf(-v);
+}
+
+// Token `token`'s race value, x / T - log E. The product is never fused into the subtraction, so that
+// every kernel that races (and the torch reference) computes the same bits.
+__device__ __forceinline__ float race_value(float x, float inv_t, unsigned long long seed, int token) {
+  return __fmul_rn(x, inv_t) - logf(exponential_noise(seed, token));
 }
 
 template <typename T>
@@ -240,12 +249,10 @@ __device__ __forceinline__ int merge_splits(const SampleParams& p, int r, float&
   return index;
 }
 
-// Calls fn(i, x_i) for this thread's tokens of block (row, split): ascending, blockDim.x apart. Loads
-// go kLoadBatch at a time before any is used, so that a thread keeps several in flight.
+// Calls fn(i, x_i) for this thread's tokens of [begin, end): ascending, blockDim.x apart. Loads go
+// kLoadBatch at a time before any is used, so that a thread keeps several in flight.
 template <typename T, typename Fn>
-__device__ __forceinline__ void for_each_logit(const SampleParams& p, const T* row, Fn&& fn) {
-  const int begin = blockIdx.y * p.split_tokens;
-  const int end = min(p.vocab, begin + p.split_tokens);
+__device__ __forceinline__ void for_each_logit_in(const T* row, int begin, int end, Fn&& fn) {
   const int stride = blockDim.x;
   for (int base = begin + threadIdx.x; base < end; base += kLoadBatch * stride) {
     float x[kLoadBatch];
@@ -260,6 +267,13 @@ __device__ __forceinline__ void for_each_logit(const SampleParams& p, const T* r
       if (i < end) fn(i, x[u]);
     }
   }
+}
+
+// for_each_logit_in over block (row, split)'s tokens.
+template <typename T, typename Fn>
+__device__ __forceinline__ void for_each_logit(const SampleParams& p, const T* row, Fn&& fn) {
+  const int begin = blockIdx.y * p.split_tokens;
+  for_each_logit_in(row, begin, min(p.vocab, begin + p.split_tokens), fn);
 }
 
 __device__ __forceinline__ void write_split(const SampleParams& p, int r, float score, int index) {
@@ -523,11 +537,23 @@ __global__ void __launch_bounds__(kSplitThreads) gather_candidates_kernel(Sample
   if (threadIdx.x == 0 && total != 0) atomicAdd(&p.kept_mass[r], total);
 }
 
-// The select of select_digit_kernel (MASS), all three digits in this block, over a row's candidate
-// list: the smallest key K among the candidates with key <= ceiling whose {key <= K} holds `share` of
-// `total`, the kept mass of the row.
-__device__ unsigned select_candidates(const float* ds, int n, unsigned ceiling, double share,
-                                      unsigned long long total, SelectShared& s) {
+// This thread's d values of a row's candidate list, for select_in_block.
+struct CandidateDs {
+  const float* ds;
+  int n;
+  template <typename Fn>
+  __device__ __forceinline__ void operator()(Fn&& fn) const {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) fn(ds[i]);
+  }
+};
+
+// The select of select_digit_kernel (MASS), all three digits in this block, over the d values that
+// for_each_d(fn) hands to fn (this thread's share of them, the same ones on every call: CandidateDs, or
+// race_first_sampling.cuh's RowDs): the smallest key K among those with key <= ceiling whose {key <= K}
+// holds `share` of `total`, the kept mass of the row.
+template <typename ForEachD>
+__device__ unsigned select_in_block(ForEachD&& for_each_d, unsigned ceiling, double share, unsigned long long total,
+                                    SelectShared& s) {
   unsigned prefix = 0;
   unsigned prefix_mask = 0;
   unsigned long long remaining = static_cast<unsigned long long>(share * static_cast<double>(total));
@@ -536,12 +562,12 @@ __device__ unsigned select_candidates(const float* ds, int n, unsigned ceiling, 
     for (int b = threadIdx.x; b < kSampleBins; b += blockDim.x) s.lo[b] = s.hi[b] = 0;
     __syncthreads();
     PendingBin pending;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-      const unsigned key = __float_as_uint(ds[i]);
-      if (key > ceiling || (key & prefix_mask) != prefix) continue;
-      const unsigned long long w = fixed_mass(ds[i]);
+    for_each_d([&](float d) {
+      const unsigned key = __float_as_uint(d);
+      if (key > ceiling || (key & prefix_mask) != prefix) return;
+      const unsigned long long w = fixed_mass(d);
       if (w != 0) pending.add((key >> digit_shift(level)) & digit_mask(level), w, s);
-    }
+    });
     pending.flush(s);
     __syncthreads();
     find_bin([&](int b) { return shared_bin(s, b); }, remaining, -1.0, s);
@@ -556,6 +582,7 @@ __device__ unsigned select_candidates(const float* ds, int n, unsigned ceiling, 
 // Rows whose candidate list fits: the top-p select over the list, then the race over its kept tokens
 // (key <= ceiling, e >= min_p); the row is settled here (the passes after it skip it). Launch: one
 // block of kSplitThreads threads per row, sizeof(SelectShared).
+template <typename T>
 __global__ void __launch_bounds__(kSplitThreads) finish_candidates_kernel(SampleParams p) {
   begin_dependent_grid();
   const int r = blockIdx.x;
@@ -570,7 +597,9 @@ __global__ void __launch_bounds__(kSplitThreads) finish_candidates_kernel(Sample
   const float* ds = p.candidate_d + list;
   const int* tokens = p.candidate_token + list;
   unsigned ceiling = st.ceiling;
-  if (top_p_on(p, r)) ceiling = select_candidates(ds, n, ceiling, p.top_p[r], p.kept_mass[r], s);
+  if (top_p_on(p, r)) ceiling = select_in_block(CandidateDs{ds, n}, ceiling, p.top_p[r], p.kept_mass[r], s);
+  const T* row = static_cast<const T*>(p.logits) + static_cast<long long>(r) * p.logits_stride;
+  const float inv_t = 1.f / p.temperature[r];
   const float min_p = min_p_of(p, r);
   const unsigned long long seed = p.seeds[r];
   float score = neg_inf();
@@ -579,7 +608,7 @@ __global__ void __launch_bounds__(kSplitThreads) finish_candidates_kernel(Sample
     const float d = ds[i];
     if (__float_as_uint(d) > ceiling || (min_p > 0.f && expf(-d) < min_p)) continue;
     const int token = tokens[i];
-    const float race = -d - logf(exponential_noise(seed, token));
+    const float race = race_value(logit_at(row, token), inv_t, seed, token);
     if (race > score || (race == score && token < index)) {  // the list is in no order: ties by token
       score = race;
       index = token;
@@ -593,9 +622,9 @@ __global__ void __launch_bounds__(kSplitThreads) finish_candidates_kernel(Sample
 }
 
 // Every row, the draw's first half: block (row, split) races its tokens and writes its winner. Greedy
-// rows take x itself (the first max), temperature-only rows race x / T over every token, filtered rows
-// race -d over the tokens with key <= ceiling and e >= min_p (a split with none writes -inf and the
-// row's argmax, what a row with no kept token at all then draws). Launch: grid (rows, splits),
+// rows take x itself (the first max), temperature-only rows race every token, filtered rows the tokens
+// with key <= ceiling and e >= min_p (a split with none writes -inf and the row's argmax, what a row with
+// no kept token at all then draws). Launch: grid (rows, splits),
 // kSplitThreads threads, sizeof(ArgmaxShared).
 template <typename T>
 __global__ void __launch_bounds__(kSplitThreads) race_partial_kernel(SampleParams p) {
@@ -625,12 +654,12 @@ __global__ void __launch_bounds__(kSplitThreads) race_partial_kernel(SampleParam
     float race;
     if (greedy) {
       race = x;
-    } else if (!filtered) {
-      race = x * inv_t - logf(exponential_noise(seed, i));
     } else {
-      const float d = (max_logit - x) * inv_t;
-      if (__float_as_uint(d) > ceiling || (min_p > 0.f && expf(-d) < min_p)) return;
-      race = -d - logf(exponential_noise(seed, i));
+      if (filtered) {
+        const float d = (max_logit - x) * inv_t;
+        if (__float_as_uint(d) > ceiling || (min_p > 0.f && expf(-d) < min_p)) return;
+      }
+      race = race_value(x, inv_t, seed, i);
     }
     if (race > score) {  // ascending per thread: the first of equal values
       score = race;

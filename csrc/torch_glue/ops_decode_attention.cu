@@ -2,6 +2,7 @@
 #include "torch_glue/torch_glue.h"
 
 #include <cmath>
+#include <optional>
 #include <utility>
 
 #include "attention/paged_decode_wmma.cuh"
@@ -12,39 +13,39 @@ using namespace glue;
 
 namespace {
 
-struct Split {
-  int64_t splits;     // context splits per (sequence, kv head)
-  int64_t partition;  // tokens per split, a multiple of 64
-};
-
-// Tokens a split covers at least: four KV blocks per warp. CUDA graphs are captured with the split sized
-// for max_model_len, and the kernel splits each sequence by its own length with that partition, so this
-// is also what keeps a short sequence at a small batch in one split (no partials, no merge).
-constexpr int64_t kMinSplitTokens = 256;
-
-// Splits the context so that the grid is one full wave of resident blocks: long-lived blocks amortise
-// their setup (query load, row map, merge) over many KV blocks, and no second, partial wave is left.
-// Batches that fill the GPU on their own are not split. A split is at least kMinSplitTokens, and there
-// are at most 4096 splits (a bound on the partial buffers).
-Split choose_split(int64_t span, int64_t base_blocks, int64_t resident_blocks) {
-  const int64_t want = std::max<int64_t>(1, resident_blocks / base_blocks);
-  const int64_t most = std::min<int64_t>(4096, std::max<int64_t>(1, (span + kMinSplitTokens - 1) / kMinSplitTokens));
-  const int64_t splits = std::min(want, most);
-  const int64_t partition = ((span + splits - 1) / splits + 63) / 64 * 64;
-  return {(span + partition - 1) / partition, partition};
+// Splits the grid can hold: one full wave of resident blocks (long-lived blocks amortise their setup over
+// many KV blocks, and no second, partial wave is left), at most decode_split's count for the longest
+// span with splits of at least min_split tokens, and at most 4096 (a bound on the partial buffers).
+// Batches that fill the GPU on their own are not split.
+int64_t grid_splits(int64_t span, int64_t base_blocks, int64_t resident_blocks, int64_t min_split) {
+  const int64_t want = std::min<int64_t>(4096, std::max<int64_t>(1, resident_blocks / base_blocks));
+  return decode_split(static_cast<int>(span), static_cast<int>(want), static_cast<int>(min_split)).count;
 }
 
 // The decode op's argument checks.
 AttentionShape check_decode(const at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
                             const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t max_seq_len,
-                            const char* op) {
+                            int64_t min_split, const char* op) {
   const auto shape = check_attention(out, query, kv_cache, block_tables, seq_lens, op);
+  TORCH_CHECK(min_split >= kBlockSize && min_split <= (1 << 24), op, ": min_split must be in [", num(kBlockSize),
+              ", 2^24], got ", num(min_split));
   TORCH_CHECK(seq_lens.size(0) == query.size(0), op, ": one query token per sequence expected");
   TORCH_CHECK(shape.num_heads / shape.num_kv_heads <= 16, op, ": at most 16 query heads per kv head");
   TORCH_CHECK(max_seq_len >= 1, op, ": max_seq_len must be >= 1");
   TORCH_CHECK(max_seq_len <= block_tables.size(1) * kBlockSize, op, ": max_seq_len ", num(max_seq_len),
               " exceeds the block table (", num(block_tables.size(1)), " blocks)");
   return shape;
+}
+
+// The merge tickets' checks: int32 counters, one per (sequence, kv head) at least, zero between launches.
+void check_merge_tickets(const std::optional<at::Tensor>& tickets, int64_t num_seqs, const AttentionShape& shape,
+                         const char* op) {
+  if (!tickets) return;
+  check_cuda(*tickets, "merge_tickets");
+  TORCH_CHECK(tickets->scalar_type() == at::kInt && tickets->dim() == 1 && tickets->is_contiguous() &&
+                  tickets->size(0) >= num_seqs * shape.num_kv_heads,
+              op, ": merge_tickets must be a contiguous int32 tensor of at least num_seqs * num_kv_heads (",
+              num(num_seqs * shape.num_kv_heads), ") zeros");
 }
 
 // Context positions one sequence's splits must cover: with a window, only its last blocks.
@@ -55,7 +56,7 @@ int64_t decode_span(int64_t max_seq_len, int64_t sliding_window) {
 // The kernel parameters from the op's arguments (splits and partials come later).
 DecodeParams decode_params(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
                            const at::Tensor& block_tables, const at::Tensor& seq_lens, const AttentionShape& shape,
-                           double scale, int64_t sliding_window) {
+                           double scale, int64_t sliding_window, int64_t min_split) {
   DecodeParams p{};
   p.out = out.data_ptr();
   p.query = query.data_ptr();
@@ -68,18 +69,17 @@ DecodeParams decode_params(at::Tensor& out, const at::Tensor& query, const at::T
   p.num_heads = shape.num_heads;
   p.num_kv_heads = shape.num_kv_heads;
   p.max_blocks_per_seq = block_tables.size(1);
+  p.min_split = static_cast<int>(min_split);
   p.sliding_window = sliding_window > 0 ? sliding_window : 0;
   p.scale_log2 = static_cast<float>(scale * 1.4426950408889634 /* log2(e) */);
   return p;
 }
 
-// Sets the split geometry, and with more than one split allocates the partials (returned: they must
+// Sets the grid's split count, and with more than one split allocates the partials (returned: they must
 // live until the launches that use them are enqueued).
 std::pair<at::Tensor, at::Tensor> set_splits(DecodeParams& p, const at::Tensor& query, const AttentionShape& shape,
-                                             int64_t num_seqs, int64_t splits, int64_t partition) {
+                                             int64_t num_seqs, int64_t splits) {
   p.max_splits = static_cast<int>(splits);
-  // The kernel recomputes each sequence's split count from its own length with this partition.
-  p.partition_size = static_cast<int>(partition);
   if (splits <= 1) return {};
   const auto f32 = query.options().dtype(at::kFloat);
   at::Tensor partial_out = at::empty({num_seqs, shape.num_heads, splits, shape.head_size}, f32);
@@ -97,24 +97,19 @@ void launch_split_merge(const DecodeParams& p, const AttentionShape& shape, int6
          kReduceDims * reduce_groups(p.max_splits), kReduceSmemBytes, stream, p);
 }
 
-}  // namespace
-
-void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
-                            const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t max_seq_len,
-                            double scale, int64_t sliding_window) {
-  const auto shape = check_decode(out, query, kv_cache, block_tables, seq_lens, max_seq_len, "paged_decode_attention");
+// Plans the splits and launches the decode kernel (then the split merge kernel where the splits are not
+// merged in the kernel: more than ticket_max_splits of them, or no tickets).
+void launch_decode(DecodeParams& p, const at::Tensor& query, const AttentionShape& shape, int64_t max_seq_len,
+                   int64_t sliding_window, const std::optional<at::Tensor>& merge_tickets, int64_t ticket_max_splits,
+                   const char* op) {
   const int64_t num_seqs = query.size(0);
-  if (num_seqs == 0) return;
   const at::cuda::OptionalCUDAGuard guard(query.device());
   const auto stream = at::cuda::getCurrentCUDAStream();
   const int num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const int64_t span = decode_span(max_seq_len, sliding_window);
-
-  DecodeParams p = decode_params(out, query, kv_cache, block_tables, seq_lens, shape, scale, sliding_window);
-
-  dispatch_dtype(query.scalar_type(), "paged_decode_attention", [&](auto t) {
+  dispatch_dtype(query.scalar_type(), op, [&](auto t) {
     using T = decltype(t);
-    dispatch_head_size(shape.head_size, "paged_decode_attention", [&](auto h) {
+    dispatch_head_size(shape.head_size, op, [&](auto h) {
       constexpr int H = decltype(h)::value;
       using Tr = DecodeWmmaTraits<H>;
       auto* kernel = paged_decode_wmma_kernel<T, H>;
@@ -122,14 +117,65 @@ void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::
       int blocks_per_sm = 0;
       C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, Tr::kThreads,
                                                                    Tr::kSmemBytes));
-      const auto split = choose_split(span, num_seqs * shape.num_kv_heads,
-                                      static_cast<int64_t>(num_sms) * std::max(blocks_per_sm, 1));
-      const auto partials = set_splits(p, query, shape, num_seqs, split.splits, split.partition);
-      const dim3 grid(shape.num_kv_heads, num_seqs, split.splits);
-      launch(kernel, grid, Tr::kThreads, Tr::kSmemBytes, stream, p);
-      if (split.splits > 1) launch_split_merge<T, H>(p, shape, num_seqs, stream);
+      const int64_t splits = grid_splits(span, num_seqs * shape.num_kv_heads,
+                                         static_cast<int64_t>(num_sms) * std::max(blocks_per_sm, 1), p.min_split);
+      const auto partials = set_splits(p, query, shape, num_seqs, splits);
+      const bool merge_in_kernel = merge_tickets && splits > 1 && splits <= ticket_max_splits;
+      p.merge_tickets = merge_in_kernel ? merge_tickets->data_ptr<int>() : nullptr;
+      launch(kernel, dim3(shape.num_kv_heads, num_seqs, splits), Tr::kThreads, Tr::kSmemBytes, stream, p);
+      if (splits > 1 && !merge_in_kernel) launch_split_merge<T, H>(p, shape, num_seqs, stream);
     });
   });
+}
+
+}  // namespace
+
+void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
+                            const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t max_seq_len,
+                            double scale, int64_t sliding_window, int64_t min_split,
+                            const std::optional<at::Tensor>& merge_tickets, int64_t ticket_max_splits) {
+  const char* op = "paged_decode_attention";
+  const auto shape = check_decode(out, query, kv_cache, block_tables, seq_lens, max_seq_len, min_split, op);
+  check_merge_tickets(merge_tickets, query.size(0), shape, op);
+  if (query.size(0) == 0) return;
+  DecodeParams p =
+      decode_params(out, query, kv_cache, block_tables, seq_lens, shape, scale, sliding_window, min_split);
+  launch_decode(p, query, shape, max_seq_len, sliding_window, merge_tickets, ticket_max_splits, op);
+}
+
+void paged_decode_attention_prologue(at::Tensor& out, const at::Tensor& qkv, const at::Tensor& positions,
+                                     const at::Tensor& cos_sin_cache, const std::optional<at::Tensor>& q_weight,
+                                     const std::optional<at::Tensor>& k_weight, double eps, at::Tensor& kv_cache,
+                                     const at::Tensor& slot_mapping, const at::Tensor& block_tables,
+                                     const at::Tensor& seq_lens, int64_t max_seq_len, double scale,
+                                     int64_t sliding_window, int64_t min_split,
+                                     const std::optional<at::Tensor>& merge_tickets, int64_t ticket_max_splits) {
+  const char* op = "paged_decode_attention_prologue";
+  check_rows(out, "out");
+  check_cuda(qkv, "qkv");
+  TORCH_CHECK(out.dim() == 3, op, ": out must be [num_seqs, num_heads, head_size]");
+  TORCH_CHECK(kv_cache.dim() == 5, op, ": kv_cache must be [2, num_blocks, block_size, num_kv_heads, head_size]");
+  const int64_t num_heads = out.size(1), head_size = out.size(2), num_kv_heads = kv_cache.size(3);
+  TORCH_CHECK(qkv.dim() == 2 && qkv.size(0) == out.size(0) && qkv.stride(1) == 1 &&
+                  qkv.size(1) == (num_heads + 2 * num_kv_heads) * head_size,
+              op, ": qkv must be [num_seqs, (num_heads + 2 * num_kv_heads) * head_size] with contiguous rows");
+  // The query heads are the first num_heads * head_size columns of each qkv row.
+  const at::Tensor query = qkv.narrow(1, 0, num_heads * head_size).view({qkv.size(0), num_heads, head_size});
+  const auto shape = check_decode(out, query, kv_cache, block_tables, seq_lens, max_seq_len, min_split, op);
+  check_qk_prologue(qkv, positions, cos_sin_cache, q_weight, k_weight, slot_mapping, qkv.size(0), head_size, op);
+  check_merge_tickets(merge_tickets, qkv.size(0), shape, op);
+  if (qkv.size(0) == 0) return;
+  DecodeParams p =
+      decode_params(out, query, kv_cache, block_tables, seq_lens, shape, scale, sliding_window, min_split);
+  p.prologue.positions = reinterpret_cast<const long long*>(positions.data_ptr<int64_t>());
+  p.prologue.cos_sin_cache = cos_sin_cache.data_ptr<float>();
+  p.prologue.q_weight = q_weight ? q_weight->data_ptr() : nullptr;
+  p.prologue.k_weight = k_weight ? k_weight->data_ptr() : nullptr;
+  p.prologue.slot_mapping = reinterpret_cast<const long long*>(slot_mapping.data_ptr<int64_t>());
+  p.prologue.max_position = cos_sin_cache.size(0);
+  p.prologue.num_slots = kv_cache.size(1) * kBlockSize;
+  p.prologue.eps = static_cast<float>(eps);
+  launch_decode(p, query, shape, max_seq_len, sliding_window, merge_tickets, ticket_max_splits, op);
 }
 
 }  // namespace voltllm

@@ -197,26 +197,7 @@ void qk_norm_rope_kv_write(at::Tensor& qkv, const at::Tensor& positions, const a
   check_kv_cache(kv_cache, head_size);
   TORCH_CHECK(qkv.dim() == 2 && qkv.stride(1) == 1 && qkv.size(1) == (num_heads + 2 * num_kv_heads) * head_size, op,
               ": qkv must be [num_tokens, (num_heads + 2 * num_kv_heads) * head_size] with contiguous rows");
-  for (const auto* w : {&q_weight, &k_weight}) {
-    if (*w) {
-      check_same_dtype(qkv, **w, op);
-      TORCH_CHECK((*w)->dim() == 1 && (*w)->size(0) == head_size && (*w)->is_contiguous(), op,
-                  ": q/k norm weights must be [head_size]");
-    }
-  }
-  TORCH_CHECK(q_weight.has_value() == k_weight.has_value(), op, ": give both q and k norm weights or neither");
-  check_cuda(positions, "positions");
-  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.dim() == 1 && positions.size(0) == num_tokens &&
-                  positions.is_contiguous(),
-              op, ": positions must be a contiguous int64 [num_tokens] tensor");
-  check_cuda(cos_sin_cache, "cos_sin_cache");
-  TORCH_CHECK(cos_sin_cache.scalar_type() == at::kFloat && cos_sin_cache.dim() == 2 && cos_sin_cache.is_contiguous() &&
-                  cos_sin_cache.size(1) == head_size,
-              op, ": cos_sin_cache must be a contiguous float32 [max_position, head_size] tensor");
-  check_cuda(slot_mapping, "slot_mapping");
-  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.dim() == 1 &&
-                  slot_mapping.size(0) == num_tokens && slot_mapping.is_contiguous(),
-              op, ": slot_mapping must be a contiguous int64 [num_tokens] tensor");
+  check_qk_prologue(qkv, positions, cos_sin_cache, q_weight, k_weight, slot_mapping, num_tokens, head_size, op);
   if (num_tokens == 0) return;
   const at::cuda::OptionalCUDAGuard guard(qkv.device());
   QkNormRopeParams p{};

@@ -36,14 +36,19 @@ struct GemvShape {
 };
 
 // The checks both GEMV ops share: x [rows <= 2, k] with contiguous, 16-byte aligned rows, weight
-// [n, k] ([2n, k] for swiglu) contiguous, out [rows, n], bias one entry per weight row.
+// [n, k] ([2n, k] for swiglu) contiguous, out [rows, n] of x's dtype (or float32 where `float_out` allows
+// it: a plain GEMV), bias one entry per weight row.
 GemvShape check_gemv(const at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
-                     const std::optional<at::Tensor>& bias, bool swiglu, const char* op) {
+                     const std::optional<at::Tensor>& bias, bool swiglu, const char* op, bool float_out = false) {
   check_cuda(x, "x");
   check_cuda(out, "out");
   check_dtype(x, op);
   check_same_dtype(x, weight, op);
-  check_same_dtype(x, out, op);
+  if (float_out && out.scalar_type() == at::kFloat) {
+    TORCH_CHECK(!swiglu, op, ": a float32 out takes a plain GEMV, not swiglu");
+  } else {
+    check_same_dtype(x, out, op);
+  }
   check_cuda(weight, "weight");
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && out.dim() == 2, op, ": x, weight and out must be 2-D");
   const int64_t rows = x.size(0), k = weight.size(1), n = swiglu ? weight.size(0) / 2 : weight.size(0);
@@ -69,7 +74,7 @@ GemvShape check_gemv(const at::Tensor& out, const at::Tensor& x, const at::Tenso
 void gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
           bool swiglu) {
   // Plain locals, not a structured binding: the dispatch lambda captures rows (C++17 cannot).
-  const GemvShape shape = check_gemv(out, x, weight, bias, swiglu, "gemv");
+  const GemvShape shape = check_gemv(out, x, weight, bias, swiglu, "gemv", /*float_out=*/true);
   const int64_t rows = shape.rows, n = shape.n, k = shape.k;
   const at::cuda::OptionalCUDAGuard guard(x.device());
   GemvParams p{};
@@ -84,8 +89,17 @@ void gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const 
   p.k = static_cast<int>(k);
   const auto stream = at::cuda::getCurrentCUDAStream();
   const int blocks = static_cast<int>((n + kGemvWarps - 1) / kGemvWarps);
+  const bool float_out = out.scalar_type() == at::kFloat;
   dispatch_gemv(x.scalar_type(), rows, swiglu, "gemv", [&](auto t, auto r, auto glu) {
-    launch(gemv_kernel<decltype(t), decltype(r)::value, decltype(glu)::value>, blocks, 32 * kGemvWarps, 0, stream, p);
+    using T = decltype(t);
+    constexpr int kRows = decltype(r)::value;
+    if constexpr (!decltype(glu)::value) {
+      if (float_out) {
+        launch(gemv_kernel<T, kRows, false, float>, blocks, 32 * kGemvWarps, 0, stream, p);
+        return;
+      }
+    }
+    launch(gemv_kernel<T, kRows, decltype(glu)::value>, blocks, 32 * kGemvWarps, 0, stream, p);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "torch_glue/torch_glue.h"
+#include "torch_glue/moe_glue.h"
 #include "moe/align.cuh"
 #include "moe/combine.cuh"
 #include "moe/expert_gemv.cuh"
@@ -14,23 +15,7 @@
 namespace voltllm {
 
 using namespace glue;
-
-namespace {
-
-void check_int32_vector(const at::Tensor& t, const char* name, const char* op) {
-  check_cuda(t, name);
-  TORCH_CHECK(t.scalar_type() == at::kInt && t.dim() == 1 && t.is_contiguous(), op, ": ", name,
-              " must be a contiguous int32 vector");
-}
-
-void check_contiguous_rows(const at::Tensor& t, int64_t width, const char* name, const char* op) {
-  check_cuda(t, name);
-  TORCH_CHECK(t.dim() == 2 && t.size(1) == width && t.is_contiguous(), op, ": ", name, " must be a contiguous [rows, ",
-              num(width), "] tensor");
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, op, ": ", name, " must be 16-byte aligned");
-}
-
-}  // namespace
+using namespace moe_glue;
 
 void moe_topk_softmax(at::Tensor& topk_weights, at::Tensor& topk_ids, const at::Tensor& router_logits,
                       bool renormalize) {

@@ -1,10 +1,12 @@
 // Torch glue for the weight-only quantized kernels (csrc/quantization/): checks, device guard, stream,
 // kind / row-count / tile dispatch, the split-k choice and its workspace.
 #include <algorithm>
+#include <string>
 #include <type_traits>
 #include <utility>
 
 #include "torch_glue/torch_glue.h"
+#include "quantization/quant_gemm_frag.cuh"
 #include "quantization/quant_gemm_stream.cuh"
 #include "quantization/quant_gemm_wmma.cuh"
 #include "quantization/quant_gemv.cuh"
@@ -15,22 +17,21 @@ using namespace glue;
 
 namespace {
 
+// Calls fn(std::integral_constant<int, V>{}) for the V of VALUES equal to `value`; any other value is an
+// error naming `what` and the built values. Every compile-time choice of this file goes through it.
+template <int... VALUES, typename Fn>
+void dispatch_built(int64_t value, const char* op, const char* what, Fn&& fn) {
+  const bool found = ((value == VALUES && (fn(std::integral_constant<int, VALUES>{}), true)) || ...);
+  if (found) return;
+  std::string built;
+  ((built += (built.empty() ? "" : ", ") + num(VALUES)), ...);
+  TORCH_CHECK(false, op, ": ", what, " ", num(value), " is not built (", built, ")");
+}
+
 // Calls fn(std::integral_constant<int, KIND>{}) for a QuantKind number.
 template <typename Fn>
 void dispatch_quant_kind(int64_t kind, const char* op, Fn&& fn) {
-  switch (kind) {
-    case kQuantInt4:
-      fn(std::integral_constant<int, kQuantInt4>{});
-      break;
-    case kQuantInt8:
-      fn(std::integral_constant<int, kQuantInt8>{});
-      break;
-    case kQuantFp8:
-      fn(std::integral_constant<int, kQuantFp8>{});
-      break;
-    default:
-      TORCH_CHECK(false, op, ": unknown quantized kind ", num(kind), " (0 int4, 1 int8, 2 fp8)");
-  }
+  dispatch_built<kQuantInt4, kQuantInt8, kQuantFp8>(kind, op, "quantized kind (0 int4, 1 int8, 2 fp8)", fn);
 }
 
 int bits_of(int64_t kind) { return kind == kQuantInt4 ? 4 : 8; }
@@ -69,6 +70,23 @@ PackedShape check_packed(const at::Tensor& weight, const at::Tensor& group_param
   return {n, k, num_groups, shift};
 }
 
+// The packed weight's fields every kernel's params hold (QuantGemvParams, QuantGemmParams,
+// QuantStreamParams, QuantDequantizeParams, QuantFragParams::s name them alike).
+template <typename Params>
+void set_packed_fields(Params& p, const at::Tensor& weight, const at::Tensor& group_params, int64_t k,
+                       int64_t num_groups, int64_t chunk_group_shift) {
+  p.weight = reinterpret_cast<const uint4*>(weight.data_ptr());
+  p.group_params = reinterpret_cast<const unsigned*>(group_params.data_ptr());
+  p.k = static_cast<int>(k);
+  p.num_groups = static_cast<int>(num_groups);
+  p.chunk_group_shift = static_cast<int>(chunk_group_shift);
+}
+
+template <typename Params>
+void set_packed_fields(Params& p, const at::Tensor& weight, const at::Tensor& group_params, const PackedShape& shape) {
+  set_packed_fields(p, weight, group_params, shape.k, shape.num_groups, shape.chunk_group_shift);
+}
+
 void check_activation(const at::Tensor& x, int64_t k, const char* op, const char* name) {
   check_cuda(x, name);
   TORCH_CHECK(x.scalar_type() == at::kHalf, op, ": ", name, " must be float16, got ", x.scalar_type());
@@ -91,12 +109,11 @@ void check_out(const at::Tensor& out, int64_t rows, int64_t n, const char* op) {
 }
 
 
-// Calls fn(std::integral_constant<int, ROWS>{}) with the smallest built row count >= rows.
+// Calls fn(std::integral_constant<int, ROWS>{}) with the smallest built row count >= rows, for 2..8 rows
+// (one row has its own shapes: dispatch_one_row_shape).
 template <typename Fn>
 void dispatch_gemv_rows(int64_t rows, Fn&& fn) {
-  if (rows == 1)
-    fn(std::integral_constant<int, 1>{});
-  else if (rows == 2)
+  if (rows == 2)
     fn(std::integral_constant<int, 2>{});
   else if (rows <= 4)
     fn(std::integral_constant<int, 4>{});
@@ -104,27 +121,9 @@ void dispatch_gemv_rows(int64_t rows, Fn&& fn) {
     fn(std::integral_constant<int, 8>{});
 }
 
-// Calls fn(std::integral_constant<int, BM>{}) for a built row tile.
-template <typename Fn>
-void dispatch_block_m(int64_t block_m, const char* op, Fn&& fn) {
-  switch (block_m) {
-    case 16:
-      fn(std::integral_constant<int, 16>{});
-      break;
-    case 64:
-      fn(std::integral_constant<int, 64>{});
-      break;
-    case 128:
-      fn(std::integral_constant<int, 128>{});
-      break;
-    default:
-      TORCH_CHECK(false, op, ": block_m ", num(block_m), " is not built (16, 64 or 128)");
-  }
-}
-
-// What both GEMMs take: the k dimension cut into `splits` slices of `per_split` tiles. With more than one
-// slice the blocks add fp32 partial sums into `partial` (allocated and zeroed here; the caller keeps it
-// alive) and finish_split_sum adds the bias and writes `out`.
+// What the tiled GEMM takes: the k dimension cut into `splits` slices of `per_split` tiles. With more than
+// one slice the blocks add fp32 partial sums into `partial` (allocated and zeroed here; the caller keeps
+// it alive) and finish_split_sum adds the bias and writes `out`.
 QuantGemmParams gemm_params(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& group_params, const std::optional<at::Tensor>& bias,
                             const PackedShape& shape, int64_t splits, int64_t per_split, at::Tensor& partial) {
@@ -134,16 +133,12 @@ QuantGemmParams gemm_params(at::Tensor& out, const at::Tensor& x, const at::Tens
   p.out = out.data_ptr();
   p.partial = splits > 1 ? partial.data_ptr<float>() : nullptr;
   p.x = x.data_ptr();
-  p.weight = reinterpret_cast<const uint4*>(weight.data_ptr());
-  p.group_params = reinterpret_cast<const unsigned*>(group_params.data_ptr());
+  set_packed_fields(p, weight, group_params, shape);
   p.bias = splits > 1 ? nullptr : (bias ? bias->data_ptr() : nullptr);
   p.out_stride = out.stride(0);
   p.x_stride = x.stride(0);
   p.m = static_cast<int>(m);
   p.n = static_cast<int>(n);
-  p.k = static_cast<int>(shape.k);
-  p.num_groups = static_cast<int>(shape.num_groups);
-  p.chunk_group_shift = static_cast<int>(shape.chunk_group_shift);
   p.k_tiles_per_split = static_cast<int>(per_split);
   return p;
 }
@@ -164,116 +159,76 @@ void finish_split_sum(at::Tensor& out, const at::Tensor& partial, const std::opt
 
 }  // namespace
 
+namespace {
+
+// The one-row shape for a weight of `weight_rows` rows (2n with SWIGLU) of `chunks` 16-byte chunks: the
+// best per Llama-3-8B projection on the H200 (benches/quantization.py table 1b, benches/RESULTS.md
+// session 10 call 3): up to 32 MiB (qkv, o, down) 4 rows x 1 chunk per warp, k split over 2 warps,
+// every step asked of L2, weights out of L1 (qkv 7.0 us against 8.9 for session 9's shape, o 5.1
+// against 5.6, down 13.7 against 14.6); above (gate/up, many waves of blocks) session 9's shape (20.5
+// us; prefetching every step there cost 24.8).
+int64_t choose_one_row_shape(int64_t weight_rows, int64_t chunks) {
+  constexpr int64_t kWholePrefetchMaxBytes = 32ll << 20;
+  return weight_rows * chunks * 16 > kWholePrefetchMaxBytes ? 0 : 1;
+}
+
+// Launches the GEMV kernel of kind K, R rows, the given shape.
+template <int K, int R, int MATS, int UNROLL, int WARPS, int KSPLIT, int PREFETCH, bool NO_L1>
+void launch_quant_gemv(const QuantGemvParams& p, bool swiglu, cudaStream_t stream) {
+  constexpr int groups_per_block = WARPS / KSPLIT;
+  constexpr int smem = quant_gemv_smem_bytes<R, MATS, WARPS, KSPLIT>();
+  dispatch_built<0, 1>(swiglu, "quant_gemv", "swiglu", [&](auto swiglu_c) {
+    constexpr bool SWIGLU = decltype(swiglu_c)::value == 1;
+    const int per_block = quant_gemv_features_per_block<SWIGLU, MATS, groups_per_block>();
+    launch(quant_gemv_kernel<K, R, SWIGLU, MATS, UNROLL, WARPS, KSPLIT, PREFETCH, NO_L1>,
+           (p.n + per_block - 1) / per_block, 32 * WARPS, smem, stream, p);
+  });
+}
+
+}  // namespace
+
 void quant_gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& group_params,
-                const std::optional<at::Tensor>& bias, int64_t kind, int64_t group_size, bool swiglu) {
+                const std::optional<at::Tensor>& bias, int64_t kind, int64_t group_size, bool swiglu,
+                int64_t shape) {
   const char* op = "quant_gemv";
-  const PackedShape shape = check_packed(weight, group_params, kind, group_size, op);
-  check_activation(x, shape.k, op, "x");
+  const PackedShape packed = check_packed(weight, group_params, kind, group_size, op);
+  check_activation(x, packed.k, op, "x");
   const int64_t rows = x.size(0);
   TORCH_CHECK(rows >= 1 && rows <= 8, op, ": 1 to 8 rows, got ", num(rows));
-  TORCH_CHECK(!swiglu || shape.n % 2 == 0, op, ": swiglu needs a [2n, k] gate/up weight");
-  const int64_t n = swiglu ? shape.n / 2 : shape.n;
+  TORCH_CHECK(!swiglu || packed.n % 2 == 0, op, ": swiglu needs a [2n, k] gate/up weight");
+  TORCH_CHECK(shape >= 0 && shape <= kQuantGemvOneRowShapes, op, ": shape ", num(shape), " is not built (0 = choose, 1 to ",
+              num(kQuantGemvOneRowShapes), ")");
+  TORCH_CHECK(shape == 0 || rows == 1, op, ": a shape is chosen for one row only, got ", num(rows), " rows");
+  const int64_t n = swiglu ? packed.n / 2 : packed.n;
   check_out(out, rows, n, op);
-  check_bias(bias, shape.n, op);
+  check_bias(bias, packed.n, op);
   const at::cuda::OptionalCUDAGuard guard(x.device());
   QuantGemvParams p{};
   p.out = out.data_ptr();
   p.x = x.data_ptr();
-  p.weight = reinterpret_cast<const uint4*>(weight.data_ptr());
-  p.group_params = reinterpret_cast<const unsigned*>(group_params.data_ptr());
+  set_packed_fields(p, weight, group_params, packed);
   p.bias = bias ? bias->data_ptr() : nullptr;
   p.out_stride = out.stride(0);
   p.x_stride = x.stride(0);
   p.rows = static_cast<int>(rows);
   p.n = static_cast<int>(n);
-  p.k = static_cast<int>(shape.k);
-  p.num_groups = static_cast<int>(shape.num_groups);
-  p.chunk_group_shift = static_cast<int>(shape.chunk_group_shift);
   const auto stream = at::cuda::getCurrentCUDAStream();
-  dispatch_quant_kind(kind, op, [&](auto kind_c) {
-    dispatch_gemv_rows(rows, [&](auto rows_c) {
-      constexpr int K = decltype(kind_c)::value, R = decltype(rows_c)::value;
-      // One row: 4 weight rows per warp, 2 chunks each in flight (H200, benches/RESULTS.md session 9: 0.59
-      // of copy bandwidth over the Llama-3-8B projections, against 0.51 for session 8's shape and 0.48 for
-      // the persistent form); more rows keep the default shape.
-      constexpr int MATS = R == 1 ? 4 : kQuantGemvMats, UNROLL = R == 1 ? 2 : kQuantGemvUnroll;
-      constexpr int W = kQuantGemvWarps;
-      if (swiglu) {
-        const int per_block = quant_gemv_features_per_block<true, MATS, W>();
-        launch(quant_gemv_kernel<K, R, true, MATS, UNROLL, W>, static_cast<int>((n + per_block - 1) / per_block),
-               32 * W, 0, stream, p);
-      } else {
-        const int per_block = quant_gemv_features_per_block<false, MATS, W>();
-        launch(quant_gemv_kernel<K, R, false, MATS, UNROLL, W>, static_cast<int>((n + per_block - 1) / per_block),
-               32 * W, 0, stream, p);
-      }
-    });
-  });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
-void quant_add_rms_norm_gemv(at::Tensor& out, at::Tensor& residual_out, const at::Tensor& hidden,
-                             const at::Tensor& residual, const at::Tensor& norm_weight, double eps,
-                             const at::Tensor& weight, const at::Tensor& group_params,
-                             const std::optional<at::Tensor>& bias, int64_t kind, int64_t group_size, bool swiglu) {
-  const char* op = "quant_add_rms_norm_gemv";
-  const PackedShape shape = check_packed(weight, group_params, kind, group_size, op);
-  check_activation(hidden, shape.k, op, "hidden");
-  check_activation(residual, shape.k, op, "residual");
-  check_activation(residual_out, shape.k, op, "residual_out");
-  TORCH_CHECK(hidden.size(0) == 1 && residual.size(0) == 1 && residual_out.size(0) == 1, op,
-              ": one row (hidden, residual, residual_out [1, k])");
-  TORCH_CHECK(shape.k <= kGemvNormMaxK, op, ": hidden size ", num(shape.k), " is over ", num(kGemvNormMaxK));
-  check_cuda(norm_weight, "norm_weight");
-  TORCH_CHECK(norm_weight.scalar_type() == at::kHalf && norm_weight.dim() == 1 && norm_weight.size(0) == shape.k &&
-                  norm_weight.is_contiguous() && reinterpret_cast<uintptr_t>(norm_weight.data_ptr()) % 16 == 0,
-              op, ": norm_weight must be a contiguous, 16-byte aligned float16 [", num(shape.k), "]");
-  TORCH_CHECK(!swiglu || shape.n % 2 == 0, op, ": swiglu needs a [2n, k] gate/up weight");
-  const int64_t n = swiglu ? shape.n / 2 : shape.n;
-  check_out(out, 1, n, op);
-  check_bias(bias, shape.n, op);
-  // Block 0 writes residual_out, and every block out, while other blocks still read hidden and residual.
-  TORCH_CHECK(!rows_overlap(residual_out, residual) && !rows_overlap(residual_out, hidden) &&
-                  !rows_overlap(out, residual) && !rows_overlap(out, hidden) && !rows_overlap(out, residual_out),
-              op, ": out and residual_out must not overlap each other, hidden or residual");
-  const at::cuda::OptionalCUDAGuard guard(hidden.device());
-  QuantGemvNormParams p{};
-  p.gemv.out = out.data_ptr();
-  p.gemv.weight = reinterpret_cast<const uint4*>(weight.data_ptr());
-  p.gemv.group_params = reinterpret_cast<const unsigned*>(group_params.data_ptr());
-  p.gemv.bias = bias ? bias->data_ptr() : nullptr;
-  p.gemv.out_stride = out.stride(0);
-  p.gemv.rows = 1;
-  p.gemv.n = static_cast<int>(n);
-  p.gemv.k = static_cast<int>(shape.k);
-  p.gemv.num_groups = static_cast<int>(shape.num_groups);
-  p.gemv.chunk_group_shift = static_cast<int>(shape.chunk_group_shift);
-  p.norm.residual_out = residual_out.data_ptr();
-  p.norm.hidden = hidden.data_ptr();
-  p.norm.residual_in = residual.data_ptr();
-  p.norm.norm_weight = norm_weight.data_ptr();
-  p.norm.residual_out_stride = residual_out.stride(0);
-  p.norm.hidden_stride = hidden.stride(0);
-  p.norm.residual_in_stride = residual.stride(0);
-  p.norm.eps = static_cast<float>(eps);
-  p.norm.rows = 1;
-  p.norm.n = static_cast<int>(n);
-  p.norm.k = static_cast<int>(shape.k);
-  const auto stream = at::cuda::getCurrentCUDAStream();
-  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const int smem = quant_gemv_norm_smem_bytes(static_cast<int>(shape.k));
   dispatch_quant_kind(kind, op, [&](auto kind_c) {
     constexpr int K = decltype(kind_c)::value;
-    constexpr int MATS = QuantGemvPersistentShape<1>::kMats, UNROLL = QuantGemvPersistentShape<1>::kUnroll;
-    constexpr int W = kQuantGemvPersistentWarps;
-    const int groups = swiglu ? quant_gemv_groups<true, MATS>(static_cast<int>(n))
-                              : quant_gemv_groups<false, MATS>(static_cast<int>(n));
-    const int blocks = static_cast<int>(std::min<int64_t>((groups + W - 1) / W, sms * kQuantGemvBlocksPerSm));
-    if (swiglu) {
-      launch(quant_gemv_norm_kernel<K, true, MATS, UNROLL, W>, blocks, 32 * W, smem, stream, p);
-    } else {
-      launch(quant_gemv_norm_kernel<K, false, MATS, UNROLL, W>, blocks, 32 * W, smem, stream, p);
+    if (rows == 1) {
+      const int64_t chunks = packed.k / QuantTraits<K>::kChunk;
+      const int64_t index = shape ? shape - 1 : choose_one_row_shape(packed.n, chunks);
+      static_assert(kQuantGemvOneRowShapes == 2, "one value per built shape");
+      dispatch_built<0, 1>(index, op, "one-row shape index", [&](auto index_c) {
+        using S = QuantGemvOneRowShape<decltype(index_c)::value>;
+        launch_quant_gemv<K, 1, S::kMats, S::kUnroll, S::kWarps, S::kSplit, S::kPrefetch, S::kNoL1>(p, swiglu, stream);
+      });
+      return;
     }
+    dispatch_gemv_rows(rows, [&](auto rows_c) {
+      constexpr int R = decltype(rows_c)::value;
+      launch_quant_gemv<K, R, kQuantGemvMats, kQuantGemvUnroll, kQuantGemvWarps, 1, 1, false>(p, swiglu, stream);
+    });
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -309,7 +264,7 @@ void quant_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, 
   const QuantGemmParams p = gemm_params(out, x, weight, group_params, bias, shape, splits, per_split, partial);
   const auto stream = at::cuda::getCurrentCUDAStream();
   dispatch_quant_kind(kind, op, [&](auto kind_c) {
-    dispatch_block_m(block_m, op, [&](auto bm_c) {
+    dispatch_built<16, 64, 128>(block_m, op, "block_m", [&](auto bm_c) {
       constexpr int K = decltype(kind_c)::value, BM = decltype(bm_c)::value;
       constexpr int smem = quant_gemm_smem_bytes<K, BM>();
       set_smem(quant_gemm_wmma_kernel<K, BM>, smem);
@@ -322,85 +277,225 @@ void quant_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, 
   if (splits > 1) finish_split_sum(out, partial, bias, stream);
 }
 
-namespace {
+namespace stream_gemm {
 
-// Calls fn(std::integral_constant<int, MF>{}) for 1..4 fragments of 16 rows.
-template <typename Fn>
-void dispatch_m_frags(int64_t m_frags, const char* op, Fn&& fn) {
-  switch (m_frags) {
-    case 1:
-      fn(std::integral_constant<int, 1>{});
-      break;
-    case 2:
-      fn(std::integral_constant<int, 2>{});
-      break;
-    case 3:
-      fn(std::integral_constant<int, 3>{});
-      break;
-    case 4:
-      fn(std::integral_constant<int, 4>{});
-      break;
-    default:
-      TORCH_CHECK(false, op, ": m_frags ", num(m_frags), " is not built (0 = choose, 1 to 4)");
+// Weight fragments per warp when the caller leaves it to the op: one. H200, AWQ int4, Llama-3-8B
+// projections (benches/RESULTS.md session 10, call 2): two were slower at 64 rows on qkv, o and down
+// (43.8 / 36.3 / 60.0 us against 31.0 / 22.2 / 49.4) and no faster at 16 rows; only gate_up gained
+// (93.8 against 109.1 us at 64 rows).
+int64_t default_n_frags() { return 1; }
+
+// Devices whose answers resident_blocks keeps (a device past them is asked every time).
+constexpr int kCachedDevices = 64;
+
+// Blocks of `kernel` (256 threads, `smem` bytes) resident per SM on the current device; `cache` is the
+// kernel's own (zero = not asked yet), so the device is asked once per kernel.
+template <typename Kernel>
+int64_t resident_blocks(Kernel kernel, int smem, int (&cache)[kCachedDevices]) {
+  const int device = at::cuda::current_device();
+  if (device < kCachedDevices && cache[device] > 0) return cache[device];
+  int blocks = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, 256, smem));
+  blocks = std::max(blocks, 1);
+  if (device < kCachedDevices) cache[device] = blocks;
+  return blocks;
+}
+
+// A block's fixed cost (its ring filling, the x window, the epilogue) in units of the time it streams
+// one k-chunk; and the fewest k-chunks a split covers.
+constexpr int64_t kBlockFixedChunks = 4;
+constexpr int64_t kMinChunksPerSplit = 4;
+
+// The k split: the number of splits s minimising waves(s) * (chunks per split + the fixed cost), where
+// waves(s) = ceil(base_blocks * s / slots) rounds up to whole waves of resident blocks. So the output's
+// blocks fill the SMs without a short last wave, and each block streams enough to pay its fixed cost.
+int64_t choose_splits(int64_t base_blocks, int64_t k_chunks, int64_t slots) {
+  const int64_t most = std::max<int64_t>(1, k_chunks / kMinChunksPerSplit);
+  int64_t best = 1, best_cost = -1;
+  for (int64_t s = 1; s <= most; ++s) {
+    const int64_t per_split = (k_chunks + s - 1) / s;
+    const int64_t waves = (base_blocks * s + slots - 1) / slots;
+    const int64_t cost = waves * (per_split + kBlockFixedChunks);
+    if (best_cost < 0 || cost < best_cost) best = s, best_cost = cost;
   }
+  return best;
 }
 
-// The k split of the streaming GEMM: enough splits that about kStreamWarpsPerSm warps per SM stream
-// weights at once, each split keeping at least kStreamMinChunks k-chunks (fewer would spend their time
-// filling the register ring and in the fp32 atomics), and at least as many as the staged x needs to fit
-// shared memory (`max_chunks` per split).
-constexpr int64_t kStreamWarpsPerSm = 16;
-constexpr int64_t kStreamMinChunks = 8;
-
-int64_t stream_splits(int64_t warps, int64_t k_chunks, int64_t max_chunks) {
-  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const int64_t wanted = (sms * kStreamWarpsPerSm + warps - 1) / warps;
-  const int64_t splits = std::max<int64_t>(1, std::min<int64_t>(wanted, k_chunks / kStreamMinChunks));
-  return std::max(splits, (k_chunks + max_chunks - 1) / max_chunks);
+// What both streaming GEMMs check of the arguments they share: x [m, k] and out [m, n] fp16, bias,
+// the split counters, the shape knobs (0 = choose).
+void check_stream_args(const at::Tensor& out, const at::Tensor& x, const std::optional<at::Tensor>& bias,
+                       const at::Tensor& split_counters, int64_t k, int64_t n, int64_t m_frags, int64_t n_frags,
+                       int64_t splits, const char* op) {
+  check_activation(x, k, op, "x");
+  TORCH_CHECK(x.size(0) >= 1, op, ": x has no rows");
+  check_out(out, x.size(0), n, op);
+  check_bias(bias, n, op);
+  check_cuda(split_counters, "split_counters");
+  TORCH_CHECK(split_counters.scalar_type() == at::kInt && split_counters.dim() == 1 && split_counters.is_contiguous(),
+              op, ": split_counters must be a contiguous int32 vector");
+  TORCH_CHECK(m_frags >= 0 && m_frags <= 4, op, ": m_frags ", num(m_frags), " is not built (0 = choose, 1 to 4)");
+  TORCH_CHECK(n_frags >= 0 && n_frags <= 2, op, ": n_frags ", num(n_frags), " is not built (0 = choose, 1 or 2)");
+  TORCH_CHECK(splits >= 0, op, ": splits must be >= 0 (0 = choose)");
 }
 
-}  // namespace
+// Launches a streaming GEMM (Tr: its QuantStreamTiles) with `params`, whose `s` (params itself or its
+// QuantStreamParams member) already holds the weight's fields (weight, group_params, k, num_groups,
+// chunk_group_shift): fills in x, out, bias, m, n, the k split (for `kernel`'s residency on this device
+// when splits == 0) and its workspace.
+template <typename Tr, typename Params, typename Kernel>
+void launch_stream_gemm(Kernel kernel, Params& params, QuantStreamParams& s, at::Tensor& out, const at::Tensor& x,
+                        const std::optional<at::Tensor>& bias, at::Tensor& split_counters, int64_t splits,
+                        int smem, const char* op) {
+  const int64_t m = x.size(0), n = out.size(1), k_chunks = s.k / Tr::kBlockK;
+  set_smem(kernel, smem);
+  const int64_t row_blocks = (m + Tr::kXRows - 1) / Tr::kXRows;
+  const int64_t feature_blocks = (n + Tr::kBlockFeatures - 1) / Tr::kBlockFeatures;
+  const int64_t tiles = row_blocks * feature_blocks;
+  if (splits == 0) {
+    static int resident_cache[kCachedDevices] = {};  // this kernel's own
+    const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+    splits = choose_splits(tiles, k_chunks, sms * resident_blocks(kernel, smem, resident_cache));
+  }
+  splits = std::min(splits, k_chunks);
+  const int64_t per_split = (k_chunks + splits - 1) / splits;
+  splits = (k_chunks + per_split - 1) / per_split;  // no empty split
+  at::Tensor partial;
+  if (splits > 1) {
+    TORCH_CHECK(split_counters.numel() >= tiles, op, ": split_counters holds ", num(split_counters.numel()),
+                " tile counters, this launch needs ", num(tiles));
+    partial = at::empty({splits * tiles * Tr::kTileFloats}, x.options().dtype(at::kFloat));
+  }
+  s.out = out.data_ptr();
+  s.partial = splits > 1 ? partial.data_ptr<float>() : nullptr;
+  s.split_counters = splits > 1 ? reinterpret_cast<unsigned*>(split_counters.data_ptr<int>()) : nullptr;
+  s.x = x.data_ptr();
+  s.bias = bias ? bias->data_ptr() : nullptr;
+  s.out_stride = out.stride(0);
+  s.x_stride = x.stride(0);
+  s.m = static_cast<int>(m);
+  s.n = static_cast<int>(n);
+  s.chunks_per_split = static_cast<int>(per_split);
+  const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(feature_blocks),
+                  static_cast<unsigned>(splits));
+  launch(kernel, grid, Tr::kThreads, smem, at::cuda::getCurrentCUDAStream(), params);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// The row fragments per block when the caller leaves it to the op: enough for the rows, at most 4.
+int64_t default_m_frags(int64_t m) { return std::min<int64_t>(4, (m + 15) / 16); }
+
+}  // namespace stream_gemm
 
 void quant_gemm_stream(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& group_params,
-                       const std::optional<at::Tensor>& bias, int64_t kind, int64_t group_size, int64_t m_frags,
-                       int64_t splits) {
+                       const std::optional<at::Tensor>& bias, at::Tensor& split_counters, int64_t kind,
+                       int64_t group_size, int64_t m_frags, int64_t n_frags, int64_t splits) {
   const char* op = "quant_gemm_stream";
   const PackedShape shape = check_packed(weight, group_params, kind, group_size, op);
-  check_activation(x, shape.k, op, "x");
-  const int64_t m = x.size(0), n = shape.n;
-  TORCH_CHECK(m >= 1, op, ": x has no rows");
-  check_out(out, m, n, op);
-  check_bias(bias, n, op);
-  TORCH_CHECK(m_frags >= 0 && m_frags <= 4, op, ": m_frags ", num(m_frags), " is not built (0 = choose, 1 to 4)");
-  TORCH_CHECK(splits >= 0, op, ": splits must be >= 0 (0 = choose)");
+  stream_gemm::check_stream_args(out, x, bias, split_counters, shape.k, shape.n, m_frags, n_frags, splits, op);
   const at::cuda::OptionalCUDAGuard guard(x.device());
-  if (m_frags == 0) m_frags = std::min<int64_t>(4, (m + 15) / 16);
-  const int64_t k_chunks = shape.k / 64;
-  const auto stream = at::cuda::getCurrentCUDAStream();
+  if (m_frags == 0) m_frags = stream_gemm::default_m_frags(x.size(0));
+  if (n_frags == 0) n_frags = stream_gemm::default_n_frags();
+  QuantStreamParams p{};
+  set_packed_fields(p, weight, group_params, shape);
   dispatch_quant_kind(kind, op, [&](auto kind_c) {
-    dispatch_m_frags(m_frags, op, [&](auto mf_c) {
-      constexpr int K = decltype(kind_c)::value, MF = decltype(mf_c)::value;
-      constexpr int NF = QuantStreamShape<K, MF>::kNF, D = QuantStreamShape<K, MF>::kDepth;
-      using Tr = QuantStreamTraits<K, MF, NF, D>;
-      const int64_t features = Tr::kWarps * 16 * NF;
-      const int64_t row_blocks = (m + 16 * MF - 1) / (16 * MF);
-      const int smem_limit = static_cast<int>(at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin);
-      const int64_t max_chunks = quant_gemm_stream_max_chunks<K, MF, NF, D>(smem_limit);
-      TORCH_CHECK(max_chunks >= 1, op, ": the staged x does not fit shared memory");
-      int64_t s = splits ? std::max(splits, (k_chunks + max_chunks - 1) / max_chunks)
-                         : stream_splits(((n + 16 * NF - 1) / (16 * NF)) * row_blocks, k_chunks, max_chunks);
-      s = std::min(s, k_chunks);
-      const int64_t per_split = (k_chunks + s - 1) / s;
-      s = (k_chunks + per_split - 1) / per_split;  // no empty split
-      at::Tensor partial;
-      const QuantGemmParams p = gemm_params(out, x, weight, group_params, bias, shape, s, per_split, partial);
-      const int smem = quant_gemm_stream_smem_bytes<K, MF, NF, D>(static_cast<int>(per_split));
-      set_smem(quant_gemm_stream_kernel<K, MF, NF, D>, smem);
-      const dim3 grid(static_cast<unsigned>((n + features - 1) / features), static_cast<unsigned>(row_blocks),
-                      static_cast<unsigned>(s));
-      launch(quant_gemm_stream_kernel<K, MF, NF, D>, grid, Tr::kThreads, smem, stream, p);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-      if (s > 1) finish_split_sum(out, partial, bias, stream);
+    dispatch_built<1, 2, 3, 4>(m_frags, op, "m_frags", [&](auto mf_c) {
+      dispatch_built<1, 2>(n_frags, op, "n_frags", [&](auto nf_c) {
+        constexpr int K = decltype(kind_c)::value, MF = decltype(mf_c)::value, NF = decltype(nf_c)::value;
+        using Tr = QuantStreamTraits<K, MF, NF>;
+        stream_gemm::launch_stream_gemm<Tr>(quant_gemm_stream_kernel<K, MF, NF>, p, p, out, x, bias, split_counters,
+                                            splits, Tr::kSmemBytes, op);
+      });
+    });
+  });
+}
+
+void quant_wmma_b_layout(at::Tensor& out) {
+  const char* op = "quant_wmma_b_layout";
+  check_cuda(out, "out");
+  TORCH_CHECK(out.scalar_type() == at::kInt && out.dim() == 2 && out.size(0) == 32 && out.size(1) == 16 &&
+                  out.is_contiguous(),
+              op, ": out must be a contiguous int32 [32, 16]");
+  const at::cuda::OptionalCUDAGuard guard(out.device());
+  launch(quant_wmma_b_layout_kernel, 1, 32, kQuantWmmaLayoutSmemBytes, at::cuda::getCurrentCUDAStream(),
+         out.data_ptr<int>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void quant_gemm_frag(at::Tensor& out, const at::Tensor& x, const at::Tensor& codes, const at::Tensor& group_params,
+                     const std::optional<at::Tensor>& bias, at::Tensor& split_counters, const at::Tensor& lane_map,
+                     int64_t layout, int64_t group_size, int64_t m_frags, int64_t n_frags, int64_t splits,
+                     bool deep) {
+  const char* op = "quant_gemm_frag";
+  check_cuda(codes, "codes");
+  check_cuda(group_params, "group_params");
+  TORCH_CHECK(codes.scalar_type() == at::kByte && codes.dim() == 3 && codes.is_contiguous() &&
+                  codes.numel() > 0 && codes.size(2) % 16 == 0 &&
+                  reinterpret_cast<uintptr_t>(codes.data_ptr()) % 16 == 0,
+              op, ": codes must be a contiguous, 16-byte aligned uint8 [tiles, k / 64, tuples * 2 slots]");
+  TORCH_CHECK(group_params.scalar_type() == at::kInt && group_params.dim() == 3 && group_params.is_contiguous() &&
+                  group_params.size(0) == codes.size(0) && group_params.size(2) == 16,
+              op, ": group_params must be a contiguous int32 [tiles, num_groups, 16] with the codes' tiles");
+  TORCH_CHECK(!lane_map.is_cuda() && lane_map.scalar_type() == at::kInt && lane_map.dim() == 2 &&
+                  lane_map.size(0) == 32 && lane_map.size(1) == 17,
+              op, ": lane_map must be a CPU int32 [32, 17] (FragmentLayout.lane_map)");
+  TORCH_CHECK(layout >= kFragLayoutGeneric && layout <= kFragLayoutRepeated, op, ": layout ", num(layout),
+              " is not built (0, 1 or 2)");
+  TORCH_CHECK(out.dim() == 2 && out.size(1) >= 1, op, ": out must be float16 [rows, n]");
+  const int64_t n = out.size(1), tiles = codes.size(0), k = codes.size(1) * 64;
+  TORCH_CHECK(tiles == (n + 31) / 32 * 2, op, ": codes hold ", num(tiles), " tiles of 16 features, out's ",
+              num(n), " features need ", num((n + 31) / 32 * 2));
+  const int64_t num_groups = group_params.size(1);
+  int64_t shift = 0;
+  if (num_groups != 1) {
+    TORCH_CHECK(group_size >= 64 && num_groups * group_size == k && (group_size & (group_size - 1)) == 0, op, ": ",
+                num(num_groups), " groups of ", num(group_size), " are not a power-of-two number of 64-column chunks "
+                "tiling k = ", num(k));
+    while ((int64_t{64} << shift) < group_size) ++shift;
+  }
+  stream_gemm::check_stream_args(out, x, bias, split_counters, k, n, m_frags, n_frags, splits, op);
+  const int64_t tuple_vectors = codes.size(2) / 16;
+  const auto map = lane_map.contiguous();
+  const int* lanes = map.data_ptr<int>();
+  QuantFragParams p{};
+  int last_tuple = 0;
+  for (int lane = 0; lane < 32; ++lane) {
+    const int tuple = lanes[lane * 17];
+    TORCH_CHECK(tuple >= 0 && tuple < 32, op, ": lane ", num(lane), "'s tuple ", num(tuple), " is not in 0..31");
+    last_tuple = std::max(last_tuple, tuple);
+    p.lane_tuple[lane] = static_cast<unsigned char>(tuple);
+    for (int slot = 0; slot < 16; ++slot) {
+      const int col = lanes[lane * 17 + 1 + slot];
+      TORCH_CHECK(col >= 0 && col < 16, op, ": lane ", num(lane), "'s column ", num(col), " is not in 0..15");
+      p.lane_cols[lane][slot] = static_cast<unsigned char>(col);
+    }
+  }
+  const at::cuda::OptionalCUDAGuard guard(x.device());
+  if (m_frags == 0) m_frags = stream_gemm::default_m_frags(x.size(0));
+  if (n_frags == 0) n_frags = stream_gemm::default_n_frags();
+  p.tile_chunk_vectors = static_cast<int>(tuple_vectors);
+  set_packed_fields(p.s, codes, group_params, k, num_groups, shift);
+  const auto run = [&](auto layout_c, auto mf_c, auto nf_c, auto deep_c) {
+    constexpr int L = decltype(layout_c)::value, MF = decltype(mf_c)::value, NF = decltype(nf_c)::value;
+    constexpr bool DEEP = decltype(deep_c)::value == 1;
+    using Tr = QuantFragTraits<MF, NF, L, DEEP>;
+    TORCH_CHECK((last_tuple + 1) * Tr::kTupleVectors <= tuple_vectors, op, ": lane_map names tuple ", num(last_tuple),
+                ", past the codes' ", num(tuple_vectors / Tr::kTupleVectors), " a chunk");
+    stream_gemm::launch_stream_gemm<Tr>(quant_gemm_frag_kernel<MF, NF, L, DEEP>, p, p.s, out, x, bias, split_counters,
+                                        splits, Tr::kSmemBytes, op);
+  };
+  dispatch_built<1, 2, 3, 4>(m_frags, op, "m_frags", [&](auto mf_c) {
+    if (deep) {
+      // The deep ring is built for one weight fragment per warp at the structured layouts (the A/B's).
+      TORCH_CHECK(n_frags == 1 && layout != kFragLayoutGeneric, op, ": deep is built for n_frags 1 at layouts 1 and 2");
+      dispatch_built<kFragLayoutPairs, kFragLayoutRepeated>(layout, op, "layout", [&](auto layout_c) {
+        run(layout_c, mf_c, std::integral_constant<int, 1>{}, std::integral_constant<int, 1>{});
+      });
+      return;
+    }
+    dispatch_built<kFragLayoutGeneric, kFragLayoutPairs, kFragLayoutRepeated>(layout, op, "layout", [&](auto layout_c) {
+      dispatch_built<1, 2>(n_frags, op, "n_frags", [&](auto nf_c) {
+        run(layout_c, mf_c, nf_c, std::integral_constant<int, 0>{});
+      });
     });
   });
 }
@@ -416,12 +511,8 @@ void quant_dequantize(at::Tensor& out, const at::Tensor& weight, const at::Tenso
   const at::cuda::OptionalCUDAGuard guard(weight.device());
   QuantDequantizeParams p{};
   p.out = out.data_ptr();
-  p.weight = reinterpret_cast<const uint4*>(weight.data_ptr());
-  p.group_params = reinterpret_cast<const unsigned*>(group_params.data_ptr());
+  set_packed_fields(p, weight, group_params, shape);
   p.n = static_cast<int>(shape.n);
-  p.k = static_cast<int>(shape.k);
-  p.num_groups = static_cast<int>(shape.num_groups);
-  p.chunk_group_shift = static_cast<int>(shape.chunk_group_shift);
   const auto stream = at::cuda::getCurrentCUDAStream();
   dispatch_quant_kind(kind, op, [&](auto kind_c) {
     constexpr int K = decltype(kind_c)::value;

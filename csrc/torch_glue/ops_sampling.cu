@@ -1,8 +1,13 @@
-// Torch glue for token sampling (sampling/radix_sampling.cuh): checks, device guard, stream, dtype dispatch.
+// Torch glue for token sampling (sampling/radix_sampling.cuh, sampling/race_first_sampling.cuh): checks,
+// device guard, stream, dtype dispatch, scratch.
 #include <algorithm>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "torch_glue/torch_glue.h"
 #include "sampling/radix_sampling.cuh"
+#include "sampling/race_first_sampling.cuh"
 
 namespace voltllm {
 
@@ -86,7 +91,7 @@ void radix_sampling(at::Tensor& out, const at::Tensor& logits, const at::Tensor&
     }
     if (selects) {
       launch(gather_candidates_kernel<T>, split_grid, kSplitThreads, sizeof(SelectShared), stream, p);
-      launch(finish_candidates_kernel, rows, kSplitThreads, sizeof(SelectShared), stream, p);
+      launch(finish_candidates_kernel<T>, rows, kSplitThreads, sizeof(SelectShared), stream, p);
     }
     for (int level = 0; p.top_p != nullptr && level < kSelectDigits; ++level) {
       launch(select_digit_kernel<T, true>, split_grid, kSplitThreads, sizeof(SelectShared), stream, p, level);
@@ -98,6 +103,90 @@ void radix_sampling(at::Tensor& out, const at::Tensor& logits, const at::Tensor&
     run(float{});
   } else {
     dispatch_dtype(logits.scalar_type(), "radix_sampling", run);
+  }
+}
+
+namespace {
+
+// race_first_sampling's tickets: per (device, stream), at least `rows` zeroed counters, which every
+// launch leaves at zero (so they are zeroed once, not per call). Two streams never share them, so draws
+// on different streams cannot count each other's blocks. Kept for the process's lifetime (never
+// destroyed: a static tensor freed at exit would outlive the CUDA context).
+unsigned* race_tickets(const at::Tensor& like, int64_t rows) {
+  static std::mutex mutex;
+  static auto* by_stream = new std::map<std::pair<int, int64_t>, at::Tensor>();
+  const std::pair<int, int64_t> key{like.get_device(), at::cuda::getCurrentCUDAStream().id()};
+  const std::lock_guard<std::mutex> lock(mutex);
+  at::Tensor& tickets = (*by_stream)[key];
+  if (!tickets.defined() || tickets.size(0) < rows) {
+    tickets = at::zeros({std::max<int64_t>(rows, 256)}, like.options().dtype(at::kInt));
+  }
+  return reinterpret_cast<unsigned*>(tickets.data_ptr<int>());
+}
+
+// Bytes of `count` elements of E, rounded up to 16 (the scratch tensor is carved in that order).
+template <typename E>
+int64_t race_scratch_bytes(int64_t count) {
+  return (count * static_cast<int64_t>(sizeof(E)) + 15) / 16 * 16;
+}
+
+}  // namespace
+
+void race_first_sampling(at::Tensor& out, const at::Tensor& logits, const std::optional<at::Tensor>& temperature,
+                         const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& seeds,
+                         int64_t min_split_tokens) {
+  check_cuda(logits, "logits");
+  TORCH_CHECK(logits.dim() == 2 && logits.stride(1) == 1,
+              "race_first_sampling: logits must be [rows, vocab] with contiguous rows");
+  const int64_t rows = logits.size(0);
+  check_row_param(out, at::kLong, rows, "out");
+  TORCH_CHECK(temperature.has_value() || !top_p.has_value(),
+              "race_first_sampling: top_p needs a temperature (no temperature: every row greedy)");
+  TORCH_CHECK(!temperature.has_value() || seeds.has_value(),
+              "race_first_sampling: rows with a temperature need their seeds");
+  TORCH_CHECK(min_split_tokens >= 1, "race_first_sampling: min_split_tokens must be positive, got ",
+              num(min_split_tokens));
+  if (rows == 0) return;
+  TORCH_CHECK(logits.size(1) >= 1 && logits.size(1) < kNoToken, "race_first_sampling: bad vocabulary size ",
+              num(logits.size(1)));
+  const at::cuda::OptionalCUDAGuard guard(logits.device());
+  RaceParams p{};
+  p.out = reinterpret_cast<long long*>(out.data_ptr<int64_t>());
+  p.logits = logits.data_ptr();
+  p.logits_stride = logits.stride(0);
+  p.temperature = optional_row_param<float>(temperature, at::kFloat, rows, "temperature");
+  p.top_p = optional_row_param<float>(top_p, at::kFloat, rows, "top_p");
+  p.seeds = reinterpret_cast<const unsigned long long*>(optional_row_param<int64_t>(seeds, at::kLong, rows, "seeds"));
+  p.vocab = static_cast<int>(logits.size(1));
+  split_sizes(rows, p.vocab, p.splits, p.split_tokens,
+              static_cast<int>(std::min<int64_t>(min_split_tokens, p.vocab)));
+  // One scratch tensor, carved: split maxima and argmaxes, split candidates, row states.
+  const int64_t split_count = rows * p.splits;
+  const int64_t max_bytes = race_scratch_bytes<float>(split_count), argmax_bytes = race_scratch_bytes<int>(split_count);
+  const int64_t top_bytes = race_scratch_bytes<RaceEntry>(split_count * kRaceCandidates);
+  const int64_t state_bytes = race_scratch_bytes<RaceRowState>(rows);
+  at::Tensor scratch =
+      at::empty({max_bytes + argmax_bytes + top_bytes + state_bytes}, logits.options().dtype(at::kByte));
+  uint8_t* base = scratch.data_ptr<uint8_t>();
+  p.split_max = reinterpret_cast<float*>(base);
+  p.split_argmax = reinterpret_cast<int*>(base + max_bytes);
+  p.split_top = reinterpret_cast<RaceEntry*>(base + max_bytes + argmax_bytes);
+  p.state = reinterpret_cast<RaceRowState*>(base + max_bytes + argmax_bytes + top_bytes);
+  p.tickets = race_tickets(logits, rows);
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  const dim3 split_grid(static_cast<unsigned>(rows), static_cast<unsigned>(p.splits));
+  auto run = [&](auto t) {
+    using T = decltype(t);
+    launch(race_top_kernel<T>, split_grid, kRaceThreads, sizeof(RaceShared), stream, p);
+    if (p.top_p != nullptr) {
+      launch(race_mass_kernel<T>, split_grid, kRaceThreads, sizeof(RaceShared), stream, p);
+      launch(race_finish_row_kernel<T>, rows, kFinishThreads, sizeof(SelectShared), stream, p);
+    }
+  };
+  if (logits.scalar_type() == at::kFloat) {
+    run(float{});
+  } else {
+    dispatch_dtype(logits.scalar_type(), "race_first_sampling", run);
   }
 }
 

@@ -9,7 +9,15 @@ void kv_cache_write(const at::Tensor& key, const at::Tensor& value, at::Tensor& 
                     const at::Tensor& slot_mapping);
 void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
                             const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t max_seq_len,
-                            double scale, int64_t sliding_window);
+                            double scale, int64_t sliding_window, int64_t min_split,
+                            const std::optional<at::Tensor>& merge_tickets, int64_t ticket_max_splits);
+void paged_decode_attention_prologue(at::Tensor& out, const at::Tensor& qkv, const at::Tensor& positions,
+                                     const at::Tensor& cos_sin_cache, const std::optional<at::Tensor>& q_weight,
+                                     const std::optional<at::Tensor>& k_weight, double eps, at::Tensor& kv_cache,
+                                     const at::Tensor& slot_mapping, const at::Tensor& block_tables,
+                                     const at::Tensor& seq_lens, int64_t max_seq_len, double scale,
+                                     int64_t sliding_window, int64_t min_split,
+                                     const std::optional<at::Tensor>& merge_tickets, int64_t ticket_max_splits);
 void paged_prefill_attention_mma_sm80(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
                                 const at::Tensor& block_tables, const at::Tensor& seq_lens,
                                 const at::Tensor& query_start_loc, int64_t num_row_tiles, double scale,
@@ -28,6 +36,9 @@ void silu_and_mul(at::Tensor& out, const at::Tensor& input);
 void radix_sampling(at::Tensor& out, const at::Tensor& logits, const at::Tensor& temperature,
                     const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
                     const std::optional<at::Tensor>& min_p, const at::Tensor& seeds);
+void race_first_sampling(at::Tensor& out, const at::Tensor& logits, const std::optional<at::Tensor>& temperature,
+                         const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& seeds,
+                         int64_t min_split_tokens);
 void apply_token_bitmask(at::Tensor& logits, const at::Tensor& bitmask, const std::optional<at::Tensor>& rows);
 void gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
           bool swiglu);
@@ -38,19 +49,20 @@ void qk_norm_rope_kv_write(at::Tensor& qkv, const at::Tensor& positions, const a
                            const std::optional<at::Tensor>& q_weight, const std::optional<at::Tensor>& k_weight,
                            double eps, int64_t num_heads, at::Tensor& kv_cache, const at::Tensor& slot_mapping);
 void quant_gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& group_params,
-                const std::optional<at::Tensor>& bias, int64_t kind, int64_t group_size, bool swiglu);
+                const std::optional<at::Tensor>& bias, int64_t kind, int64_t group_size, bool swiglu, int64_t shape);
 void quant_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& group_params,
                 const std::optional<at::Tensor>& bias, int64_t kind, int64_t group_size, int64_t block_m,
                 int64_t splits);
-void quant_add_rms_norm_gemv(at::Tensor& out, at::Tensor& residual_out, const at::Tensor& hidden,
-                             const at::Tensor& residual, const at::Tensor& norm_weight, double eps,
-                             const at::Tensor& weight, const at::Tensor& group_params,
-                             const std::optional<at::Tensor>& bias, int64_t kind, int64_t group_size, bool swiglu);
 void quant_gemm_stream(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& group_params,
-                       const std::optional<at::Tensor>& bias, int64_t kind, int64_t group_size, int64_t m_frags,
-                       int64_t splits);
+                       const std::optional<at::Tensor>& bias, at::Tensor& split_counters, int64_t kind,
+                       int64_t group_size, int64_t m_frags, int64_t n_frags, int64_t splits);
 void quant_dequantize(at::Tensor& out, const at::Tensor& weight, const at::Tensor& group_params, int64_t kind,
                       int64_t group_size);
+void quant_wmma_b_layout(at::Tensor& out);
+void quant_gemm_frag(at::Tensor& out, const at::Tensor& x, const at::Tensor& codes, const at::Tensor& group_params,
+                     const std::optional<at::Tensor>& bias, at::Tensor& split_counters, const at::Tensor& lane_map,
+                     int64_t layout, int64_t group_size, int64_t m_frags, int64_t n_frags, int64_t splits,
+                     bool deep);
 void moe_topk_softmax(at::Tensor& topk_weights, at::Tensor& topk_ids, const at::Tensor& router_logits,
                       bool renormalize);
 void moe_align(at::Tensor& sorted_pair_ids, at::Tensor& tile_experts, at::Tensor& num_tiles,
@@ -66,7 +78,13 @@ TORCH_LIBRARY(voltllm_C, m) {
   m.def("kv_cache_write(Tensor key, Tensor value, Tensor(a!) kv_cache, Tensor slot_mapping) -> ()");
   m.def(
       "paged_decode_attention(Tensor(a!) out, Tensor query, Tensor kv_cache, Tensor block_tables, "
-      "Tensor seq_lens, int max_seq_len, float scale, int sliding_window) -> ()");
+      "Tensor seq_lens, int max_seq_len, float scale, int sliding_window, int min_split, "
+      "Tensor(b!)? merge_tickets, int ticket_max_splits) -> ()");
+  m.def(
+      "paged_decode_attention_prologue(Tensor(a!) out, Tensor qkv, Tensor positions, Tensor cos_sin_cache, "
+      "Tensor? q_weight, Tensor? k_weight, float eps, Tensor(b!) kv_cache, Tensor slot_mapping, "
+      "Tensor block_tables, Tensor seq_lens, int max_seq_len, float scale, int sliding_window, int min_split, "
+      "Tensor(c!)? merge_tickets, int ticket_max_splits) -> ()");
   m.def(
       "paged_prefill_attention_mma_sm80(Tensor(a!) out, Tensor query, Tensor kv_cache, Tensor block_tables, "
       "Tensor seq_lens, Tensor query_start_loc, int num_row_tiles, float scale, int sliding_window) -> ()");
@@ -84,8 +102,12 @@ TORCH_LIBRARY(voltllm_C, m) {
   m.def(
       "radix_sampling(Tensor(a!) out, Tensor logits, Tensor temperature, Tensor? top_k, Tensor? top_p, Tensor? min_p, "
       "Tensor seeds) -> ()");
+  m.def(
+      "race_first_sampling(Tensor(a!) out, Tensor logits, Tensor? temperature, Tensor? top_p, Tensor? seeds, "
+      "int min_split_tokens) -> ()");
   m.def("apply_token_bitmask(Tensor(a!) logits, Tensor bitmask, Tensor? rows) -> ()");
-  m.def("gemv(Tensor(a!) out, Tensor x, Tensor weight, Tensor? bias, bool swiglu) -> ()");
+  m.def(
+      "gemv(Tensor(a!) out, Tensor x, Tensor weight, Tensor? bias, bool swiglu) -> ()");
   m.def(
       "add_rms_norm_gemv(Tensor(a!) out, Tensor(b!) residual_out, Tensor hidden, Tensor residual, "
       "Tensor norm_weight, float eps, Tensor weight, Tensor? bias, bool swiglu) -> ()");
@@ -94,19 +116,20 @@ TORCH_LIBRARY(voltllm_C, m) {
       "Tensor? k_weight, float eps, int num_heads, Tensor(b!) kv_cache, Tensor slot_mapping) -> ()");
   m.def(
       "quant_gemv(Tensor(a!) out, Tensor x, Tensor weight, Tensor group_params, Tensor? bias, int kind, "
-      "int group_size, bool swiglu) -> ()");
+      "int group_size, bool swiglu, int shape) -> ()");
   m.def(
       "quant_gemm(Tensor(a!) out, Tensor x, Tensor weight, Tensor group_params, Tensor? bias, int kind, "
       "int group_size, int block_m, int splits) -> ()");
   m.def(
-      "quant_add_rms_norm_gemv(Tensor(a!) out, Tensor(b!) residual_out, Tensor hidden, Tensor residual, "
-      "Tensor norm_weight, float eps, Tensor weight, Tensor group_params, Tensor? bias, int kind, int group_size, "
-      "bool swiglu) -> ()");
-  m.def(
-      "quant_gemm_stream(Tensor(a!) out, Tensor x, Tensor weight, Tensor group_params, Tensor? bias, int kind, "
-      "int group_size, int m_frags, int splits) -> ()");
+      "quant_gemm_stream(Tensor(a!) out, Tensor x, Tensor weight, Tensor group_params, Tensor? bias, "
+      "Tensor(b!) split_counters, int kind, int group_size, int m_frags, int n_frags, int splits) -> ()");
   m.def(
       "quant_dequantize(Tensor(a!) out, Tensor weight, Tensor group_params, int kind, int group_size) -> ()");
+  m.def("quant_wmma_b_layout(Tensor(a!) out) -> ()");
+  m.def(
+      "quant_gemm_frag(Tensor(a!) out, Tensor x, Tensor codes, Tensor group_params, Tensor? bias, "
+      "Tensor(b!) split_counters, Tensor lane_map, int layout, int group_size, int m_frags, int n_frags, "
+      "int splits, bool deep) -> ()");
   m.def("moe_topk_softmax(Tensor(a!) topk_weights, Tensor(b!) topk_ids, Tensor router_logits, bool renormalize) -> ()");
   m.def(
       "moe_align(Tensor(a!) sorted_pair_ids, Tensor(b!) tile_experts, Tensor(c!) num_tiles, Tensor topk_ids, "
@@ -121,6 +144,7 @@ TORCH_LIBRARY(voltllm_C, m) {
 TORCH_LIBRARY_IMPL(voltllm_C, CUDA, m) {
   m.impl("kv_cache_write", &voltllm::kv_cache_write);
   m.impl("paged_decode_attention", &voltllm::paged_decode_attention);
+  m.impl("paged_decode_attention_prologue", &voltllm::paged_decode_attention_prologue);
   m.impl("paged_prefill_attention_mma_sm80", &voltllm::paged_prefill_attention_mma_sm80);
   m.impl("paged_prefill_attention_wmma", &voltllm::paged_prefill_attention_wmma);
   m.impl("rms_norm", &voltllm::rms_norm);
@@ -128,15 +152,17 @@ TORCH_LIBRARY_IMPL(voltllm_C, CUDA, m) {
   m.impl("rotary_embedding", &voltllm::rotary_embedding);
   m.impl("silu_and_mul", &voltllm::silu_and_mul);
   m.impl("radix_sampling", &voltllm::radix_sampling);
+  m.impl("race_first_sampling", &voltllm::race_first_sampling);
   m.impl("apply_token_bitmask", &voltllm::apply_token_bitmask);
   m.impl("gemv", &voltllm::gemv);
   m.impl("add_rms_norm_gemv", &voltllm::add_rms_norm_gemv);
   m.impl("qk_norm_rope_kv_write", &voltllm::qk_norm_rope_kv_write);
   m.impl("quant_gemv", &voltllm::quant_gemv);
   m.impl("quant_gemm", &voltllm::quant_gemm);
-  m.impl("quant_add_rms_norm_gemv", &voltllm::quant_add_rms_norm_gemv);
   m.impl("quant_gemm_stream", &voltllm::quant_gemm_stream);
   m.impl("quant_dequantize", &voltllm::quant_dequantize);
+  m.impl("quant_wmma_b_layout", &voltllm::quant_wmma_b_layout);
+  m.impl("quant_gemm_frag", &voltllm::quant_gemm_frag);
   m.impl("moe_topk_softmax", &voltllm::moe_topk_softmax);
   m.impl("moe_align", &voltllm::moe_align);
   m.impl("moe_experts", &voltllm::moe_experts);

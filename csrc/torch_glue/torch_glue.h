@@ -5,6 +5,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/all.h>
 
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -140,6 +141,35 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
   config.attrs = attribute;
   config.numAttrs = dependent_launch_enabled() ? 1 : 0;
   C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+// The attention prologue's inputs besides qkv (qk_norm_rope_kv_write, and the decode kernel that folds the
+// prologue in): optional per-head q/k norm weights (both or neither), int64 positions and cache slots of
+// the `num_tokens` tokens, and the fp32 rotary table of `head_size` columns.
+inline void check_qk_prologue(const at::Tensor& qkv, const at::Tensor& positions, const at::Tensor& cos_sin_cache,
+                              const std::optional<at::Tensor>& q_weight, const std::optional<at::Tensor>& k_weight,
+                              const at::Tensor& slot_mapping, int64_t num_tokens, int64_t head_size, const char* op) {
+  for (const auto* w : {&q_weight, &k_weight}) {
+    if (*w) {
+      check_cuda(**w, "q/k norm weight");
+      check_same_dtype(qkv, **w, op);
+      TORCH_CHECK((*w)->dim() == 1 && (*w)->size(0) == head_size && (*w)->is_contiguous(), op,
+                  ": q/k norm weights must be [head_size]");
+    }
+  }
+  TORCH_CHECK(q_weight.has_value() == k_weight.has_value(), op, ": give both q and k norm weights or neither");
+  check_cuda(positions, "positions");
+  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.dim() == 1 && positions.size(0) == num_tokens &&
+                  positions.is_contiguous(),
+              op, ": positions must be a contiguous int64 [num_tokens] tensor");
+  check_cuda(cos_sin_cache, "cos_sin_cache");
+  TORCH_CHECK(cos_sin_cache.scalar_type() == at::kFloat && cos_sin_cache.dim() == 2 && cos_sin_cache.is_contiguous() &&
+                  cos_sin_cache.size(1) == head_size,
+              op, ": cos_sin_cache must be a contiguous float32 [max_position, head_size] tensor");
+  check_cuda(slot_mapping, "slot_mapping");
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.dim() == 1 &&
+                  slot_mapping.size(0) == num_tokens && slot_mapping.is_contiguous(),
+              op, ": slot_mapping must be a contiguous int64 [num_tokens] tensor");
 }
 
 struct AttentionShape {

@@ -92,8 +92,20 @@ class EngineConfig:
     # front end does better with one core left free: on a busy CPU each parallel op otherwise waits
     # for a descheduled thread (measured 5-10x slower steps on 2 shared cores).
     cpu_threads: int | None = None
+    # Plan and launch step N+1 while step N runs on the device (`docs/engine.md`, "Asynchronous
+    # scheduling"); None: the engine's default with CUDA (`engine.core.ASYNC_SCHEDULING_BY_DEFAULT`),
+    # off on the CPU (where it hides nothing). Not with tensor parallelism, whose step command carries
+    # the last step's ids.
+    async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
+        if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
+            raise ValueError(f"async_scheduling must be True, False or None, got {self.async_scheduling!r}")
+        if self.async_scheduling and self.tensor_parallel_size > 1:
+            raise ValueError(
+                "async_scheduling is not supported with tensor_parallel_size > 1 (the step command "
+                "carries the last step's sampled ids): leave it unset or pass --no-async-scheduling"
+            )
         for name in ("tensor_parallel_size", "data_parallel_size"):
             size = getattr(self, name)
             if isinstance(size, bool) or not isinstance(size, int) or size < 1:

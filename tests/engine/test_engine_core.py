@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import resource
 import time
 from types import SimpleNamespace
 
@@ -140,21 +141,33 @@ def test_step_timings_cover_the_step(core):
     core.runner = _Runner(core.runner, None)
     core.add_request(request("a", max_tokens=4))
     core.add_request(request("b", prompt=[1, 2, 3, 4, 5, 6], max_tokens=4))
+    glue_within_bound = []
     for _ in range(4):
+        preemptions = _involuntary_switches()
         start = time.perf_counter()
         core.step()
         wall = time.perf_counter() - start
+        undisturbed = _involuntary_switches() == preemptions
         t = core.last_step_timings
         parts = (t.schedule_s, t.execute_s, t.update_s, t.outputs_s)
         assert min(parts) >= 0 and t.execute_s > 0
         assert sum(parts) <= t.total_s <= wall
-        assert t.total_s - sum(parts) <= max(0.25 * t.total_s, 2e-3)  # only glue between the parts
+        # Only glue between the parts: a few microseconds of code, unless the loaded machine took the
+        # core away in it (milliseconds), which a step the scheduler never preempted rules out.
+        glue_within_bound.append(t.total_s - sum(parts) <= max(0.25 * t.total_s, 2e-3))
+        assert glue_within_bound[-1] or not undisturbed, t
         # A runner that reports no split leaves it at 0: the whole step is host time.
         assert (t.prepare_s, t.forward_s, t.sync_s, t.post_s) == (0, 0, 0, 0) and t.host_s == t.total_s
+    assert any(glue_within_bound), "every step spent more than its bound outside the timed parts"
     while core.scheduler.has_work():  # the runner is told about finished requests
         core.step()
     idle = core.step()
     assert idle.outputs == [] and core.last_step_timings.execute_s == 0
+
+
+def _involuntary_switches() -> int:
+    """How many times the scheduler has preempted this thread (Linux counts them per thread)."""
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw
 
 
 def test_step_timings_take_the_runner_split(core):

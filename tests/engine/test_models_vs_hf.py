@@ -5,8 +5,13 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
-from tiny_models import PLAIN_CONFIGS, engine_prompts, hf_greedy, save_plain_model
+from tiny_models import (
+    PLAIN_CONFIGS,
+    assert_greedy_matches_hf,
+    cpu_test_engine,
+    engine_prompts,
+    save_plain_model,
+)
 
 from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from voltllm.engine.llm_engine import LLMEngine
@@ -18,26 +23,7 @@ NEW_TOKENS = 32
 @pytest.mark.parametrize("arch", sorted(PLAIN_CONFIGS))
 def test_greedy_matches_transformers(arch, tmp_path):
     model_dir, hf_model = save_plain_model(arch, tmp_path / arch)
-    config = EngineConfig(
-        model=ModelConfig(model=str(model_dir), dtype="float32"),
-        cache=CacheConfig(block_size=8, num_kv_blocks=256),
-        scheduler=SchedulerConfig(max_num_batched_tokens=40, max_num_seqs=8),  # forces chunked prefill
-        device="cpu",
-    )
-    engine = LLMEngine(config)
-    prompts = engine_prompts(engine.vocab_size, 10)
-    params = EngineSamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=20)
-    requests = [EngineCoreRequest(str(i), p, params, float(i)) for i, p in enumerate(prompts)]
-    outputs = engine.generate_token_ids(requests)
-    assert engine.get_stats().prefix_cache_hits > 0  # the shared prefix was reused
-    with torch.inference_mode():
-        for i, prompt in enumerate(prompts):
-            ref_tokens, ref_last_logprobs = hf_greedy(hf_model, prompt, NEW_TOKENS)
-            out = outputs[str(i)]
-            assert out.new_token_ids == ref_tokens, f"prompt {i} ({len(prompt)} tokens)"
-            last = out.new_logprobs[-1]
-            ref = ref_last_logprobs[last.token_ids].tolist()
-            assert last.logprobs == pytest.approx(ref, abs=2e-4), f"prompt {i}: last-step logprobs"
+    assert_greedy_matches_hf(cpu_test_engine(model_dir, num_kv_blocks=256), hf_model, num_prompts=10)
 
 
 @pytest.mark.slow

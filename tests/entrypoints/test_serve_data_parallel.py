@@ -120,8 +120,13 @@ def test_two_engines_share_the_load_and_survive_a_kill_9(tmp_path: Path) -> None
         with ThreadPoolExecutor(8) as pool:
             assert list(pool.map(complete, range(16))) == [6] * 16
         after = finished(base)
-        assert after["0"] - server_before["0"] == 16
-        assert after["1"] == server_before["1"]
+        # All on engine 0 while engine 1 is down; engine 1's restart (seconds) races these requests (about
+        # a second) on a loaded machine, and one that came back first may have taken some.
+        if not fully_healthy(base):
+            assert after["0"] - server_before["0"] == 16
+            assert after["1"] == server_before["1"]
+        else:
+            assert sum(after.values()) - sum(server_before.values()) == 16
         assert per_engine(base, "voltllm:engine_up")["0"] == 1.0
 
         # The #22 recovery restarts only the killed engine; then both serve again.

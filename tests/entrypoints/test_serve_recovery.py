@@ -21,6 +21,11 @@ from voltllm_cli import VOLTLLM, free_port
 pytestmark = pytest.mark.slow
 
 HANG_TIMEOUT_S = 5
+# How soon the streams must end after the engine dies or hangs. Generous for a loaded 2-core machine,
+# yet each fails the bug it is there for: an undetected death leaves the streams open (4,000 tokens,
+# 120 s read timeout), and a hang check that ignored --engine-hang-timeout would use the 30 s default.
+KILLED_STREAMS_END_S = 60
+HUNG_STREAMS_END_S = HANG_TIMEOUT_S + 20
 
 
 class Served:
@@ -115,7 +120,7 @@ def test_kill_9_mid_stream_errors_every_stream_and_heals(served: Served) -> None
     events, threads, _ = open_streams(served.base, 3)
     os.kill(old, signal.SIGKILL)
     killed = time.monotonic()
-    assert_ended_with_error(events, threads, within=15)
+    assert_ended_with_error(events, threads, within=KILLED_STREAMS_END_S)
     assert served.health() == 503 or served.engine_pid() != old  # restarting, or already back
     served.wait_healthy(timeout=180 - (time.monotonic() - killed))
     assert served.engine_pid() != old
@@ -129,7 +134,7 @@ def test_sigstop_hung_engine_is_detected_and_replaced(served: Served) -> None:
     os.kill(old, signal.SIGSTOP)
     stopped = time.monotonic()
     try:
-        assert_ended_with_error(events, threads, within=HANG_TIMEOUT_S + 10)
+        assert_ended_with_error(events, threads, within=HUNG_STREAMS_END_S)
         served.wait_healthy(timeout=180)
         assert served.engine_pid() != old
         assert not Path(f"/proc/{old}").exists() or Path(f"/proc/{old}/stat").read_text().split()[2] == "Z"

@@ -13,6 +13,7 @@ import time
 
 import httpx
 import pytest
+import voltllm_cli
 from voltllm_cli import VOLTLLM, start_server
 
 pytestmark = pytest.mark.slow
@@ -69,6 +70,24 @@ def test_a_taken_port_fails_before_the_model_loads() -> None:
     assert time.monotonic() - start < 60
 
 
+def test_start_server_moves_off_a_port_taken_before_it_binds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tests' `start_server` (voltllm_cli) on a port another process took after `free_port` found
+    it free: it starts again on a fresh port, and the server it returns is its own."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        ports = iter([port, voltllm_cli.free_port()])
+        monkeypatch.setattr(voltllm_cli, "free_port", lambda: next(ports))
+        proc, base = start_server("--num-kv-blocks", "64")
+    try:
+        assert base != f"http://127.0.0.1:{port}"
+        assert httpx.get(f"{base}/health", timeout=10).status_code == 200
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=60) == 0
+
+
 def test_sigterm_lets_three_long_requests_finish_then_exits_0() -> None:
     proc, base = start_server("--num-kv-blocks", "256", "--shutdown-timeout", "120")
     max_tokens = 400
@@ -93,13 +112,16 @@ def test_sigterm_lets_three_long_requests_finish_then_exits_0() -> None:
             time.sleep(0.2)
         proc.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
-        time.sleep(0.5)
+        # Until the server has handled the signal a new request is still served: wait for the drain to
+        # show (a fixed 0.5 s sleep was a race on the loaded machine), well before the requests end.
+        while (health := httpx.get(f"{base}/health", timeout=10)).status_code == 200:
+            assert time.monotonic() - signalled < 30, "the server never started draining"
+            time.sleep(0.05)
+        assert health.status_code == 503 and "shutting down" in health.text
         late = httpx.post(f"{base}/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=10)
         assert late.status_code == 503, late.text
         assert late.headers["retry-after"].isdigit()
         assert late.json()["error"]["type"] == "ServiceUnavailableError"
-        health = httpx.get(f"{base}/health", timeout=10)
-        assert health.status_code == 503 and "shutting down" in health.text
         for t in threads:
             t.join(timeout=240)
         assert proc.wait(timeout=60) == 0

@@ -3,6 +3,7 @@ model to serve when what is tested is the server, not the model."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -27,23 +28,66 @@ def free_port() -> int:
 
 
 def start_server(*args: str, timeout: float = 600) -> tuple[subprocess.Popen, str]:
-    """`voltllm serve ARGS` on a free port, returned once `/health` answers 200, with its base URL."""
-    port = free_port()
-    proc = subprocess.Popen([*VOLTLLM, "serve", "--port", str(port), *args])
-    base = f"http://127.0.0.1:{port}"
+    """`voltllm serve ARGS` on a free port, returned once `/health` answers 200 from it, with its base
+    URL. `free_port` only finds a port that was free: another process (a server started by the other
+    xdist worker) can take it before ours binds, and would then answer our health check. So the
+    listener must be ours; on a clash the start is tried again on a fresh port, twice at most."""
     deadline = time.monotonic() + timeout
+    for _ in range(3):
+        port = free_port()
+        proc = subprocess.Popen([*VOLTLLM, "serve", "--port", str(port), *args])
+        base = f"http://127.0.0.1:{port}"
+        if _wait_healthy(proc, base, port, deadline):
+            return proc, base
+        proc.kill()  # the port was someone else's: ours failed to bind, or is failing
+        proc.wait()
+    raise AssertionError("voltllm serve lost its port to another process three times")
+
+
+def _wait_healthy(proc: subprocess.Popen, base: str, port: int, deadline: float) -> bool:
+    """True once `proc` listens on `port` and `/health` answers 200; False when another process holds
+    the port. Fails when `proc` exits otherwise or the deadline passes."""
     while True:
+        listener = _listener_pid(port, proc.pid)
         if proc.poll() is not None:
+            if listener is not None:
+                return False
             raise AssertionError("voltllm serve exited during start-up")
+        if listener is not None and listener != proc.pid:
+            return False
         try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                return proc, base
+            if listener == proc.pid and httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                return True
         except httpx.HTTPError:
             pass
         if time.monotonic() > deadline:
             proc.kill()
             raise AssertionError("voltllm serve did not become healthy")
         time.sleep(1)
+
+
+def _listener_pid(port: int, pid: int) -> int | None:
+    """Who listens on 127.0.0.1:`port`: `pid` if one of its sockets does, -1 for anyone else, None
+    when nobody does (from /proc/net/tcp's LISTEN rows and the process's open sockets)."""
+    inodes = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, state, inode = fields[1], fields[3], fields[9]
+        if state == "0A" and int(local.split(":")[1], 16) == port:
+            inodes.add(f"socket:[{inode}]")
+    if not inodes:
+        return None
+    try:
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return -1
+    for fd in fds:
+        try:
+            if os.readlink(fd) in inodes:
+                return pid
+        except OSError:
+            continue
+    return -1
 
 
 @contextmanager

@@ -21,11 +21,14 @@ EMU = HERE / "emu"
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to build the kernel emulator")
 
 
-def build_emulator(out_dir: Path, harness: str) -> ctypes.CDLL:
-    """Compile `emu/<harness>` with the kernel headers into `out_dir` and load it."""
-    lib = out_dir / (Path(harness).stem + ".so")
+def build_emulator(out_dir: Path, harness: str, defines: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """Compile `emu/<harness>` with the kernel headers (and `-D` each of `defines`) into `out_dir` and
+    load it. `-fno-gnu-unique`: the emulator's function-local statics (the WMMA maps, the running block)
+    stay each library's own when one process loads two builds of a harness."""
+    lib = out_dir / (Path(harness).stem + "".join(f"-{d}" for d in defines) + ".so")
     cmd = [
-        "g++", "-std=c++17", "-O1", "-fPIC", "-shared", "-Wno-unknown-pragmas",
+        "g++", "-std=c++17", "-O1", "-fPIC", "-shared", "-fno-gnu-unique", "-Wno-unknown-pragmas",
+        *(f"-D{d}" for d in defines),
         f"-I{EMU / 'include'}", f"-I{EMU}", f"-I{CSRC}", str(EMU / harness), "-o", str(lib),
     ]  # fmt: skip
     subprocess.run(cmd, check=True, capture_output=True, text=True)

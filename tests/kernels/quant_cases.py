@@ -90,3 +90,42 @@ def make_weight(
             g_idx=None if g_idx is None else g_idx.to(device),
         )
     return weight
+
+
+# fp16's unit roundoff (half an ulp at 1).
+FP16_EPS = 2.0**-11
+
+
+def fp16_dot_error_bound(x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+    """A first-order bound, per output feature, on |kernel - fp32 reference| for x @ dense.T as the
+    quantized kernels compute it: fp16 products summed 8 per fp16 accumulator (eight roundings, each at
+    most FP16_EPS of a partial sum, itself at most sum |x_k w_k|), then fp32; plus the reference's own
+    rounding of each dequantized weight to fp16. Elementwise, so a draw with a large sum of absolute
+    terms gets the margin it needs and a layout bug (a wrong group, nibble or scale: errors of the
+    order of the value itself) still fails."""
+    return 9 * FP16_EPS * (x.float().abs() @ dense.float().abs().T)
+
+
+def swiglu_error_bound(proj: torch.Tensor, proj_bound: torch.Tensor) -> torch.Tensor:
+    """Bound on |silu(g') * u' - silu(g) * u| for the gated halves [gate | up] of `proj` (fp32, the
+    exact projection) when g', u' are each within proj_bound of it and both sides round g, u to fp16
+    (which can land an ulp apart) and the kernel rounds its product to fp16. |silu'| <= 1.1."""
+    half = proj.shape[-1] // 2
+    gate, up = proj[..., :half], proj[..., half:]
+    err_gate = proj_bound[..., :half] + 2 * FP16_EPS * gate.abs()
+    err_up = proj_bound[..., half:] + 2 * FP16_EPS * up.abs()
+    silu = torch.nn.functional.silu(gate)
+    value = silu * up
+    return 1.1 * err_gate * (up.abs() + err_up) + silu.abs() * err_up + 2 * FP16_EPS * value.abs() + 1e-6
+
+
+def assert_within(got: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor, msg: str) -> None:
+    """Every element of got within its own bound of expected (and no NaN)."""
+    err = (got.float() - expected.float()).abs()
+    worst = int(torch.argmax(err - bound))
+    assert not torch.isnan(got).any(), f"NaN in the output: {msg}"
+    got_worst, expected_worst = float(got.flatten()[worst]), float(expected.flatten()[worst])
+    assert bool((err <= bound).all()), (
+        f"{msg}: element {worst} is {got_worst}, expected {expected_worst}"
+        f" within {float(bound.flatten()[worst]):.3g}"
+    )

@@ -65,6 +65,16 @@ def test_prologue_matches_unfused_references(emu, head, num_heads, num_kv_heads,
     assert got[:, ~written].isnan().all(), "a slot that was not scheduled was written"
 
 
+def run_gemv(emu, x, weight, bias, out, swiglu: bool) -> None:
+    """The GEMV kernel into `out` (x's dtype, or float32: the kernel that stores float32 logits)."""
+    emu.emu_gemv(
+        ctypes.c_int(int(x.dtype == torch.bfloat16)), ptr(out), ptr(x), ptr(weight), ptr(bias),
+        ctypes.c_longlong(out.stride(0)), ctypes.c_longlong(x.stride(0)), ctypes.c_int(x.shape[0]),
+        ctypes.c_int(out.shape[1]), ctypes.c_int(x.shape[1]), ctypes.c_int(int(swiglu)),
+        ctypes.c_int(int(out.dtype == torch.float32)), ctypes.c_uint(5),
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("rows", [1, 2])
 @pytest.mark.parametrize("swiglu", [False, True])
 @pytest.mark.parametrize(("n", "k", "dtype"), [(9, 520, torch.float16), (6, 2056, torch.bfloat16)])
@@ -74,17 +84,17 @@ def test_gemv_matches_fp32_product(emu, rows, swiglu, n, k, dtype):
     weight = (torch.randn(2 * n if swiglu else n, k, generator=gen) / k**0.5).to(dtype)
     bias = torch.randn(weight.shape[0], generator=gen).to(dtype)
     out = torch.full((rows, n), float("nan")).to(dtype)
-    emu.emu_gemv(
-        ctypes.c_int(int(dtype == torch.bfloat16)), ptr(out), ptr(x), ptr(weight), ptr(bias),
-        ctypes.c_longlong(out.stride(0)), ctypes.c_longlong(x.stride(0)), ctypes.c_int(rows), ctypes.c_int(n),
-        ctypes.c_int(k), ctypes.c_int(int(swiglu)), ctypes.c_uint(5),
-    )  # fmt: skip
+    run_gemv(emu, x, weight, bias, out, swiglu)
     ref = F.linear(x.float(), weight.float(), bias.float())
     if swiglu:
         gate, up = ref.to(dtype).float().chunk(2, dim=-1)
         ref = F.silu(gate) * up
     tol = 1e-2 if dtype == torch.float16 else 5e-2
     torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
+    if not swiglu:  # float32 logits straight from the GEMV: the T result widened, bit for bit
+        wide = torch.full((rows, n), float("nan"))
+        run_gemv(emu, x, weight, bias, wide, swiglu)
+        assert torch.equal(wide, out.float())
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -49,6 +49,35 @@ def test_gemv_matches_fp32_reference(dtype, rows, n, k, with_bias, swiglu):
 
 
 @cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 2])
+def test_float32_out_is_the_widened_result_and_the_lm_head_uses_it(dtype, rows):
+    """gemv into a float32 out stores the dtype result widened, bit for bit; ParallelLMHead(fp32_gemv)
+    gives the logits the cast path gives; a swiglu GEMV refuses a float32 out."""
+    from voltllm.layers.embedding import ParallelLMHead
+
+    gen = torch.Generator(device="cuda").manual_seed(rows)
+    x = torch.randn(rows, 1024, device="cuda", generator=gen).to(dtype)
+    weight = (torch.randn(4099, 1024, device="cuda", generator=gen) / 32).to(dtype)
+    wide = torch.full((rows, 4099), float("nan"), device="cuda")
+    gemv(x, weight, out=wide)
+    assert torch.equal(wide, gemv(x, weight).float())
+    head = ParallelLMHead(4099, 1024).to(device="cuda", dtype=dtype)
+    head.weight.data.copy_(weight)
+    cast = head(x)
+    head.fp32_gemv = True
+    direct = torch.full_like(cast, float("nan"))
+    assert head(x, out=direct) is direct and torch.equal(direct, cast) and torch.equal(head(x), cast)
+    with pytest.raises(RuntimeError, match="swiglu"):
+        gemv(
+            x,
+            torch.randn(2 * 64, 1024, device="cuda", dtype=dtype),
+            out=torch.empty(rows, 64, device="cuda"),
+            swiglu=True,
+        )
+
+
+@cuda
 def test_gemv_reads_strided_rows_and_rejects_bad_input():
     x_wide = torch.randn(2, 2048, device="cuda", dtype=torch.float16)
     x = x_wide[:, :1024]  # rows 2048 elements apart
@@ -134,7 +163,7 @@ def test_add_rms_norm_gemv_rejects_overlap_and_checks_applies():
     out = torch.empty(1, 64, device="cuda", dtype=torch.float16)
     with pytest.raises(RuntimeError, match="must not overlap"):
         ops_call = torch.ops.voltllm_C.add_rms_norm_gemv
-        ops_call(out, residual, hidden, residual, norm_weight, 1e-6, weight, None, False)
+        ops_call(out, residual, hidden, residual, norm_weight, 1e-6, weight, None, False, False)
     assert not add_rms_norm_gemv_applies(hidden.cpu(), residual.cpu(), norm_weight.cpu(), weight.cpu())
     three = torch.randn(GEMV_MAX_ROWS + 1, 1024, device="cuda", dtype=torch.float16)
     assert not add_rms_norm_gemv_applies(three, three.clone(), norm_weight, weight)

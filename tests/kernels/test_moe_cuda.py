@@ -12,14 +12,15 @@ import pytest
 import torch
 
 from voltllm.layers.fused_moe import experts_grouped
-from voltllm.layers.norm import rms_norm
+from voltllm.ops._dispatch import kernel_ops
 from voltllm.ops.moe import (
+    PAIR_DOWN_STAGED_CHUNKS,
     PAIRS_MAX_TOKENS,
     fused_moe,
     fused_moe_applies,
     fused_moe_pairs,
+    fused_moe_pairs_routed,
     moe_align,
-    moe_route,
     moe_tile_rows,
     topk_softmax,
     topk_softmax_ref,
@@ -92,23 +93,100 @@ def test_fused_moe_matches_the_torch_form(grouped_gemm, num_tokens, top_k, kind)
     _check_pipeline(x, w13, w2, logits, top_k, kind != "random" or num_tokens % 2 == 0, grouped_gemm)
 
 
+@pytest.mark.parametrize("down_chunks", [0, PAIR_DOWN_STAGED_CHUNKS[-1]])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("num_tokens", [1, 2, 3, 8])
+@pytest.mark.parametrize("num_tokens", [1, 2, 3, 8, 16])
 @pytest.mark.parametrize("top_k", [1, 5, 8])
 @pytest.mark.parametrize("kind", ["random", "idle expert", "all to one"])
-def test_pair_path_matches_the_torch_form(dtype, num_tokens, top_k, kind):
+def test_pair_path_matches_the_torch_form(down_chunks, dtype, num_tokens, top_k, kind):
     # hidden 1048 = 4 * 256 + 24: the gated stage's rows end inside a 4-chunk step; the down stage's
-    # k of 40 inside its first chunk; top-k 5 leaves a partial round of its 4 pairs in flight.
+    # k of 40 inside its first chunk (the staged kernel's 32-chunk steps cross several rows); top-k 5
+    # leaves a partial round of the unstaged kernel's 4 pairs in flight.
     gen = _generator()
     num_experts, hidden, inter = 16, 1048, 40
     w13, w2 = _weights(num_experts, hidden, inter, dtype, gen)
     x = torch.randn(num_tokens, hidden, device="cuda", generator=gen).to(dtype)
     logits = _routing(kind, num_tokens, num_experts, gen, dtype)
     weights, ids = topk_softmax(logits, top_k, kind != "random")
-    got = fused_moe_pairs(x, w13, w2, weights, ids)
+    got = fused_moe_pairs(x, w13, w2, weights, ids, down_chunks)
     expected = experts_grouped(x.float(), w13.float(), w2.float(), weights, ids.long())
     tol = 2e-2 if dtype == torch.float16 else 6e-2
     torch.testing.assert_close(got.float(), expected, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("down_chunks", PAIR_DOWN_STAGED_CHUNKS)
+@pytest.mark.parametrize("num_tokens", [1, 8, 16])
+def test_staged_pair_down_agrees_with_the_unstaged_kernel(down_chunks, num_tokens):
+    """The Qwen3-30B-A3B down stage (128 experts of 768 -> 2048, top-8) by each kernel on the same act:
+    the same fp32 sum in another order, so within one rounding of the fp16 output."""
+    gen = _generator()
+    _, w2 = _weights(128, 2048, 768, torch.float16, gen)
+    act = torch.randn(num_tokens * 8, 768, device="cuda", generator=gen).half()
+    weights, ids = topk_softmax(_routing("random", num_tokens, 128, gen, torch.float16), 8, True)
+    outs = []
+    for chunks in (0, down_chunks):
+        out = torch.empty(num_tokens, 2048, dtype=torch.float16, device="cuda")
+        kernel_ops().moe_pair_experts(out, act, w2, ids, weights, False, chunks)
+        outs.append(out.float())
+    expected = torch.einsum("pk,pnk->pn", act.float(), w2.float()[ids.flatten().long()])
+    expected = (expected.view(num_tokens, 8, 2048) * weights[..., None]).sum(dim=1)
+    for out in outs:
+        torch.testing.assert_close(out, expected, atol=4e-3, rtol=4e-3)
+    torch.testing.assert_close(outs[1], outs[0], atol=4e-3, rtol=4e-3)
+
+
+@pytest.mark.parametrize("down_chunks", PAIR_DOWN_STAGED_CHUNKS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("num_tokens", [1, 16])
+@pytest.mark.parametrize("top_k", [1, 8])
+@pytest.mark.parametrize("kind", ["random", "idle expert", "all to one"])
+def test_routed_pair_path_equals_the_routing_kernels(down_chunks, dtype, num_tokens, top_k, kind):
+    """The pair stages that route themselves give the bits of the pair path fed by `topk_softmax`."""
+    gen = _generator()
+    num_experts, hidden, inter = 60, 1048, 264  # 60 experts: the routing's second slot per lane partly used
+    w13, w2 = _weights(num_experts, hidden, inter, dtype, gen)
+    x = torch.randn(num_tokens, hidden, device="cuda", generator=gen).to(dtype)
+    logits = _routing(kind, num_tokens, num_experts, gen, dtype)
+    renormalize = kind != "random"
+    got = fused_moe_pairs_routed(x, w13, w2, logits, top_k, renormalize, down_chunks)
+    weights, ids = topk_softmax(logits, top_k, renormalize)
+    assert torch.equal(got, fused_moe_pairs(x, w13, w2, weights, ids, down_chunks))
+    expected = experts_grouped(x.float(), w13.float(), w2.float(), weights, ids.long())
+    tol = 2e-2 if dtype == torch.float16 else 6e-2
+    torch.testing.assert_close(got.float(), expected, atol=tol, rtol=tol)
+
+
+def test_moe_pair_experts_routed_refuses_what_it_cannot_route():
+    gen = _generator()
+    w13, w2 = _weights(256, 256, 96, torch.float16, gen)
+    x = torch.randn(1, 256, device="cuda", generator=gen).half()
+    act = torch.empty(8, 96, dtype=torch.float16, device="cuda")
+    logits = _routing("random", 1, 256, gen, torch.float16)
+    with pytest.raises(RuntimeError, match="route here"):  # 256 experts: over kMoeRoutedMaxExperts
+        kernel_ops().moe_pair_experts_routed(act, x, w13, logits, 8, True, True, 0)
+    w13, w2 = w13[:16].contiguous(), w2[:16].contiguous()
+    out = torch.empty(1, 256, dtype=torch.float16, device="cuda")
+    with pytest.raises(RuntimeError, match="staged kernel only"):
+        kernel_ops().moe_pair_experts_routed(out, act, w2, logits[:, :16].contiguous(), 8, True, False, 0)
+    with pytest.raises(RuntimeError, match="dtypes differ"):
+        kernel_ops().moe_pair_experts_routed(
+            act, x, w13, logits[:, :16].float().contiguous(), 8, True, True, 0
+        )
+    with pytest.raises(ValueError, match="needs a staged down stage"):
+        fused_moe_pairs_routed(x, w13, w2, logits[:, :16].contiguous(), 8, True, 0)
+
+
+def test_moe_pair_experts_refuses_an_unknown_down_variant():
+    gen = _generator()
+    w13, w2 = _weights(16, 256, 96, torch.float16, gen)
+    weights, ids = topk_softmax(_routing("random", 1, 16, gen, torch.float16), 2, True)
+    act = torch.randn(2, 96, device="cuda", generator=gen).half()
+    out = torch.empty(1, 256, dtype=torch.float16, device="cuda")
+    with pytest.raises(RuntimeError, match="down_chunks must be 0"):
+        kernel_ops().moe_pair_experts(out, act, w2, ids, weights, False, 16)
+    x = torch.randn(1, 256, device="cuda", generator=gen).half()
+    with pytest.raises(RuntimeError, match="down stage only"):
+        kernel_ops().moe_pair_experts(act, x, w13, ids, weights, True, 24)
 
 
 def test_fused_moe_runs_pair_by_pair_up_to_the_threshold(monkeypatch):
@@ -160,14 +238,19 @@ def test_use_grouped_gemm_follows_the_pairs_per_expert():
     assert use_grouped_gemm(8192 * 8, 128, torch.float16, device)  # prefill
 
 
+@pytest.mark.parametrize("routed", [False, True])
 @pytest.mark.parametrize("num_tokens", [1, 8, 64, 256])
-def test_fused_moe_captures_in_a_cuda_graph(num_tokens):
+def test_fused_moe_captures_in_a_cuda_graph(num_tokens, routed):
+    if routed and num_tokens > PAIRS_MAX_TOKENS:
+        pytest.skip("the routed pair path is a decode path")
     gen = _generator()
     w13, w2 = _weights(128, 256, 128, torch.float16, gen)
     x = torch.randn(num_tokens, 256, device="cuda", generator=gen).half()
     logits = torch.randn(num_tokens, 128, device="cuda", generator=gen).half()
 
     def step():
+        if routed:
+            return fused_moe_pairs_routed(x, w13, w2, logits, 8, True, PAIR_DOWN_STAGED_CHUNKS[-1])
         weights, ids = topk_softmax(logits, 8, True)
         return fused_moe(x, w13, w2, weights, ids)
 
@@ -187,46 +270,3 @@ def test_fused_moe_captures_in_a_cuda_graph(num_tokens):
             weights, ids = topk_softmax_ref(logits, 8, True)
             expected = experts_grouped(x.float(), w13.float(), w2.float(), weights, ids)
             torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 2])
-@pytest.mark.parametrize("num_experts,top_k,renormalize", [(128, 8, True), (60, 4, False), (512, 32, True)])
-def test_route_matches_its_parts(dtype, rows, num_experts, top_k, renormalize):
-    """add + RMSNorm + router + top-k in one launch, against the unfused definitions; replayed from a
-    CUDA graph with fresh inputs (its ticket counter must be back at 0 after every launch)."""
-    gen = _generator()
-    hidden_size = 2048
-    norm_weight = (1 + 0.1 * torch.randn(hidden_size, device="cuda", generator=gen)).to(dtype)
-    gate = (torch.randn(num_experts, hidden_size, device="cuda", generator=gen) / hidden_size**0.5).to(dtype)
-    hidden = torch.empty(rows, hidden_size, device="cuda", dtype=dtype)
-    residual = torch.empty_like(hidden)
-    counter = torch.zeros(1, dtype=torch.int32, device="cuda")
-
-    def route():
-        return moe_route(hidden, residual, norm_weight, 1e-6, gate, top_k, renormalize, counter)
-
-    with torch.inference_mode():
-        hidden.normal_(generator=gen)
-        residual.normal_(generator=gen)
-        route()  # warm-up, eagerly
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            normed, new_residual, weights, ids = route()
-        for _ in range(3):
-            hidden.normal_(generator=gen)
-            residual.normal_(generator=gen)
-            graph.replay()
-            summed = (hidden.float() + residual.float()).to(dtype)
-            assert torch.equal(new_residual, summed)
-            ref_normed = rms_norm(summed.float(), norm_weight.float(), 1e-6).to(dtype)
-            tol = 2e-2 if dtype == torch.float16 else 8e-2
-            torch.testing.assert_close(normed.float(), ref_normed.float(), atol=tol, rtol=tol)
-            logits = (normed @ gate.t()).float()  # the router linear on the kernel's own normed rows
-            probs = torch.softmax(logits, dim=-1)
-            chosen = probs.gather(1, ids.long())
-            ref_weights, _ = topk_softmax_ref(logits, top_k, renormalize)
-            # the k largest probabilities, up to the rounding of the logits (fp32 sums in another order)
-            torch.testing.assert_close(chosen, probs.topk(top_k).values, atol=2e-3, rtol=2e-2)
-            torch.testing.assert_close(weights, ref_weights, atol=2e-3, rtol=2e-2)
-            assert int(counter.item()) == 0

@@ -2,7 +2,7 @@
 softmax against its definition (`topk_softmax_ref`), the align kernel's tiles against the invariants
 the expert stages rely on, and the whole expert pipeline (align, gated stage, down stage, combine) by
 both kernels, the decode GEMV and the tensor-core grouped GEMM, and the pair-by-pair path, against the
-torch form of the experts; the fused front of a block (add + norm + router + top-k) against its parts.
+torch form of the experts.
 Fresh random inputs every run; the shapes leave partial tiles in every dimension."""
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import torch
 from emulator import build_emulator, needs_gxx, ptr
 
 from voltllm.layers.fused_moe import experts_grouped
-from voltllm.layers.norm import rms_norm
 from voltllm.ops.moe import moe_max_tiles, topk_softmax_ref
 
 pytestmark = needs_gxx
@@ -153,24 +152,27 @@ def test_expert_pipeline_matches_the_torch_form(emu, grouped_gemm, dtype, num_to
         )
 
 
+def _run_pair_experts_stage(emu, gated: bool, a, w, topk_weights, topk_ids, down_chunks: int, seed: int):
+    """One pair stage on the emulator, as `fused_moe_pairs` launches it: gated, act [pairs, I] from x;
+    down (by `down_chunks`' kernel), out [tokens, H], each token's top-k sum, from act."""
+    num_tokens, top_k = topk_ids.shape
+    n, k = (w.shape[1] // 2 if gated else w.shape[1]), w.shape[2]
+    ids = topk_ids.to(torch.int32).contiguous()  # held: the call reads them through raw pointers
+    weights = topk_weights.float().contiguous()
+    dst = torch.full((num_tokens * top_k if gated else num_tokens, n), float("nan")).to(a.dtype)
+    emu.emu_moe_pair_experts(
+        ctypes.c_int(int(a.dtype == torch.bfloat16)), ctypes.c_int(int(gated)), ptr(dst), ptr(a), ptr(w),
+        ptr(ids), ptr(weights), ctypes.c_longlong(a.stride(0)), ctypes.c_longlong(dst.stride(0)),
+        ctypes.c_int(num_tokens), ctypes.c_int(top_k), ctypes.c_int(n), ctypes.c_int(k),
+        ctypes.c_int(down_chunks), ctypes.c_uint(seed),
+    )  # fmt: skip
+    return dst
+
+
 def _run_pair_experts(emu, x, w13, w2, topk_weights, topk_ids, seed: int) -> torch.Tensor:
     """The pair-by-pair decode path of `voltllm.ops.moe.fused_moe` on the emulator: two launches."""
-    bf16 = ctypes.c_int(int(x.dtype == torch.bfloat16))
-    num_tokens, hidden = x.shape
-    two_i = w13.shape[1]
-    top_k = topk_ids.shape[1]
-    ids = topk_ids.to(torch.int32).contiguous()
-    weights = topk_weights.float().contiguous()
-    act = torch.full((num_tokens * top_k, two_i // 2), float("nan")).to(x.dtype)
-    out = torch.full((num_tokens, hidden), float("nan")).to(x.dtype)
-    stages = ((1, act, x, w13, two_i // 2, hidden), (0, out, act, w2, hidden, two_i // 2))
-    for gated, dst, a, w, n, k in stages:
-        emu.emu_moe_pair_experts(
-            bf16, ctypes.c_int(gated), ptr(dst), ptr(a), ptr(w), ptr(ids), ptr(weights),
-            ctypes.c_longlong(a.stride(0)), ctypes.c_longlong(dst.stride(0)), ctypes.c_int(num_tokens),
-            ctypes.c_int(top_k), ctypes.c_int(n), ctypes.c_int(k), ctypes.c_uint(seed),
-        )  # fmt: skip
-    return out
+    act = _run_pair_experts_stage(emu, True, x, w13, topk_weights, topk_ids, 0, seed)
+    return _run_pair_experts_stage(emu, False, act, w2, topk_weights, topk_ids, 0, seed)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -193,38 +195,95 @@ def test_pair_path_matches_the_torch_form(emu, dtype, num_tokens, top_k):
         )
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("rows,num_experts,top_k,renormalize", [(1, 40, 4, True), (2, 24, 8, False)])
-def test_route_matches_its_definition(emu, dtype, rows, num_experts, top_k, renormalize):
-    # 40 experts: a partial block of 16 warps; the last block to finish (seeded order) runs the top-k.
+# Every kernel in fp16, the staged one's larger round in bf16 too (the emulator is slow: CI runs these).
+@pytest.mark.parametrize(
+    "down_chunks,dtype", [(0, torch.float16), (12, torch.float16), (24, torch.float16), (24, torch.bfloat16)]
+)
+@pytest.mark.parametrize(
+    "num_tokens,top_k,inter",
+    [
+        (1, 8, 776),  # 97 chunks a row, 776 a feature: 3 rounds of 12 chunks a lane, 2 of 24, both partial
+        (3, 5, 264),  # rows of 33 chunks: a lane's 32-chunk step crosses rows mid-warp
+        (2, 3, 40),  # rows of 5 chunks: one step crosses several rows
+    ],
+)
+def test_pair_down_stage_matches_its_definition(emu, down_chunks, dtype, num_tokens, top_k, inter):
+    """Both down-stage kernels: out[t] = sum_j weight_j * (act[t * top_k + j] @ w2[e_j].T) in fp32, rounded
+    once. n = 20 output features leaves the staged kernel's last block with 4 warps past n."""
     gen, seed = _generator()
-    k = 264  # a norm thread's second chunk is partial
-    hidden = torch.randn(rows, k, generator=gen).to(dtype)
-    residual = torch.randn(rows, k, generator=gen).to(dtype)
-    norm_weight = (1 + 0.1 * torch.randn(k, generator=gen)).to(dtype)
-    gate = (torch.randn(num_experts, k, generator=gen) / k**0.5).to(dtype)
-    normed = torch.full((rows, k), float("nan")).to(dtype)
-    new_residual = torch.full((rows, k), float("nan")).to(dtype)
-    logits = torch.full((rows, num_experts), float("nan")).to(dtype)
-    weights = torch.full((rows, top_k), float("nan"))
-    ids = torch.full((rows, top_k), -1, dtype=torch.int32)
-    counter = torch.zeros(1, dtype=torch.int32)
-    for _ in range(2):  # the counter is back at 0 after a launch
-        emu.emu_moe_route(
-            ctypes.c_int(int(dtype == torch.bfloat16)), ptr(normed), ptr(new_residual), ptr(logits),
-            ptr(weights), ptr(ids), ptr(counter), ptr(hidden), ptr(residual), ptr(norm_weight),
-            ctypes.c_float(1e-6), ptr(gate),
-            ctypes.c_int(rows), ctypes.c_int(k), ctypes.c_int(num_experts), ctypes.c_int(top_k),
-            ctypes.c_int(int(renormalize)), ctypes.c_uint(seed),
-        )  # fmt: skip
-        assert int(counter[0]) == 0
-    summed = (hidden.float() + residual.float()).to(dtype)
-    assert torch.equal(new_residual, summed)
-    ref_normed = (rms_norm(summed.float(), norm_weight.float(), 1e-6)).to(dtype)
+    num_experts, hidden = 12, 20
+    act = torch.randn(num_tokens * top_k, inter, generator=gen).to(dtype)
+    w2 = (torch.randn(num_experts, hidden, inter, generator=gen) / inter**0.5).to(dtype)
+    for name, topk_ids in _routings(num_tokens, num_experts, top_k, gen).items():
+        topk_weights = torch.rand(num_tokens, top_k, generator=gen)
+        got = _run_pair_experts_stage(emu, False, act, w2, topk_weights, topk_ids, down_chunks, seed)
+        products = torch.einsum("pk,pnk->pn", act.float(), w2.float()[topk_ids.flatten()])
+        expected = (products.view(num_tokens, top_k, hidden) * topk_weights[..., None]).sum(dim=1)
+        tol = 2e-3 if dtype == torch.float16 else 1e-2  # the one rounding of the output
+        torch.testing.assert_close(
+            got.float(), expected, atol=tol, rtol=tol, msg=lambda m, n=name: f"{n}, seed {seed}: {m}"
+        )
+
+
+def _topk_by_kernel(emu, logits: torch.Tensor, top_k: int, renormalize: bool, seed: int):
+    """The routing kernel's choices (`moe_topk_softmax_kernel`) on the emulator: (weights, int32 ids)."""
+    num_tokens, num_experts = logits.shape
+    weights = torch.full((num_tokens, top_k), float("nan"))
+    ids = torch.full((num_tokens, top_k), -7, dtype=torch.int32)
+    emu.emu_moe_topk_softmax(
+        ctypes.c_int(int(logits.dtype == torch.bfloat16)), ptr(weights), ptr(ids), ptr(logits),
+        ctypes.c_longlong(logits.stride(0)), ctypes.c_int(num_tokens), ctypes.c_int(num_experts),
+        ctypes.c_int(top_k), ctypes.c_int(int(renormalize)), ctypes.c_uint(seed),
+    )  # fmt: skip
+    return weights, ids
+
+
+def _run_routed_stage(
+    emu, gated: bool, dst, a, w, logits, top_k: int, renormalize: bool, chunks: int, seed: int
+):
+    """One pair stage that routes itself from `logits` on the emulator, written into `dst`."""
+    num_tokens, num_experts = logits.shape
+    n, k = (w.shape[1] // 2 if gated else w.shape[1]), w.shape[2]
+    emu.emu_moe_pair_experts_routed(
+        ctypes.c_int(int(a.dtype == torch.bfloat16)), ctypes.c_int(int(gated)), ptr(dst), ptr(a), ptr(w),
+        ptr(logits), ctypes.c_longlong(logits.stride(0)), ctypes.c_longlong(a.stride(0)),
+        ctypes.c_longlong(dst.stride(0)), ctypes.c_int(num_tokens), ctypes.c_int(num_experts),
+        ctypes.c_int(top_k), ctypes.c_int(int(renormalize)), ctypes.c_int(n), ctypes.c_int(k),
+        ctypes.c_int(chunks), ctypes.c_uint(seed),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "down_chunks,dtype", [(12, torch.float16), (24, torch.float16), (24, torch.bfloat16)]
+)
+@pytest.mark.parametrize(
+    "num_tokens,num_experts,top_k,renormalize", [(1, 128, 8, True), (3, 10, 3, False), (2, 33, 5, True)]
+)
+def test_routed_pair_stages_equal_the_given_routing_ones(
+    emu, down_chunks, dtype, num_tokens, num_experts, top_k, renormalize
+):
+    """The stages that route themselves from the router's logits give the same bits as the stages given
+    the routing kernel's choices: the gated stage's act (the pair's expert) and the staged down stage's
+    sum (the token's experts and weights). 33 experts leave the routing's second lane slot partly empty."""
+    gen, seed = _generator()
+    hidden, inter = 136, 40  # the gated stage's row ends inside its first 4-chunk step; 5 chunks a down row
+    logits = torch.zeros(num_tokens, num_experts + 3, dtype=dtype)[:, :num_experts]  # strided rows
+    logits.copy_(_distinct_logits(num_tokens, num_experts, gen))
+    x = torch.randn(num_tokens, hidden, generator=gen).to(dtype)
+    w13 = (torch.randn(num_experts, 2 * inter, hidden, generator=gen) / hidden**0.5).to(dtype)
+    w2 = (torch.randn(num_experts, hidden, inter, generator=gen) / inter**0.5).to(dtype)
+    weights, ids = _topk_by_kernel(emu, logits, top_k, renormalize, seed)
+    assert torch.equal(ids.long(), topk_softmax_ref(logits, top_k, renormalize)[1]), f"seed {seed}"
+    act_given = _run_pair_experts_stage(emu, True, x, w13, weights, ids, 0, seed)
+    act_routed = torch.full_like(act_given, float("nan"))
+    _run_routed_stage(emu, True, act_routed, x, w13, logits, top_k, renormalize, 0, seed)
+    assert torch.equal(act_routed, act_given), f"gated stage, seed {seed}"
+    out_given = _run_pair_experts_stage(emu, False, act_given, w2, weights, ids, down_chunks, seed)
+    out_routed = torch.full_like(out_given, float("nan"))
+    _run_routed_stage(emu, False, out_routed, act_given, w2, logits, top_k, renormalize, down_chunks, seed)
+    assert torch.equal(out_routed, out_given), f"down stage, seed {seed}"
+    expected = experts_grouped(x.float(), w13.float(), w2.float(), weights, ids.long())
     tol = 2e-2 if dtype == torch.float16 else 8e-2
-    torch.testing.assert_close(normed.float(), ref_normed.float(), atol=tol, rtol=tol)
-    torch.testing.assert_close(logits.float(), normed.float() @ gate.float().t(), atol=tol, rtol=tol)
-    ref_weights, ref_ids = topk_softmax_ref(logits, top_k, renormalize)  # of the kernel's own logits
-    chosen = logits.float().gather(1, ids.long())  # by value: tied logits may pick either expert
-    assert torch.equal(chosen, logits.float().gather(1, ref_ids))
-    torch.testing.assert_close(weights, ref_weights, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(
+        out_routed.float(), expected, atol=tol, rtol=tol, msg=lambda m: f"seed {seed}: {m}"
+    )

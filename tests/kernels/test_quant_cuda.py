@@ -1,18 +1,19 @@
 """The quantized kernels on a GPU against `dequantize` then an fp32 product: every kind, bit width, group
 size and act-order, the GEMV at 1..8 rows (plain and SwiGLU), the WMMA GEMM at every row tile with and
-without split k, the weight-streaming GEMM at every fragment count, the dense path, the row-count
+without split k, the weight-streaming GEMM at every fragment count, the register-dequantizing GEMM on
+the probed fragment layout and on the layout-free form, the dense path, the row-count
 dispatch of `CudaQuantizedMatmul`, CUDA-graph capture, the packed memory size and the errors. Inputs
 are fresh random draws every run (the seed is printed)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
 import torch
 import torch.nn.functional as F
 from quant_cases import CASES, QuantCase, make_weight
-from test_gemv_cuda import ulps_off
 
 from voltllm.layers.quantization.quantized_weight import QuantizedWeight, dequantize, quantized_matmul_for
 from voltllm.ops import quantized_linear as ql
@@ -57,6 +58,25 @@ def test_gemv_every_kind_and_row_count(case: QuantCase, rows: int):
 
 @cuda
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("shape", range(1, ql.GEMV_ONE_ROW_SHAPES + 1))
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_gemv_every_one_row_shape(case: QuantCase, shape: int, swiglu: bool):
+    """Each built one-row shape on a k that its steps and k split do not divide (k = 1,152: 36 int4
+    chunks, 72 8-bit ones: a short last step, idle split warps) with an n that leaves part of a block
+    empty, and on a k of many steps."""
+    for n, k in ((2 * 195, 1152), (2 * 36, 8192)):
+        weight, x, bias = _inputs(case, 1, n, k, ("shape", shape, swiglu))
+        x = x * (1024 / k) ** 0.5  # sums of k products stay as large as at k = 1,024: SwiGLU stays in fp16
+        packed = ql.pack(weight)
+        ref = _reference(weight, x, bias)
+        if swiglu:
+            gate, up = ref.to(torch.float16).float().chunk(2, dim=-1)
+            ref = F.silu(gate) * up
+        _close(ql.quant_gemv(packed, x, bias, swiglu=swiglu, shape=shape), ref)
+
+
+@cuda
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 @pytest.mark.parametrize("rows", [1, 2, 5, 8])
 def test_gemv_swiglu_epilogue(case: QuantCase, rows: int):
     weight, x, bias = _inputs(case, rows, 2 * 384, 512, "swiglu")
@@ -80,15 +100,102 @@ def test_gemm_every_kind_and_tile(case: QuantCase, rows: int):
 
 @cuda
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
-@pytest.mark.parametrize("rows", [4, 9, 16, 20, 33, 64, 100])
+@pytest.mark.parametrize("rows", [4, 9, 16, 20, 33, 64, 100, 128])
 def test_stream_gemm_every_kind_and_fragment_count(case: QuantCase, rows: int):
     weight, x, bias = _inputs(case, rows, 392, 1024, "stream")  # n: a partial warp and block of features
     packed = ql.pack(weight)
     ref = _reference(weight, x, bias)
     for m_frags in (0, 1, 2, 3, 4):
-        for splits in (1, 0, 3):  # one split, the size-based choice, an uneven split of 16 k-chunks
-            out = ql.quant_gemm_stream(packed, x, bias, m_frags=m_frags, splits=splits)
-            _close(out, ref)
+        for n_frags in (0, 1, 2):
+            # one split, the size-based choice, an uneven split of 16 k-chunks, splits of one chunk
+            for splits in (1, 0, 3, 16):
+                out = ql.quant_gemm_stream(packed, x, bias, m_frags=m_frags, n_frags=n_frags, splits=splits)
+                _close(out, ref)
+                assert not packed.split_counters.any(), "the last split leaves its tile counter at zero"
+
+
+_FRAG_CASES = [c for c in CASES if c.kind == "int" and c.bits == 4 and c.group_size != 32]
+
+
+@cuda
+def test_fragment_layout_probe_holds_every_element():
+    """The device's probed matrix_b layout gives a repack plan; on SM80+ the structured layout (8 distinct
+    elements per lane held twice, pairs in one column) is what the kernels were built to use."""
+    layout = ql.fragment_layout(torch.cuda.current_device())
+    assert layout.elements in (8, 16) and layout.tuples.shape[1] == layout.slots
+    assert torch.unique(layout.tuples).numel() == 256
+    print(f"probed layout {layout.layout}: {layout.elements} elements, {layout.tuples.shape[0]} tuples")
+
+
+@cuda
+@pytest.mark.parametrize("case", _FRAG_CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("rows", [4, 16, 20, 64, 100, 128])
+def test_frag_gemm_every_layout_and_fragment_count(case: QuantCase, rows: int):
+    weight, x, bias = _inputs(case, rows, 392, 1024, "frag")  # n: a padded tile pair, a partial block
+    ref = _reference(weight, x, bias)
+    probed = ql.fragment_layout(torch.cuda.current_device())
+    probe = torch.empty(32, 16, dtype=torch.int32, device="cuda")
+    ql.kernel_ops().quant_wmma_b_layout(probe)
+    generic = ql.fragment_layout_from_probe(probe, max_layout=0)
+    for layout in [probed] if probed.layout == 0 else [probed, generic]:
+        packed = ql.pack_fragments(weight, layout)
+        for m_frags in (0, 1, 4):
+            for n_frags in (1, 2):
+                for splits in (1, 0, 3):
+                    out = ql.quant_gemm_frag(packed, x, bias, m_frags=m_frags, n_frags=n_frags, splits=splits)
+                    _close(out, ref)
+                    assert not packed.split_counters.any(), "the last split leaves its tile counter at zero"
+            if layout.layout > 0:  # the deep ring, one weight fragment per warp
+                _close(ql.quant_gemm_frag(packed, x, bias, m_frags=m_frags, n_frags=1, deep=True), ref)
+
+
+@cuda
+def test_matmul_dispatches_the_frag_gemm_when_asked():
+    weight, x, bias = _inputs(QuantCase("int", 4, 128), 48, 392, 1024, "frag-dispatch")
+    matmul = ql.CudaQuantizedMatmul(weight, gemm="frag")
+    assert matmul.fragments is not None
+    _close(matmul(x, bias), _reference(weight, x, bias))
+    eight_bit, _, _ = _inputs(QuantCase("int", 8, 128), 48, 392, 1024, "frag-dispatch-int8")
+    assert ql.CudaQuantizedMatmul(eight_bit, gemm="frag").fragments is None  # stays on the streaming GEMM
+    with pytest.raises(ValueError, match="gemm must be"):
+        ql.CudaQuantizedMatmul(weight, gemm="tiled")
+
+
+@cuda
+def test_frag_gemm_refuses_what_it_cannot_run():
+    weight, x, _ = _inputs(QuantCase("int", 4, 128), 16, 256, 512, "frag-refusals")
+    layout = ql.fragment_layout(torch.cuda.current_device())
+    packed = ql.pack_fragments(weight, layout)
+    with pytest.raises(RuntimeError, match="layout 3 is not built"):
+        out = torch.empty(16, 256, dtype=torch.float16, device="cuda")
+        ql.kernel_ops().quant_gemm_frag(
+            out, x, packed.codes, packed.group_params, None, packed.split_counters, layout.lane_map(), 3, 128,
+            0, 0, 0, False,
+        )  # fmt: skip
+    if layout.layout > 0:
+        with pytest.raises(RuntimeError, match="deep is built for n_frags 1"):
+            ql.quant_gemm_frag(packed, x, n_frags=2, deep=True)
+    with pytest.raises(ValueError, match="group size 32"):
+        ql.pack_fragments(
+            make_weight(QuantCase("int", 4, 32), 64, 512, torch.Generator(), device="cuda"), layout
+        )
+    with pytest.raises(ValueError, match="4-bit int weights only"):
+        ql.pack_fragments(
+            make_weight(QuantCase("int", 8, 128), 64, 512, torch.Generator(), device="cuda"), layout
+        )
+
+
+@cuda
+def test_stream_gemm_refuses_what_it_cannot_run():
+    weight, x, _ = _inputs(QuantCase("int", 4, 128), 16, 256, 512, "stream-refusals")
+    packed = ql.pack(weight)
+    with pytest.raises(ValueError, match=f"at most {ql.STREAM_MAX_ROWS} rows"):
+        ql.quant_gemm_stream(packed, torch.randn(ql.STREAM_MAX_ROWS + 1, 512, device="cuda").half())
+    with pytest.raises(RuntimeError, match="n_frags 3 is not built"):
+        ql.quant_gemm_stream(packed, x, n_frags=3)
+    few = dataclasses.replace(packed, split_counters=torch.zeros(1, dtype=torch.int32, device="cuda"))
+    with pytest.raises(RuntimeError, match="split_counters holds 1 tile counters"):
+        ql.quant_gemm_stream(few, x, m_frags=1, n_frags=1, splits=2)  # 2 blocks of 128 features
 
 
 @cuda
@@ -114,7 +221,7 @@ def test_dequantize_kernel_is_the_definition(case: QuantCase):
 
 
 @cuda
-@pytest.mark.parametrize("rows", [1, 3, 8, 16, 64, 1024, 2048])
+@pytest.mark.parametrize("rows", [1, 3, 8, 16, 64, 100, 128, 1024, 2048])
 def test_matmul_dispatch_on_llama_shapes(rows: int):
     """`quantized_matmul_for` on CUDA picks the kernels, at Llama-3-8B projection shapes (o, down)."""
     for n, k in [(4096, 4096), (4096, 14336)]:
@@ -152,50 +259,6 @@ def test_cuda_graph_replays_fresh_inputs(rows: int):
 
 
 @cuda
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
-@pytest.mark.parametrize("swiglu", [False, True])
-def test_add_rms_norm_gemv_is_the_norm_then_the_gemv(case: QuantCase, swiglu: bool):
-    """One decode row: the fused kernel returns what `fused_add_rms_norm` then `quant_gemv` return (the
-    same arithmetic in the same order), leaves its inputs alone, and `CudaQuantizedMatmul.add_rms_norm`
-    declines an act-order weight and more rows."""
-    from voltllm.ops import fused_add_rms_norm
-
-    n, k = (2 * 520, 2048) if swiglu else (1000, 2048)
-    weight, _, bias = _inputs(case, 1, n, k, ("norm", swiglu))
-    gen = _generator(case.name, "norm-inputs", swiglu)
-    hidden = torch.randn(1, k, generator=gen).half().cuda()
-    residual = (4 * torch.randn(1, k, generator=gen)).half().cuda()
-    norm_weight = (1 + 0.1 * torch.randn(k, generator=gen)).half().cuda()
-    matmul = ql.CudaQuantizedMatmul(weight)
-    fused = matmul.add_rms_norm(hidden, residual, norm_weight, 1e-6, bias, swiglu)
-    if case.act_order:
-        assert fused is None
-        return
-    assert fused is not None
-    got, got_residual = fused
-    want_x, want_residual = fused_add_rms_norm(hidden.clone(), residual.clone(), norm_weight, 1e-6)
-    want = ql.quant_gemv(matmul.weight, want_x, bias, swiglu=swiglu)
-    assert torch.equal(got_residual, want_residual)
-    assert ulps_off(got, want).max() <= 1, f"{(got != want).sum().item()} of {got.numel()} outputs differ"
-    two_rows = torch.randn(2, k, device="cuda").half()
-    assert matmul.add_rms_norm(two_rows, two_rows.clone(), norm_weight, 1e-6) is None
-
-
-@cuda
-def test_add_rms_norm_gemv_refuses_overlap():
-    weight, _, _ = _inputs(QuantCase("int", 4, 128), 1, 256, 512, "norm-overlap")
-    packed = ql.pack(weight)
-    hidden = torch.randn(1, 512, device="cuda").half()
-    norm_weight = torch.ones(512, device="cuda").half()
-    out = torch.empty(1, 256, device="cuda").half()
-    with pytest.raises(RuntimeError, match="must not overlap"):
-        ql.kernel_ops().quant_add_rms_norm_gemv(
-            out, hidden, hidden, hidden.clone(), norm_weight, 1e-6, packed.packed, packed.group_params, None,
-            packed.kind, packed.group_size, False,
-        )  # fmt: skip
-
-
-@cuda
 def test_memory_ends_at_the_packed_size():
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
@@ -228,5 +291,9 @@ def test_bad_input_is_refused_with_its_reason():
         ql.pack(small_groups)
     with pytest.raises(RuntimeError, match="1 to 8 rows"):
         ql.quant_gemv(matmul.weight, torch.randn(9, 512, device="cuda").half())
+    with pytest.raises(RuntimeError, match=f"shape {ql.GEMV_ONE_ROW_SHAPES + 1} is not built"):
+        ql.quant_gemv(matmul.weight, x[:1], shape=ql.GEMV_ONE_ROW_SHAPES + 1)
+    with pytest.raises(RuntimeError, match="one row only, got 2 rows"):
+        ql.quant_gemv(matmul.weight, x, shape=1)
     with pytest.raises(RuntimeError, match="m_frags 5 is not built"):
         ql.quant_gemm_stream(matmul.weight, x, m_frags=5)

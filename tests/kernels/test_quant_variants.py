@@ -17,19 +17,43 @@ def _function(text: str, signature: str) -> str:
     return body[: body.index("\n}\n")]
 
 
+def _dispatches(glue: str, argument: str) -> set[tuple[str, ...]]:
+    """The value lists of the glue's `dispatch_built<...>(argument, ...)` calls."""
+    found = re.findall(rf"dispatch_built<([\w, ]+)>\({argument},", glue)
+    return {tuple(v.strip() for v in values.split(",")) for values in found}
+
+
+def _dispatched(glue: str, argument: str) -> tuple[str, ...]:
+    """The values every `dispatch_built<...>(argument, ...)` of the glue instantiates (all must agree)."""
+    found = _dispatches(glue, argument)
+    assert len(found) == 1, f"{argument}: dispatched as {found}"
+    return found.pop()
+
+
 def test_glue_dispatches_what_the_gate_checks() -> None:
     glue = (CSRC / "torch_glue" / "ops_quant.cu").read_text()
     rows = _function(glue, "void dispatch_gemv_rows")
     assert (
         tuple(int(r) for r in re.findall(r"integral_constant<int, (\d+)>", rows)) == variants.QUANT_GEMV_ROWS
     )
-    block_m = _function(glue, "void dispatch_block_m")
-    assert tuple(int(b) for b in re.findall(r"case (\d+):", block_m)) == variants.QUANT_GEMM_BLOCK_M
-    m_frags = _function(glue, "void dispatch_m_frags")
-    assert tuple(int(b) for b in re.findall(r"case (\d+):", m_frags)) == variants.QUANT_STREAM_M_FRAGS
-    assert "QuantStreamShape<K, MF>::kNF" in glue and "QuantStreamShape<K, MF>::kDepth" in glue
+    assert tuple(map(int, _dispatched(glue, "block_m"))) == variants.QUANT_GEMM_BLOCK_M
+    assert tuple(map(int, _dispatched(glue, "m_frags"))) == variants.QUANT_STREAM_M_FRAGS
+    assert tuple(map(int, _dispatched(glue, "n_frags"))) == variants.QUANT_STREAM_N_FRAGS
+    assert _dispatched(glue, "index") == tuple(str(i) for i in range(variants.QUANT_GEMV_ONE_ROW_SHAPES))
+    assert f"kQuantGemvOneRowShapes == {variants.QUANT_GEMV_ONE_ROW_SHAPES}" in glue
+    header = (CSRC / "quantization" / "quant_gemv.cuh").read_text()
+    built = re.findall(r"struct QuantGemvOneRowShape<(\d+)>", header)
+    assert built == [str(i) for i in range(variants.QUANT_GEMV_ONE_ROW_SHAPES)]
+    assert f"kQuantGemvOneRowShapes = {variants.QUANT_GEMV_ONE_ROW_SHAPES};" in header
+    assert quantized_linear.GEMV_ONE_ROW_SHAPES == variants.QUANT_GEMV_ONE_ROW_SHAPES
     kinds = _function(glue, "void dispatch_quant_kind")
-    assert re.findall(r"case (kQuant\w+):", kinds) == ["kQuantInt4", "kQuantInt8", "kQuantFp8"]
+    assert re.findall(r"dispatch_built<([\w, ]+)>", kinds) == ["kQuantInt4, kQuantInt8, kQuantFp8"]
+    # The fragment layouts: the glue's names, the header's numbers, the gate's list, the Python plan.
+    frag = (CSRC / "quantization" / "quant_gemm_frag.cuh").read_text()
+    numbers = dict(re.findall(r"constexpr int (kFragLayout\w+) = (\d+);", frag))
+    layouts = {tuple(int(numbers[name]) for name in names) for names in _dispatches(glue, "layout")}
+    assert layouts == {variants.QUANT_FRAG_LAYOUTS, variants.QUANT_FRAG_DEEP_LAYOUTS}
+    assert tuple(sorted(quantized_linear.FRAGMENT_LAYOUTS.values())) == variants.QUANT_FRAG_LAYOUTS
 
 
 def test_kind_numbers_are_one_definition() -> None:

@@ -235,3 +235,46 @@ def hf_greedy(model: torch.nn.Module, prompt: list[int], new_tokens: int) -> tup
         return_dict_in_generate=True,
     )
     return out.sequences[0, len(prompt) :].tolist(), out.logits[-1][0].float().log_softmax(-1)
+
+
+def cpu_test_engine(model_dir: Path, num_kv_blocks: int):
+    """An `LLMEngine` on the CPU in fp32 with 8-token blocks and a 40-token step budget, which splits
+    the long prompts of `engine_prompts` (chunked prefill) and mixes prefill with decode steps."""
+    from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+    from voltllm.engine.llm_engine import LLMEngine
+
+    config = EngineConfig(
+        model=ModelConfig(model=str(model_dir), dtype="float32"),
+        cache=CacheConfig(block_size=8, num_kv_blocks=num_kv_blocks),
+        scheduler=SchedulerConfig(max_num_batched_tokens=40, max_num_seqs=8),
+        device="cpu",
+    )
+    return LLMEngine(config)
+
+
+def assert_greedy_matches_hf(
+    engine, hf_model: torch.nn.Module, num_prompts: int, new_tokens: int = 32, logprobs: bool = True
+) -> None:
+    """`engine` against transformers' greedy generation on the same weights: `new_tokens` of each of
+    `engine_prompts`, token for token, the shared prefix read from the prefix cache, and (`logprobs`)
+    the last step's top-20 logprobs within float tolerance."""
+    import pytest
+
+    from voltllm.protocol import EngineCoreRequest, EngineSamplingParams
+
+    prompts = engine_prompts(engine.vocab_size, num_prompts)
+    params = EngineSamplingParams(
+        temperature=0.0, max_tokens=new_tokens, ignore_eos=True, logprobs=20 if logprobs else None
+    )
+    requests = [EngineCoreRequest(str(i), p, params, float(i)) for i, p in enumerate(prompts)]
+    outputs = engine.generate_token_ids(requests)
+    assert engine.get_stats().prefix_cache_hits > 0  # the shared prefix was reused
+    with torch.inference_mode():
+        for i, prompt in enumerate(prompts):
+            ref_tokens, ref_last_logprobs = hf_greedy(hf_model, prompt, new_tokens)
+            out = outputs[str(i)]
+            assert out.new_token_ids == ref_tokens, f"prompt {i} ({len(prompt)} tokens)"
+            if logprobs:
+                last = out.new_logprobs[-1]
+                ref = ref_last_logprobs[last.token_ids].tolist()
+                assert last.logprobs == pytest.approx(ref, abs=2e-4), f"prompt {i}: last-step logprobs"

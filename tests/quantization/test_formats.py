@@ -10,15 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 from checkpoints import Format, save_quantized_model
-from tiny_models import engine_prompts, hf_greedy
+from tiny_models import assert_greedy_matches_hf, cpu_test_engine
 
-from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from voltllm.engine.llm_engine import LLMEngine
 from voltllm.layers.linear_method import UnquantizedLinearMethod
 from voltllm.layers.quantization.quantized_method import QuantizedLinearMethod
-from voltllm.protocol import EngineCoreRequest, EngineSamplingParams
 
 NEW_TOKENS = 32
 SKIPPED = ("model.layers.1.mlp.down_proj",)
@@ -58,21 +54,11 @@ CASES = [("llama", name) for name in FORMATS] + [
 ]
 
 
-def start_engine(model_dir: Path) -> LLMEngine:
-    config = EngineConfig(
-        model=ModelConfig(model=str(model_dir), dtype="float32"),
-        cache=CacheConfig(block_size=8, num_kv_blocks=128),
-        scheduler=SchedulerConfig(max_num_batched_tokens=40, max_num_seqs=8),  # forces chunked prefill
-        device="cpu",
-    )
-    return LLMEngine(config)
-
-
 @pytest.mark.parametrize(("arch", "name"), CASES, ids=[f"{arch}-{name}" for arch, name in CASES])
 def test_greedy_matches_transformers_on_dequantized_weights(arch: str, name: str, tmp_path: Path) -> None:
     fmt = FORMATS[name]
     hf_model = save_quantized_model(arch, fmt, tmp_path)
-    engine = start_engine(tmp_path)
+    engine = cpu_test_engine(tmp_path, num_kv_blocks=128)
     for layer in engine.core.runner.model.model.layers:
         for proj in (
             layer.self_attn.qkv_proj,
@@ -82,12 +68,4 @@ def test_greedy_matches_transformers_on_dequantized_weights(arch: str, name: str
         ):
             expected = UnquantizedLinearMethod if proj.prefix in fmt.skipped else QuantizedLinearMethod
             assert isinstance(proj.linear_method, expected), proj.prefix
-    prompts = engine_prompts(engine.vocab_size, 4)
-    params = EngineSamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
-    requests = [EngineCoreRequest(str(i), p, params, float(i)) for i, p in enumerate(prompts)]
-    outputs = engine.generate_token_ids(requests)
-    assert engine.get_stats().prefix_cache_hits > 0  # the shared prefix was reused
-    with torch.inference_mode():
-        for i, prompt in enumerate(prompts):
-            ref_tokens, _ = hf_greedy(hf_model, prompt, NEW_TOKENS)
-            assert outputs[str(i)].new_token_ids == ref_tokens, f"prompt {i} ({len(prompt)} tokens)"
+    assert_greedy_matches_hf(engine, hf_model, num_prompts=4, new_tokens=NEW_TOKENS, logprobs=False)

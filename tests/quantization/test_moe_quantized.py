@@ -26,8 +26,8 @@ from checkpoints import (
     write_config,
 )
 from safetensors.torch import save_file
-from test_formats import NEW_TOKENS, start_engine
-from tiny_models import engine_prompts, hf_greedy, moe_config
+from test_formats import NEW_TOKENS
+from tiny_models import assert_greedy_matches_hf, cpu_test_engine, moe_config
 from transformers import AutoModelForCausalLM
 
 from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
@@ -60,10 +60,14 @@ def _routers_kept_dense(name: str, fmt: Format) -> Format:
     return replace(fmt, skipped=tuple(kept))
 
 
-def save_quantized_moe(name: str, fmt: Format, out_dir: Path, seed: int = 0) -> torch.nn.Module:
-    """Write the tiny MoE model `name` quantized as `fmt`; returns transformers' model holding the
-    dequantized weights (fp32, eval)."""
+def save_quantized_moe(
+    name: str, fmt: Format, out_dir: Path, seed: int = 0, sizes: dict[str, int] | None = None
+) -> torch.nn.Module:
+    """Write the tiny MoE model `name` quantized as `fmt` (its config's `sizes` replaced, e.g. for the
+    GPU kernels' head sizes); returns transformers' model holding the dequantized weights (fp32, eval)."""
     config = moe_config(name, plain=True)
+    for key, value in (sizes or {}).items():
+        setattr(config, key, value)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     gen = torch.Generator().manual_seed(seed + 1)
@@ -124,18 +128,11 @@ def test_quantized_experts_match_transformers_on_dequantized_weights(
     model: str, fmt_name: str, tmp_path
 ) -> None:
     hf_model = save_quantized_moe(model, _routers_kept_dense(model, FORMATS[fmt_name]), tmp_path)
-    engine = start_engine(tmp_path)
+    engine = cpu_test_engine(tmp_path, num_kv_blocks=128)
     experts = [m for m in engine.core.runner.model.modules() if isinstance(m, FusedMoE)]
     assert experts and all(isinstance(m.moe_method, QuantizedFusedMoEMethod) for m in experts)
     assert not any(name.startswith(("w13_", "w2_")) for m in experts for name, _ in m.named_parameters())
-    prompts = engine_prompts(engine.vocab_size, 4)
-    params = EngineSamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
-    requests = [EngineCoreRequest(str(i), p, params, float(i)) for i, p in enumerate(prompts)]
-    outputs = engine.generate_token_ids(requests)
-    with torch.inference_mode():
-        for i, prompt in enumerate(prompts):
-            ref_tokens, _ = hf_greedy(hf_model, prompt, NEW_TOKENS)
-            assert outputs[str(i)].new_token_ids == ref_tokens, f"prompt {i} ({len(prompt)} tokens)"
+    assert_greedy_matches_hf(engine, hf_model, num_prompts=4, new_tokens=NEW_TOKENS, logprobs=False)
 
 
 @pytest.mark.parametrize("method", ["awq", "gptq"])

@@ -126,14 +126,16 @@ def test_outputs_equal_accepting_each_token_at_once(num_blocks: int) -> None:
     assert engine.core.scheduler.kv.num_free_blocks == num_blocks
 
 
-def scheduler_with(request_ids: list[str], num_blocks: int = 64) -> tuple[Scheduler, dict[str, Request]]:
-    """A scheduler whose constrained requests (4 prompt tokens: one full block each) have sampled
+def scheduler_with(
+    request_ids: list[str], num_blocks: int = 64, prompt_len: int = 4
+) -> tuple[Scheduler, dict[str, Request]]:
+    """A scheduler whose constrained requests (`prompt_len` prompt tokens, 4 a block) have sampled
     their first token."""
     config = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8)
     s = Scheduler(config, KVCacheManager(num_blocks, 4), num_blocks * 4)
     requests = {}
     for rid in request_ids:
-        r = Request(rid, [1, 2, 3, 4], EngineSamplingParams(max_tokens=10), eos_token_ids=(EOS,))
+        r = Request(rid, [1, 2, 3, 4][:prompt_len], EngineSamplingParams(max_tokens=10), eos_token_ids=(EOS,))
         r.grammar = Grammar(llguidance.LLMatcher(TOKENIZER, llguidance_grammar(CASES[0][0]), log_level=0))
         s.add_request(r)
         requests[rid] = r
@@ -168,6 +170,23 @@ def test_an_ended_grammar_of_a_request_the_step_did_not_run_finishes_it_too() ->
         ("b", [], "stop"),
     ]
     assert len(s.waiting) == 0 and "b" not in s.requests
+
+
+def test_a_request_preempted_after_its_grammar_ended_gets_no_token() -> None:
+    """Asynchronous scheduling: the plan made while a step runs preempts b, then that step's output
+    says b's grammar had ended before it: b's token of the step is dropped and b finishes."""
+    s, reqs = scheduler_with(["a", "b"], num_blocks=3, prompt_len=3)
+    running = s.schedule()  # both decode their 4th token, in their first block
+    s.advance(running)
+    plan = s.schedule()  # the 5th tokens need a block each: one is left, b is preempted
+    assert list(plan.num_scheduled_tokens) == ["a"] and reqs["b"].status is RequestStatus.PREEMPTED
+    ended = [EndedGrammar("b", reqs["b"].grammar, None)]
+    outs = s.update_from_output(running, ModelRunnerOutput([71, 72], ended_grammars=ended))
+    assert [(o.request_id, o.new_token_ids, o.finish_reason) for o in outs] == [
+        ("a", [71], None),
+        ("b", [], "stop"),
+    ]
+    assert reqs["b"].all_token_ids == [1, 2, 3, 70] and "b" not in s.requests and not s.waiting
 
 
 def test_an_ended_grammar_of_a_finished_or_replaced_request_is_ignored() -> None:

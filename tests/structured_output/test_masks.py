@@ -4,22 +4,24 @@ matches llguidance's own bitmask bit for bit, on any subset of rows, and the com
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
-from voltllm.loader.default_model import default_model_dir
 from voltllm.protocol import StructuredOutput
-from voltllm.structured_output import StructuredOutputCompiler, TokenMasks, accept_tokens
+from voltllm.structured_output import StructuredOutputCompiler, TokenMasks, TokensToAccept, accept_tokens
 from voltllm.structured_output.masks import MaskedRows
 
 VOCAB = 49152
 EOS = 2
+# The default model's tokenizer.json (SmolLM2), as the fixtures keep it: no GGUF import needed.
+TOKENIZER_JSON = Path(__file__).resolve().parents[1] / "fixtures/smollm2/tokenizer.json"
 
 
 @pytest.fixture(scope="module")
 def compiler() -> StructuredOutputCompiler:
-    return StructuredOutputCompiler(default_model_dir() / "tokenizer.json", VOCAB, (EOS,))
+    return StructuredOutputCompiler(TOKENIZER_JSON, VOCAB, (EOS,))
 
 
 def allowed_ids(compiler: StructuredOutputCompiler, grammar) -> set[int]:
@@ -43,6 +45,53 @@ def test_masks_match_llguidance_on_a_subset_of_rows(compiler) -> None:
         assert kept == allowed_ids(compiler, grammar) and kept
         assert torch.equal(logits[row][list(kept)], original[row][list(kept)])
     assert torch.equal(logits[[0, 2]], original[[0, 2]])  # unconstrained rows untouched
+
+
+def _run_steps(compiler: StructuredOutputCompiler, device: torch.device, threads: int) -> None:
+    """Three steps of two constrained requests through one TokenMasks: rows that are not the leading
+    ones, then leading rows, then one request alone; each step accepts the last step's masked argmax
+    in the mask thread, and every kept token set must be llguidance's own for the advanced state (a
+    grammar that ended allows only EOS)."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    a = compiler.compile(StructuredOutput(kind="json", spec=json.dumps(schema)))
+    b = compiler.compile(StructuredOutput(kind="choice", spec='["yes", "no", "maybe"]'))
+    masks = TokenMasks(max_rows=8, vocab_size=VOCAB, device=device, threads=threads)
+    gen = torch.Generator().manual_seed(0)
+    to_accept = None
+    for step_rows in ([(1, "a", a), (3, "b", b)], [(0, "a", a), (1, "b", b)], [(2, "b", b)]):
+        logits = torch.randn(4, VOCAB, generator=gen).to(device)
+        original = logits.clone()
+        pending = masks.start(MaskedRows(step_rows), to_accept)
+        masks.apply(pending, logits)
+        ended = {e.request_id for e in pending.ended()}
+        accepted = zip(to_accept.request_ids, to_accept.grammars, strict=True) if to_accept else ()
+        assert ended == {request_id for request_id, grammar in accepted if grammar.is_terminated}
+        logits, original = logits.cpu(), original.cpu()
+        for row, _, grammar in step_rows:
+            kept = set(torch.nonzero(torch.isfinite(logits[row])).flatten().tolist())
+            assert kept == allowed_ids(compiler, grammar) and kept
+            assert torch.equal(logits[row][list(kept)], original[row][list(kept)])
+        untouched = [r for r in range(4) if r not in pending.rows]
+        assert torch.equal(logits[untouched], original[untouched])
+        sampled = logits[pending.rows].argmax(dim=-1).numpy()
+        to_accept = TokensToAccept(pending.masked.request_ids, pending.masked.grammars, sampled.tolist())
+
+
+@pytest.mark.parametrize("threads", [1, 3], ids=["one-thread", "three-threads"])
+def test_consecutive_steps_mask_what_llguidance_allows(compiler, threads: int) -> None:
+    _run_steps(compiler, torch.device("cpu"), threads)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("threads", [1, 3], ids=["one-thread", "three-threads"])
+def test_consecutive_steps_mask_what_llguidance_allows_on_the_gpu(compiler, threads: int) -> None:
+    """The masks go up on the upload stream as soon as they are filled; the apply waits for them."""
+    _run_steps(compiler, torch.device("cuda"), threads)
+
+
+def test_a_mask_fill_needs_a_thread() -> None:
+    with pytest.raises(ValueError, match="at least one thread"):
+        TokenMasks(max_rows=1, vocab_size=VOCAB, device=torch.device("cpu"), threads=0)
 
 
 def test_a_grammar_that_ends_is_terminated(compiler) -> None:

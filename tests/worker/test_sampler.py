@@ -7,23 +7,30 @@ import math
 import pytest
 import torch
 
-from voltllm.ops.sampling import sample_tokens_ref
+from voltllm.ops.sampling import random_seeds, sample_tokens_ref, seed_as_int64
 from voltllm.worker.sampler import Sampler, SamplingMetadata, seed_for_step
 
 V = 8
 
 
-def md(n: int, temperature: float = 1.0, **kw) -> SamplingMetadata:
+def md(
+    n: int, temperature: float = 1.0, seeds: dict[int, int] | None = None, noise: int = 0, **kw
+) -> SamplingMetadata:
+    """Metadata of `n` rows: fresh noise seeds from generator seed `noise`, `seeds` (row -> seed) set."""
     t = torch.full((n,), temperature)
-    return SamplingMetadata(temperature=t, all_greedy=temperature == 0, num_logprobs=[None] * n, **kw)
+    row_seeds = random_seeds(n, torch.device("cpu"), torch.Generator().manual_seed(noise))
+    for row, seed in (seeds or {}).items():
+        row_seeds[row] = seed_as_int64(seed)
+    return SamplingMetadata(
+        temperature=t, all_greedy=temperature == 0, num_logprobs=[None] * n, seeds=row_seeds, **kw
+    )
 
 
 def frequencies(
     logits_row: torch.Tensor, meta_kw: dict, n: int = 4000, temperature: float = 1.0
 ) -> torch.Tensor:
-    sampler = Sampler(torch.Generator().manual_seed(0))
     logits = logits_row.unsqueeze(0).expand(n, -1).contiguous()
-    out = sampler(logits, md(n, temperature, **meta_kw(n) if callable(meta_kw) else meta_kw))
+    out = Sampler()(logits, md(n, temperature, **meta_kw(n) if callable(meta_kw) else meta_kw))
     return torch.bincount(torch.tensor(out.sampled_token_ids), minlength=V).float() / n
 
 
@@ -45,7 +52,7 @@ def test_greedy_fast_path_agrees_with_full_path():
     full_md.num_logprobs = [0] * 7
     full = Sampler()(logits, full_md)
     assert fast.sampled_token_ids == full.sampled_token_ids == logits.float().argmax(-1).tolist()
-    assert fast.logprobs == [None] * 7
+    assert fast.logprobs is None
     assert all(
         lp is not None and lp.token_ids[0] == t
         for lp, t in zip(full.logprobs, full.sampled_token_ids, strict=True)
@@ -140,7 +147,7 @@ def test_seeded_rows_do_not_depend_on_batch():
     def run(rows: list[int], seeded_row_in_batch: int) -> int:
         batch = logits[rows]
         seeds = {seeded_row_in_batch: seed_for_step(42, 3)}
-        out = Sampler(torch.Generator().manual_seed(len(rows)))(batch, md(len(rows), 1.0, seeds=seeds))
+        out = Sampler()(batch, md(len(rows), 1.0, seeds=seeds, noise=len(rows)))
         return out.sampled_token_ids[seeded_row_in_batch]
 
     results = {run([2], 0), run([0, 1, 2, 3], 2), run([5, 2], 1), run([2, 4, 0, 1, 3, 5], 0)}
@@ -151,15 +158,27 @@ def test_seeded_rows_do_not_depend_on_batch():
     assert len(draws) > 1  # different steps draw differently
 
 
-def test_seeds_made_ahead_draw_what_the_sampler_would():
-    """The runner makes the step's seeds before queueing the forward (`Sampler.seed_tensor`, kept in
-    `SamplingMetadata.seed_tensor`); the draw is the one the sampler makes with its own seeds."""
+def test_the_draw_uses_the_rows_seeds_and_needs_them():
+    """The noise is the metadata's seeds (the runner stages them with the step): the same seeds give the
+    reference's tokens; sampling rows without seeds are refused rather than drawn from anything else."""
     logits = torch.randn(5, 50)
-    meta = md(5, 0.9, top_p=torch.full((5,), 0.8), seeds={1: seed_for_step(7, 2), 3: seed_for_step(9, 0)})
-    own = Sampler(torch.Generator().manual_seed(11))(logits, meta).sampled_token_ids
-    ahead_sampler = Sampler(torch.Generator().manual_seed(11))
-    meta.seed_tensor = ahead_sampler.seed_tensor(meta, 5, logits.device)
-    assert ahead_sampler(logits, meta).sampled_token_ids == own
-    meta.seed_tensor = torch.zeros(5, dtype=torch.int64)  # the seeds given are the ones drawn with
-    zeros = sample_tokens_ref(logits, meta.temperature, None, meta.top_p, None, meta.seed_tensor)
-    assert ahead_sampler(logits, meta).sampled_token_ids == zeros.tolist()
+    meta = md(5, 0.9, top_p=torch.full((5,), 0.8))
+    meta.seeds = torch.arange(5, dtype=torch.int64) * 1_000_003
+    expected = sample_tokens_ref(logits, meta.temperature, None, meta.top_p, None, meta.seeds)
+    assert Sampler()(logits, meta).sampled_token_ids == expected.tolist()
+    meta.seeds = None
+    with pytest.raises(ValueError, match="noise seeds"):
+        Sampler()(logits, meta)
+
+
+def test_methods_draw_the_same_tokens_and_an_unknown_method_is_refused():
+    """Sampler(method=...) picks the draw's kernels; every method gives the same tokens (on the CPU both
+    run the reference), greedy, sampled and filtered; a name that is not a method is a ValueError."""
+    logits = torch.randn(6, V, generator=torch.Generator().manual_seed(5))
+    for temperature, kw in [(0.0, {}), (0.8, {}), (0.8, {"top_p": torch.full((6,), 0.7)})]:
+        meta = md(6, temperature, noise=9, **kw)
+        tokens = {m: Sampler(m)(logits, meta).sampled_token_ids for m in ("select", "race_first")}
+        assert tokens["select"] == tokens["race_first"]
+        assert Sampler("race_first").sample_on_device(logits, meta).tolist() == tokens["select"]
+    with pytest.raises(ValueError, match="sampling method"):
+        Sampler("sort")

@@ -8,6 +8,7 @@ computation agree to ~1e-12 and greedy comparisons cannot flip on rounding.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import torch
 from torch import nn
 
 from voltllm.layers.attention.backend import AttentionMetadata
+from voltllm.worker.cuda_graphs import DecodeGraphs
 
 VOCAB = 97
 
@@ -119,3 +121,23 @@ class ToyLoaded:
     vocab_size: int = VOCAB
     eos_token_ids: tuple[int, ...] = (0,)
     dtype: torch.dtype = torch.float64
+
+
+class EagerReplayGraphs(DecodeGraphs):
+    """CUDA graphs' contract on the CPU: "capture" keeps each bucket's persistent input buffers, and a
+    replay runs the toy model on whatever they hold then, as a real graph reads its captured
+    addresses. A step whose ids were written on the device after the upload replays right only if
+    they landed in those buffers."""
+
+    def capture(self, decode_inputs, kv_caches: list[torch.Tensor]) -> None:
+        self._kv_caches = kv_caches
+        for size in sorted(self.sizes, reverse=True):
+            self._graphs[size] = decode_inputs(size)
+
+    def replay(self, size: int) -> torch.Tensor:
+        input_ids, positions, build_metadata = self._graphs[size]
+        md = build_metadata()
+        md = dataclasses.replace(md, seq_lens_cpu=tuple(md.seq_lens.tolist()))  # the toy reads host lengths
+        hidden = self.model(input_ids, positions, md, self._kv_caches)
+        self.logits[:size] = self.model.compute_logits(hidden)
+        return self.logits[:size]

@@ -3,7 +3,9 @@
 Invariant: `num_computed_tokens <= num_tokens`. Prefill and decode are the same thing seen from here:
 each step the scheduler lets `num_computed_tokens` catch up to `num_tokens` (a whole prompt, a chunk
 of one, or the single token sampled last step); once it has caught up, the step samples a new token,
-which makes `num_tokens` one larger again.
+which makes `num_tokens` one larger again. Under asynchronous scheduling the next step is planned
+before the last one's ids are known: its sampled tokens count as `num_output_placeholders` until they
+arrive, and the invariant is `num_computed_tokens <= num_tokens + num_output_placeholders`.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ class Request:
         "num_prompt_tokens",
         "all_token_ids",
         "num_computed_tokens",
+        "num_output_placeholders",
         "max_num_tokens",
         "num_cached_tokens",
         "num_preemptions",
@@ -108,6 +111,10 @@ class Request:
         # Prompt then generated tokens; the generated ones are not kept twice (one append per step).
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.num_computed_tokens = 0
+        # Tokens a step has sampled (or is sampling) whose ids the scheduler has not seen yet: a step
+        # that `Scheduler.advance` counted and `update_from_output` has not resolved. At most two, under
+        # asynchronous scheduling (the step in flight and the one just planned).
+        self.num_output_placeholders = 0
         # num_tokens at which it stops for length: max_tokens reached (the scheduler lowers it to
         # max_model_len when that comes first).
         self.max_num_tokens = self.num_prompt_tokens + sampling_params.max_tokens

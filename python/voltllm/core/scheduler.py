@@ -36,6 +36,7 @@ from voltllm.protocol import EngineCoreOutput, FinishReason, SchedulerStats, Tok
 from voltllm.structured_output import EndedGrammar
 
 _RUNNING = RequestStatus.RUNNING
+_PREEMPTED = RequestStatus.PREEMPTED
 
 
 class WaitingQueue:
@@ -88,18 +89,28 @@ class _SteadyDecode:
 
     num_scheduled_tokens: Mapping[str, int]
     due: dict[int, list[tuple[int, Request]]]
+    # The first fast step that would schedule a request whose last token is already on its way (its
+    # tokens and placeholders reach its length limit): the plain path, which skips such a request,
+    # takes over there. Only asynchronous scheduling gets that far: synchronously the request has
+    # finished (and dropped this state) before.
+    limit: int
     step: int = 0
 
     @classmethod
     def after(cls, plan: SchedulerOutput, running: list[Request], num_slots: dict[str, int]) -> _SteadyDecode:
         """The state after `plan` scheduled one decode token for each of `running`. A request with c
         computed tokens and s slots computes token c + j at fast step j, which needs a block once
-        c + j + 1 > s: first at step s - c."""
+        c + j + 1 > s: first at step s - c. One with n tokens and placeholders (before `plan`'s) and
+        length limit m may be scheduled at fast step j while n + j < m."""
         due: dict[int, list[tuple[int, Request]]] = {}
+        limit = 1 << 62
         for index, request in enumerate(running):
             step = num_slots[request.request_id] - request.num_computed_tokens
             due.setdefault(step, []).append((index, request))
-        return cls(plan.num_scheduled_tokens, due)
+            left = request.max_num_tokens - len(request.all_token_ids) - request.num_output_placeholders
+            if left < limit:
+                limit = left
+        return cls(plan.num_scheduled_tokens, due, limit)
 
 
 class Scheduler:
@@ -123,6 +134,8 @@ class Scheduler:
         # plain path.
         self.enable_steady_decode = True
         self._steady: _SteadyDecode | None = None
+        # The plan `advance` counted last, which `update_from_output` then does not count again.
+        self._advanced_plan: SchedulerOutput | None = None
         self.num_preemptions = 0
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
@@ -195,6 +208,8 @@ class Scheduler:
         pool cannot hold their blocks (the plain path then preempts).
         `tests/core/test_scheduler_invariants.py` checks both paths give the same plans."""
         steady.step += 1
+        if steady.step >= steady.limit:
+            return None
         due = steady.due.pop(steady.step, [])
         if len(due) > self.kv.num_free_blocks:
             return None
@@ -231,7 +246,10 @@ class Scheduler:
             if request.status is not _RUNNING:
                 continue  # preempted for a request before it
             request_id, num_computed = request.request_id, request.num_computed_tokens
-            num_new = len(request.all_token_ids) - num_computed
+            num_tokens = len(request.all_token_ids) + request.num_output_placeholders
+            if num_tokens >= request.max_num_tokens:
+                continue  # its last token is on its way (asynchronous scheduling): it ends with it
+            num_new = num_tokens - num_computed
             if num_new > budget:
                 num_new = budget
             if num_computed + num_new > num_slots[request_id]:
@@ -268,30 +286,51 @@ class Scheduler:
             budget -= num_new
         return budget
 
+    def advance(self, plan: SchedulerOutput) -> None:
+        """Count `plan`'s tokens as computed, before its sampled ids are known: each scheduled request
+        advances by its scheduled tokens, and one that reaches its last known token (it samples) gets
+        a placeholder for the token on its way. Asynchronous scheduling calls this before it plans the
+        next step while `plan` still runs; `update_from_output` calls it for a plan nobody advanced."""
+        self._advanced_plan = plan
+        for request, num_tokens in zip(
+            self._plan_requests(plan), plan.num_scheduled_tokens.values(), strict=True
+        ):
+            if request is None or request.status is not _RUNNING:
+                continue  # finished or aborted since the plan was made
+            num_computed = request.num_computed_tokens
+            if num_computed < request.num_prompt_tokens:  # the step computes prompt tokens
+                self._count_prompt_tokens(request, num_tokens)
+            num_computed += num_tokens
+            request.num_computed_tokens = num_computed
+            if num_computed == len(request.all_token_ids) + request.num_output_placeholders:
+                request.num_output_placeholders += 1
+
     def update_from_output(
         self, plan: SchedulerOutput, runner_output: ModelRunnerOutput
     ) -> list[EngineCoreOutput]:
-        """Advance each scheduled request by its computed tokens, append sampled tokens, apply stop
-        conditions and free finished requests. Returns one output per request that sampled."""
-        scheduled, sampled = plan.num_scheduled_tokens, runner_output.sampled_token_ids
+        """Advance each scheduled request by its computed tokens (`advance`, unless done already),
+        append sampled tokens in place of their placeholders, apply stop conditions and free finished
+        requests. Returns one output per request that sampled."""
+        if plan is not self._advanced_plan:
+            self.advance(plan)
+        self._advanced_plan = None
+        sampled = runner_output.sampled_token_ids
         logprobs = runner_output.logprobs or [None] * len(sampled)
-        steady = self._steady
-        if steady is not None and scheduled is steady.num_scheduled_tokens:
-            # A steady-decode plan with nothing changed since: its requests are `running`, in order.
-            requests = self.running
-        else:
-            requests = [self.requests.get(request_id) for request_id in scheduled]
         outputs: list[EngineCoreOutput] = []
         finished: list[Request] = []
         # Grammars that ended with the previous step's tokens, by request id (usually none).
         ended_grammars = runner_output.ended_grammars
         ended = {e.request_id: e for e in ended_grammars} if ended_grammars else None
         num_ended = 0  # outputs without a token
-        for request, num_tokens, token_id, logprob in zip(
-            requests, scheduled.values(), sampled, logprobs, strict=True
-        ):
+        for request, token_id, logprob in zip(self._plan_requests(plan), sampled, logprobs, strict=True):
             if request is None or request.status is not _RUNNING:
-                continue  # finished or aborted since the plan was made (the id may be new again)
+                # Finished or aborted since the plan was made (the id may be new again): its token is
+                # dropped. Preempted by the plan made while this one ran: it keeps its token, unless
+                # its grammar ended before it (`_finish_unscheduled_grammars` finishes it below).
+                preempted = request is not None and request.status is _PREEMPTED
+                if token_id is not None and preempted and not (ended and request.request_id in ended):
+                    outputs.append(self._resolve_preempted(request, token_id, logprob))
+                continue
             if ended and (end := ended.pop(request.request_id, None)) and end.grammar is request.grammar:
                 # Its last token ended the grammar: this step's token (EOS, all the mask allowed) is not
                 # part of the output.
@@ -299,16 +338,13 @@ class Scheduler:
                 outputs.append(self._finish_grammar(request, end))
                 num_ended += 1
                 continue
-            if request.num_computed_tokens < request.num_prompt_tokens:  # the step computed prompt tokens
-                self._count_prompt_tokens(request, num_tokens)
-                if token_id is not None and request.first_token_ts is None:
-                    request.first_token_ts = time.time()
             if token_id is None:  # a prefill chunk short of the end of the prompt samples nothing
-                request.num_computed_tokens += num_tokens
                 continue
             tokens = request.all_token_ids
             tokens.append(token_id)
-            request.num_computed_tokens = len(tokens) - 1  # every token but the one sampled now
+            request.num_output_placeholders -= 1
+            if request.first_token_ts is None:
+                request.first_token_ts = time.time()
             finish_reason = None
             if token_id in request.stop_token_ids or len(tokens) >= request.max_num_tokens:
                 status = self._check_stop(request, token_id)
@@ -327,6 +363,31 @@ class Scheduler:
         if ended:
             outputs += self._finish_unscheduled_grammars(ended)
         return outputs
+
+    def _plan_requests(self, plan: SchedulerOutput) -> list[Request | None]:
+        """The requests of `plan`, in its batch order (None for an id no longer live)."""
+        steady = self._steady
+        if steady is not None and plan.num_scheduled_tokens is steady.num_scheduled_tokens:
+            # A steady-decode plan with nothing changed since: its requests are `running`, in order.
+            return self.running
+        return [self.requests.get(request_id) for request_id in plan.num_scheduled_tokens]
+
+    def _resolve_preempted(
+        self, request: Request, token_id: int, logprob: TokenLogprobs | None
+    ) -> EngineCoreOutput:
+        """The token of a request that the next plan preempted while this step ran (asynchronous
+        scheduling): it is the request's like any other (it resumes with it), and may finish it, out
+        of the waiting queue."""
+        request.all_token_ids.append(token_id)
+        request.num_output_placeholders -= 1
+        if request.first_token_ts is None:
+            request.first_token_ts = time.time()
+        status = self._check_stop(request, token_id)
+        if status is not None:
+            self.waiting.remove(request)
+            self._release(request, status)
+        new_logprobs = None if logprob is None else [logprob]
+        return self.make_output(request, [token_id], status and status.finish_reason, new_logprobs)
 
     def _finish_grammar(self, request: Request, end: EndedGrammar) -> EngineCoreOutput:
         """Finish a request whose grammar ended with its last token: "stop" with no stop token
@@ -444,6 +505,8 @@ class Scheduler:
         self.running.append(request)
 
     def _new_request_data(self, request: Request) -> NewRequestData:
+        # A request is (re)admitted only after every plan it was in was updated: all its ids are known.
+        assert request.num_output_placeholders == 0, f"{request.request_id} is admitted with ids on their way"
         return NewRequestData(
             request_id=request.request_id,
             token_ids=tuple(request.all_token_ids),

@@ -74,6 +74,14 @@ _FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--cpu-threads", {"type": int, "default": None, "help": "torch threads on the CPU (default: torch's)"}),
     ("--enforce-eager", {"action": "store_true", "help": "do not capture CUDA graphs"}),
     (
+        "--async-scheduling",
+        {
+            "action": argparse.BooleanOptionalAction,
+            "default": None,
+            "help": "plan the next step while the current one runs (default: the engine's, CUDA only)",
+        },
+    ),
+    (
         "--no-enable-prefix-caching",
         {"action": "store_false", "dest": "enable_prefix_caching", "help": "do not reuse cached prefixes"},
     ),
@@ -126,6 +134,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         tensor_parallel_size=args.tensor_parallel_size,
         data_parallel_size=args.data_parallel_size,
         cpu_threads=args.cpu_threads,
+        async_scheduling=args.async_scheduling,
     )
 
 
@@ -137,6 +146,8 @@ def to_argv(args: argparse.Namespace, model: str | None) -> list[str]:
         switch = kwargs.get("action")
         if switch in ("store_true", "store_false"):
             argv += [flag] if value == (switch == "store_true") else []
+        elif switch is argparse.BooleanOptionalAction:
+            argv += [] if value is None else [flag if value else "--no-" + flag.removeprefix("--")]
         elif value is not None:
             argv += [flag, str(value)]
     return argv

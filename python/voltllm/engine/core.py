@@ -20,6 +20,7 @@ import torch
 from voltllm.config import EngineConfig
 from voltllm.core.kv_cache_manager import KVCacheManager
 from voltllm.core.request import Request
+from voltllm.core.sched_output import SchedulerOutput
 from voltllm.core.scheduler import Scheduler
 from voltllm.protocol import (
     EngineCoreOutput,
@@ -32,7 +33,7 @@ from voltllm.protocol import (
 )
 from voltllm.sampling_params import validate_wire_params
 from voltllm.structured_output import StructuredOutputCompiler
-from voltllm.worker.model_runner import ModelRunner
+from voltllm.worker.model_runner import ModelRunner, StepHandle
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +90,12 @@ class EngineStepTimings:
 # whole heap (the block pool alone is one object per KV block). Steps allocate short-lived, acyclic
 # objects: collecting every 50,000 allocations instead loses nothing and takes the scans off the steps.
 GC_YOUNG_THRESHOLD = 50_000
+
+
+# Whether `async_scheduling=None` turns it on with CUDA, where it pays: the H200 measured LLM.generate
+# on the nano-vllm workload at T=0.6 1.39x faster with it (benches/RESULTS.md, "Asynchronous
+# scheduling (issue 21) — session 10").
+ASYNC_SCHEDULING_BY_DEFAULT = True
 
 
 def settle_garbage_collector(freeze: bool) -> None:
@@ -197,7 +204,36 @@ class EngineCore:
             self.model_dir / "tokenizer.json", self.vocab_size, self.eos_token_ids
         )
         self.last_step_timings = EngineStepTimings()
+        # Under asynchronous scheduling: the step launched by the last `step()` and still running.
+        self._in_flight: tuple[SchedulerOutput, StepHandle] | None = None
+        self.async_scheduling = False
+        self.set_async_scheduling(self._wants_async_scheduling(config, device))
         settle_garbage_collector(freeze=False)
+
+    def set_async_scheduling(self, enabled: bool) -> None:
+        """Turn asynchronous scheduling on or off between steps (benchmarks compare both on one
+        engine). A step still running is finished first, its outputs delivered by the next `step()`.
+        Refused (`ValueError`) for a runner that cannot launch steps."""
+        if self._in_flight is not None:
+            plan, handle = self._in_flight
+            self._in_flight = None
+            self._pending += self.scheduler.update_from_output(plan, self.runner.collect(handle))
+        if not hasattr(self.runner, "enqueue"):
+            if enabled:
+                raise ValueError(
+                    "async_scheduling needs a runner that launches steps (not tensor parallelism)"
+                )
+            return
+        self.async_scheduling = enabled
+        self.runner.async_scheduling = enabled
+        self.runner.inputs.host_waits_for_samples = not enabled
+
+    def _wants_async_scheduling(self, config: EngineConfig, device: torch.device) -> bool:
+        """`config.async_scheduling`, or (None) whether it pays: on CUDA. A runner that can only run a
+        step to its end (the tensor-parallel driver) steps synchronously."""
+        if config.async_scheduling is None:
+            return ASYNC_SCHEDULING_BY_DEFAULT and hasattr(self.runner, "enqueue") and device.type == "cuda"
+        return config.async_scheduling
 
     @classmethod
     def from_config(cls, config: EngineConfig, engine_index: int = 0) -> EngineCore:
@@ -253,17 +289,20 @@ class EngineCore:
             )
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests() or bool(self._pending)
+        return self.scheduler.has_unfinished_requests() or bool(self._pending) or self._in_flight is not None
 
     # ----- the loop body -------------------------------------------------------------------------
 
     def step(self) -> EngineCoreOutputs:
         """Schedule -> execute -> update. Returns every output produced since the last step; where the
-        time went is left in `last_step_timings`."""
+        time went is left in `last_step_timings`. Under asynchronous scheduling a step launches the
+        next plan before it waits for the one launched last time, whose outputs it returns."""
         t = EngineStepTimings()
         start = time.perf_counter()
         outputs, self._pending = self._pending, []
-        if self.scheduler.has_work():
+        if self.async_scheduling:
+            self._step_async(outputs, t, start)
+        elif self.scheduler.has_work():
             plan = self.scheduler.schedule()
             t0 = time.perf_counter()
             runner_output = self.runner.execute_model(plan)
@@ -283,6 +322,35 @@ class EngineCore:
         t.outputs_s, t.total_s = end - t3, end - start
         self.last_step_timings = t
         return result
+
+    def _step_async(self, outputs: list[EngineCoreOutput], t: EngineStepTimings, start: float) -> None:
+        """One asynchronous step: count the running step's tokens as computed (their ids still on the
+        device), plan and launch the next step, then wait for the running one and update from it. A
+        launched step the runner finished at once (structured outputs, logprobs, penalties...) is
+        updated from right away; the next launch then has nothing to overlap."""
+        running, self._in_flight = self._in_flight, None
+        if running is not None:
+            self.scheduler.advance(running[0])
+        launched = None
+        t1 = time.perf_counter()
+        if self.scheduler.has_work():
+            plan = self.scheduler.schedule()
+            t1 = time.perf_counter()
+            launched = (plan, self.runner.enqueue(plan))
+            self._copy_runner_timings(t)
+        t2 = time.perf_counter()
+        if running is not None:
+            runner_output = self.runner.collect(running[1])
+            t.sync_s += time.perf_counter() - t2  # the wait for its ids
+            outputs += self.scheduler.update_from_output(running[0], runner_output)
+        if launched is not None:
+            plan, handle = launched
+            if handle.is_running:
+                self._in_flight = launched
+            else:
+                outputs += self.scheduler.update_from_output(plan, handle.output)
+        t3 = time.perf_counter()
+        t.schedule_s, t.execute_s, t.update_s = t1 - start, t2 - t1, t3 - t2
 
     def _copy_runner_timings(self, t: EngineStepTimings) -> None:
         # A runner without `last_timings` (or an empty plan's stale one) leaves the split at 0.

@@ -100,6 +100,7 @@ class LLM:
         num_kv_blocks: int | None = None,
         enable_prefix_caching: bool = True,
         device: str = "auto",
+        async_scheduling: bool | None = None,
     ) -> None:
         config = EngineConfig(
             model=ModelConfig(
@@ -122,6 +123,7 @@ class LLM:
             enforce_eager=enforce_eager,
             tensor_parallel_size=tensor_parallel_size,
             data_parallel_size=data_parallel_size,
+            async_scheduling=async_scheduling,
         )
         self._start(config)
 

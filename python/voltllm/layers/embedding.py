@@ -27,6 +27,7 @@ from voltllm.distributed import (
 )
 from voltllm.layers.linear_method import linear
 from voltllm.layers.parameter import copy_checked, set_weight_attrs
+from voltllm.ops.linear import gemv, gemv_applies
 
 DEFAULT_VOCAB_PADDING_SIZE = 64  # rows per rank are a multiple of this when sharded (GEMM tiles)
 
@@ -91,7 +92,12 @@ class ParallelLMHead(nn.Module):
     """Hidden states to vocabulary logits, always returned in fp32 (the sampler's dtype).
 
     With `tied_to`, the head reuses the embedding's parameter (tied word embeddings) and its shard.
+    `fp32_gemv=True` (unsharded decode rows on a GPU) has the GEMV store the fp32 logits itself instead
+    of a cast kernel after it: the same values, one kernel fewer per step. Off until the GPU A/B
+    (`benches/batch1_ab.py`, variant suffix `+lm32`) measures it.
     """
+
+    fp32_gemv: bool = False
 
     def __init__(
         self,
@@ -121,6 +127,10 @@ class ParallelLMHead(nn.Module):
     def forward(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """fp32 logits `[rows, vocab_size]`; with `out` (fp32, `[rows, vocab]`) they are written there,
         cast on the way."""
+        if self.fp32_gemv and self.tp_size == 1 and gemv_applies(hidden, self.weight):
+            if out is None:
+                out = torch.empty(hidden.shape[0], self.weight.shape[0], device=hidden.device)
+            return gemv(hidden, self.weight, out=out)
         logits = linear(hidden, self.weight)
         if self.tp_size > 1:
             logits = tensor_model_parallel_all_gather(logits, dim=-1)[:, : self.vocab_size]

@@ -129,8 +129,6 @@ class SparseMoeBlock(nn.Module):
             hidden_size, spec.num_experts, bias=False, quant_config=quant_config, prefix=f"{prefix}.gate"
         )
         self.shared_expert = shared_expert
-        # The ticket counter of the fused route kernel (0 between launches; it resets it itself).
-        self.register_buffer("route_counter", torch.zeros(1, dtype=torch.int32), persistent=False)
         if shared_expert is not None:
             self.shared_expert_gate = ReplicatedLinear(
                 hidden_size, 1, bias=False, quant_config=quant_config, prefix=f"{prefix}.shared_expert_gate"
@@ -149,12 +147,6 @@ class SparseMoeBlock(nn.Module):
     def add_norm_forward(
         self, hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`self(norm(hidden + residual))` and the new residual (the decoder layer's MLP interface). At
-        decode sizes on a GPU the add, the norm, the router and its top-k are one kernel
-        (`ops.moe.moe_route`) where the router and the experts are dense."""
-        fused = self.experts.add_norm_route_forward(hidden, residual, norm, self.gate, self.route_counter)
-        if fused is not None:
-            out, normed, residual = fused
-            return self._with_shared_expert(normed, out), residual
+        """`self(norm(hidden + residual))` and the new residual (the decoder layer's MLP interface)."""
         normed, residual = norm(hidden, residual)
         return self(normed), residual

@@ -15,7 +15,11 @@ from voltllm.ops.attention import (
 from voltllm.ops.build import KernelBuildError
 from voltllm.ops.linear import add_rms_norm_gemv, add_rms_norm_gemv_ref
 from voltllm.ops.norm import fused_add_rms_norm, fused_add_rms_norm_ref, rms_norm, rms_norm_ref
-from voltllm.ops.prologue import qk_norm_rope_kv_write, qk_norm_rope_kv_write_ref
+from voltllm.ops.prologue import (
+    paged_decode_attention_prologue,
+    qk_norm_rope_kv_write,
+    qk_norm_rope_kv_write_ref,
+)
 from voltllm.ops.rotary import cos_sin_cache, rotary_embedding, rotary_embedding_ref
 
 __all__ = [
@@ -29,6 +33,7 @@ __all__ = [
     "kv_cache_write_ref",
     "paged_attention_ref",
     "paged_decode_attention",
+    "paged_decode_attention_prologue",
     "paged_prefill_attention",
     "qk_norm_rope_kv_write",
     "qk_norm_rope_kv_write_ref",

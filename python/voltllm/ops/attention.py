@@ -31,6 +31,22 @@ PREFILL_BLOCK_M = {
     "mma_sm80": {64: 128, 128: 128, 256: 64},
     "wmma": {64: 128, 128: 128, 256: 64},
 }
+# Who merges the decode kernel's context splits: "auto" (the kernel itself up to TICKET_MERGE_MAX_SPLITS
+# splits, the split-merge kernel beyond), "ticket" (always the kernel: the last split block of each
+# (sequence, kv head) to finish, counted by a ticket) or "kernel" (always the split-merge kernel).
+DECODE_MERGES = ("auto", "ticket", "kernel")
+# With few splits the merge is a few partials' worth of reads: cheaper in the last block than a launch.
+# Many splits (long contexts at small batches) are merged faster by the merge kernel, which spreads each
+# head over blocks (benches/RESULTS.md, "Batch-1 decode (issue 21)").
+TICKET_MERGE_MAX_SPLITS = 16
+# Tokens a decode split covers at least (one KV block a warp): a sequence splits by its own length
+# (`decode_split` in csrc/attention/paged_decode_common.cuh) into as many splits as the grid's one wave
+# allows. At batch 1 a short context then runs on several blocks per kv head instead of one: Qwen3-0.6B
+# batch-1 decode 0.804 -> 0.780 ms of device time per step against 256-token splits (benches/RESULTS.md,
+# "Batch-1 decode (issue 21)", call 3). Long contexts split by the grid's wave either way.
+DECODE_MIN_SPLIT = 64
+# Every ticket buffer ever handed out, per device: a CUDA graph keeps using the one it was captured with.
+_TICKET_BUFFERS: dict[torch.device, list[torch.Tensor]] = {}
 
 
 @functools.cache
@@ -158,10 +174,46 @@ def _reference(
     return result.to(query.dtype) if out is None else out.copy_(result)
 
 
-def _window(sliding_window: int | None) -> int:
+def kernel_window(sliding_window: int | None) -> int:
+    """The kernels' window argument: 0 for none; a ValueError for a window below 1."""
     if sliding_window is not None and sliding_window < 1:
         raise ValueError(f"sliding_window must be >= 1 or None, got {sliding_window}")
     return sliding_window or 0
+
+
+def merge_tickets(device: torch.device, count: int) -> torch.Tensor:
+    """At least `count` zeroed int32 counters for the decode kernel's in-kernel split merge on `device`.
+
+    One persistent buffer per device serves every layer and step: the kernel leaves its counters zero,
+    and kernels on one stream never overlap their merges. (Two streams running decode attention at once
+    on one device would need buffers of their own.) A buffer is never freed once handed out, since a CUDA
+    graph captured with it replays with its address; one first needed during a capture is made for that
+    capture alone, zeroed by the graph itself (the runner's eager warm-up step makes the shared one first).
+    """
+    buffers = _TICKET_BUFFERS.setdefault(device, [])
+    if buffers and buffers[-1].numel() >= count:
+        return buffers[-1]
+    if torch.cuda.is_current_stream_capturing():
+        return torch.zeros(count, dtype=torch.int32, device=device)
+    buffers.append(torch.zeros(max(count, 4096), dtype=torch.int32, device=device))
+    return buffers[-1]
+
+
+def check_decode_merge(merge: str) -> None:
+    """A ValueError naming the known policies unless `merge` is one of DECODE_MERGES."""
+    if merge not in DECODE_MERGES:
+        raise ValueError(f"unknown decode merge {merge!r}; known: {DECODE_MERGES}")
+
+
+def decode_merge_args(
+    merge: str, device: torch.device, num_seqs: int, num_kv_heads: int
+) -> tuple[torch.Tensor | None, int]:
+    """The decode ops' `(merge_tickets, ticket_max_splits)` arguments for a `merge` policy (DECODE_MERGES)."""
+    check_decode_merge(merge)
+    if merge == "kernel":
+        return None, 0
+    limit = TICKET_MERGE_MAX_SPLITS if merge == "auto" else 1 << 30
+    return merge_tickets(device, num_seqs * num_kv_heads), limit
 
 
 def paged_decode_attention(
@@ -173,22 +225,38 @@ def paged_decode_attention(
     scale: float,
     sliding_window: int | None = None,
     out: torch.Tensor | None = None,
+    merge: str = "auto",
+    min_split: int = DECODE_MIN_SPLIT,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_size]
-    """Attention of each sequence's newest token over its whole paged context (split-K on long ones).
+    """Attention of each sequence's newest token over its whole paged context (split-K on long ones,
+    each sequence split by its own length into splits of at least `min_split` tokens; `merge` says who
+    merges the splits, DECODE_MERGES).
 
     CUDA-graph safe: per-sequence lengths come from `seq_lens` on the device, `seq_lens_cpu` only bounds
     them. On SM90+ the kernel starts reading old K/V while the kernel queued just before it finishes, so that
     kernel may write each sequence's newest token (position seq_len - 1) but no older one (docs/kernels.md).
     """
-    window = _window(sliding_window)
+    window = kernel_window(sliding_window)
     if not use_kernels(query):
+        check_decode_merge(merge)  # the same errors as on CUDA
         query_lens = [1] * len(seq_lens_cpu)
         return _reference(query, kv_cache, block_tables, query_lens, seq_lens_cpu, scale, sliding_window, out)
     if out is None:
         out = torch.empty_like(query)
     max_seq_len = max(seq_lens_cpu, default=1)
+    tickets, ticket_max_splits = decode_merge_args(merge, query.device, query.shape[0], kv_cache.shape[3])
     kernel_ops().paged_decode_attention(
-        out, query, kv_cache, block_tables, seq_lens, max_seq_len, scale, window
+        out,
+        query,
+        kv_cache,
+        block_tables,
+        seq_lens,
+        max_seq_len,
+        scale,
+        window,
+        min_split,
+        tickets,
+        ticket_max_splits,
     )
     return out
 
@@ -216,7 +284,7 @@ def paged_prefill_attention(
 
     `variant` names the kernel (`PREFILL_VARIANTS`); without it the device's compute capability picks
     (`prefill_variant`). A variant the device cannot run gets the glue's error."""
-    window = _window(sliding_window)
+    window = kernel_window(sliding_window)
     name = prefill_variant(query.device, variant)
     if not use_kernels(query):
         return _reference(

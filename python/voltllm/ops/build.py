@@ -42,6 +42,7 @@ SOURCES = (
     "torch_glue/ops_linear.cu",
     "torch_glue/ops_moe.cu",
     "torch_glue/ops_moe_decode.cu",
+    "torch_glue/ops_moe_quant.cu",
     "torch_glue/ops_quant.cu",
     "torch_glue/ops_sampling.cu",
     "torch_glue/ops_structured.cu",

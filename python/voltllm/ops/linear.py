@@ -50,7 +50,9 @@ def gemv(
     swiglu: bool = False,
 ) -> torch.Tensor:
     """`x @ weight.T + bias` for one or two rows of x (then SiLU-and-mul of its two halves when
-    `swiglu`): the GEMV kernel on CUDA, the torch reference elsewhere."""
+    `swiglu`): the GEMV kernel on CUDA, the torch reference elsewhere. `out` (default: a new tensor of
+    x's dtype) may be float32 for a plain GEMV: it then holds the x-dtype result widened, what a cast
+    of the x-dtype result would give, without the cast's kernel."""
     if not use_kernels(x):
         result = F.linear(x, weight, bias)
         if swiglu:

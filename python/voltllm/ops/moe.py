@@ -9,14 +9,12 @@ A step of `fused_moe` on CUDA is five launches and no host sync (so it captures 
 4. the down stage, `y[pair] = weight * (act[slot] @ down_e.T)` in fp32;
 5. `moe_combine`, `out[t] = sum_j y[t * top_k + j]`, rounded once.
 
-At one or two tokens the block's front is one launch too (`moe_route`, `route.cuh`): the residual add
-and RMSNorm after attention, the router linear and the top-k, replacing three kernels.
-
 Up to PAIRS_MAX_TOKENS tokens (small decode batches) the step is three launches instead:
 `topk_softmax`, then `fused_moe_pairs` (`pair_gemv.cuh`): the gated stage per pair, its expert taken
 straight from the routing (no align: a token's k experts are distinct, and at a few tokens tiles would
 save little),
-and the down stage with the top-k sum per token (no combine, no fp32 `y` round trip).
+and the down stage with the top-k sum per token (no combine, no fp32 `y` round trip), by one of two
+kernels (PAIR_DOWN_CHUNKS).
 
 Stages 3 and 4 run one of two kernels, picked by `use_grouped_gemm` from the shape alone: the decode
 GEMV (`expert_gemv.cuh`, tiles of 8 slots, CUDA cores: an expert's weights are read once per tile, and
@@ -32,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from voltllm.ops._dispatch import kernel_ops, use_kernels
+from voltllm.ops.variants import MOE_PAIR_DOWN_STAGED_CHUNKS as PAIR_DOWN_STAGED_CHUNKS
 
 # What the kernels are built for (csrc/moe/moe_params.cuh).
 MAX_EXPERTS = 512
@@ -43,8 +42,25 @@ MAX_TOP_K = 32
 GROUPED_GEMM_MIN_PAIRS_PER_EXPERT = 2
 # Tokens up to which `fused_moe` runs pair by pair (`fused_moe_pairs`: two launches, no align or
 # combine; a shared expert is read once per token). Measured on the H200 (benches/moe.py kernels,
-# session 9 call 1): 26.2 vs 41.1 us at 1 token, 130.8 vs 182.8 us at 8 (54 experts for 64 pairs).
-PAIRS_MAX_TOKENS = 8
+# session 9 calls 1 and 3): 26.2 vs 41.1 us at 1 token, 130.8 vs 182.8 us at 8 (54 experts for 64
+# pairs), 226.5 vs 294.4 us at 16 (83 experts) against the tiled GEMV.
+PAIRS_MAX_TOKENS = 16
+# The pair path's down stage: 0 runs `moe_pair_down_kernel` (measured, session 10: 11.9 us, 2.1 TB/s, at
+# batch 1 on the Qwen3-30B-A3B shape); 12 or 24 run `moe_pair_down_staged_kernel` with that many 16-byte
+# weight loads per lane in flight, act staged in shared memory and the first round's loads issued before
+# the wait for the gated stage. The staged kernel is not measured yet: `benches/moe.py --only pair-down`
+# A/Bs the three in one process, and the winner becomes this default.
+PAIR_DOWN_CHUNKS = 0
+# Shared memory the staged kernel stages a token's act rows in (csrc/moe/pair_gemv.cuh,
+# kMoePairStagedMaxSmem, moe_pair_staged_smem_bytes): top_k * k / 8 chunks of 16 bytes and a 4-byte
+# routing weight each, and 8 bytes a choice.
+PAIR_DOWN_STAGED_MAX_SMEM = 48 * 1024
+# Whether the pair path routes itself (`fused_moe_pairs_routed`: no top-k launch; the gated stage's
+# first warp and the staged down stage's choose from the router's logits, the bits `topk_softmax`
+# chooses). It needs a staged down stage (PAIR_DOWN_CHUNKS 12 or 24) and at most ROUTED_MAX_EXPERTS
+# experts. Not measured yet: `benches/moe.py --only down-ab` A/Bs it in the model.
+PAIR_ROUTED = False
+ROUTED_MAX_EXPERTS = 128  # kMoeRoutedMaxExperts
 
 
 def topk_softmax_ref(
@@ -84,63 +100,6 @@ def topk_softmax(
     ids = torch.empty(num_tokens, top_k, dtype=torch.int32, device=router_logits.device)
     kernel_ops().moe_topk_softmax(weights, ids, router_logits, renormalize)
     return weights, ids
-
-
-# Rows the fused front of a sparse block (`moe_route`, csrc/moe/route.cuh) takes: its norm prologue
-# gives each row 256 threads of a 512-thread block.
-ROUTE_MAX_TOKENS = 2
-
-
-def moe_route_applies(
-    hidden: torch.Tensor, residual: torch.Tensor, gate_weight: torch.Tensor, top_k: int
-) -> bool:
-    """True where `moe_route` runs its kernel: CUDA fp16/bf16 contiguous `hidden` and `residual` of 1 to
-    ROUTE_MAX_TOKENS rows, a hidden size that is a multiple of 8 up to 8,192, a dense contiguous router
-    `[num_experts, hidden]` of their dtype, at most MAX_EXPERTS experts and MAX_TOP_K choices."""
-    if not (hidden.is_cuda and hidden.dim() == 2 and gate_weight.dim() == 2):
-        return False
-    rows, size = hidden.shape
-    return (
-        hidden.dtype in (torch.float16, torch.bfloat16)
-        and residual.dtype == hidden.dtype
-        and gate_weight.dtype == hidden.dtype
-        and 1 <= rows <= ROUTE_MAX_TOKENS
-        and residual.shape == hidden.shape
-        and size % 8 == 0
-        and size <= 8192
-        and gate_weight.shape[1] == size
-        and hidden.is_contiguous()
-        and residual.is_contiguous()
-        and gate_weight.is_contiguous()
-        and all(t.data_ptr() % 16 == 0 for t in (hidden, residual, gate_weight))
-        and gate_weight.shape[0] <= MAX_EXPERTS
-        and 0 < top_k <= min(MAX_TOP_K, gate_weight.shape[0])
-    )
-
-
-def moe_route(
-    hidden: torch.Tensor,  # [T, H]: the attention output to add
-    residual: torch.Tensor,  # [T, H]
-    norm_weight: torch.Tensor,  # [H]
-    eps: float,
-    gate_weight: torch.Tensor,  # [E, H]: the router
-    top_k: int,
-    renormalize: bool,
-    counter: torch.Tensor,  # [1] int32, 0: the kernel's ticket, left 0
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`(normed, new_residual, topk_weights, topk_ids)`: `fused_add_rms_norm`, the router linear and
-    `topk_softmax` in one launch (check `moe_route_applies` first); the ids are int32."""
-    rows = hidden.shape[0]
-    normed = torch.empty_like(hidden)
-    new_residual = torch.empty_like(hidden)
-    logits = torch.empty(rows, gate_weight.shape[0], dtype=hidden.dtype, device=hidden.device)
-    weights = torch.empty(rows, top_k, dtype=torch.float32, device=hidden.device)
-    ids = torch.empty(rows, top_k, dtype=torch.int32, device=hidden.device)
-    kernel_ops().moe_route(
-        normed, new_residual, logits, weights, ids, counter, hidden, residual, norm_weight, eps, gate_weight,
-        renormalize,
-    )  # fmt: skip
-    return normed, new_residual, weights, ids
 
 
 def moe_max_tiles(num_pairs: int, num_experts: int, tile_rows: int) -> int:
@@ -206,12 +165,29 @@ def fused_moe_applies(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, top_
     )
 
 
+def staged_pair_down_fits(top_k: int, w2: torch.Tensor) -> bool:
+    """Whether the staged down stage takes `w2 [E, H, I]` at `top_k`: the token's act rows and their
+    routing weights fit PAIR_DOWN_STAGED_MAX_SMEM, and the stack has fewer than 2^32 16-byte chunks."""
+    row_chunks = w2.shape[2] // 8
+    return 0 < top_k * (row_chunks * 20 + 8) <= PAIR_DOWN_STAGED_MAX_SMEM and w2.numel() // 8 < 2**32
+
+
+def pair_down_chunks(top_k: int, w2: torch.Tensor, requested: int | None = None) -> int:
+    """The down-stage variant `fused_moe_pairs` runs: `requested` (PAIR_DOWN_CHUNKS when None) where the
+    staged kernel takes the shape, else 0 (the unstaged kernel takes every shape)."""
+    chunks = PAIR_DOWN_CHUNKS if requested is None else requested
+    if chunks not in (0, *PAIR_DOWN_STAGED_CHUNKS):
+        raise ValueError(f"down_chunks must be 0 or one of {PAIR_DOWN_STAGED_CHUNKS}, got {chunks}")
+    return chunks if chunks and staged_pair_down_fits(top_k, w2) else 0
+
+
 def fused_moe_pairs(
     x: torch.Tensor,  # [T, H]
     w13: torch.Tensor,  # [E, 2I, H]
     w2: torch.Tensor,  # [E, H, I]
     topk_weights: torch.Tensor,  # [T, k] fp32
     topk_ids: torch.Tensor,  # [T, k] int32
+    down_chunks: int | None = None,  # the down stage's variant (`pair_down_chunks`); None: PAIR_DOWN_CHUNKS
 ) -> torch.Tensor:  # [T, H] in x's dtype
     """`fused_moe` pair by pair (`csrc/moe/pair_gemv.cuh`): the gated stage per (token, expert) pair,
     the down stage and the top-k sum per token; two launches, no align, no combine. An expert two
@@ -221,7 +197,52 @@ def fused_moe_pairs(
     act = torch.empty(topk_ids.numel(), w13.shape[1] // 2, dtype=x.dtype, device=x.device)
     ops.moe_pair_experts(act, x, w13, topk_ids, topk_weights, True)
     out = torch.empty(num_tokens, hidden, dtype=x.dtype, device=x.device)
-    ops.moe_pair_experts(out, act, w2, topk_ids, topk_weights, False)
+    chunks = pair_down_chunks(topk_ids.shape[1], w2, down_chunks)
+    ops.moe_pair_experts(out, act, w2, topk_ids, topk_weights, False, chunks)
+    return out
+
+
+def fused_moe_pairs_routed_applies(
+    x: torch.Tensor, router_logits: torch.Tensor, w2: torch.Tensor, top_k: int
+) -> bool:
+    """True where a sparse block runs `fused_moe_pairs_routed` (check `fused_moe_applies` first):
+    PAIR_ROUTED is on, at most PAIRS_MAX_TOKENS tokens, logits `[T, E]` of x's dtype with contiguous rows
+    and E up to ROUTED_MAX_EXPERTS, and a staged down stage chosen that takes the shape."""
+    return (
+        PAIR_ROUTED
+        and x.shape[0] <= PAIRS_MAX_TOKENS
+        and router_logits.dtype == x.dtype
+        and router_logits.dim() == 2
+        and router_logits.shape == (x.shape[0], w2.shape[0])
+        and router_logits.stride(1) == 1
+        and w2.shape[0] <= ROUTED_MAX_EXPERTS
+        and pair_down_chunks(top_k, w2) != 0
+    )
+
+
+def fused_moe_pairs_routed(
+    x: torch.Tensor,  # [T, H]
+    w13: torch.Tensor,  # [E, 2I, H]
+    w2: torch.Tensor,  # [E, H, I]
+    router_logits: torch.Tensor,  # [T, E] in x's dtype
+    top_k: int,
+    renormalize: bool,
+    down_chunks: int | None = None,  # the staged down stage's variant (12 or 24); None: PAIR_DOWN_CHUNKS
+) -> torch.Tensor:  # [T, H] in x's dtype
+    """`fused_moe_pairs` with the routing inside the two stages (`moe_pair_experts_routed`): the experts
+    `topk_softmax(router_logits, top_k, renormalize)` would pick, and no launch of its own."""
+    chunks = pair_down_chunks(top_k, w2, down_chunks)
+    if chunks == 0:
+        raise ValueError(
+            f"the routed pair path needs a staged down stage (down_chunks in {PAIR_DOWN_STAGED_CHUNKS}) that "
+            f"takes top_k {top_k} of w2 {tuple(w2.shape)}"
+        )
+    num_tokens, hidden = x.shape
+    ops = kernel_ops()
+    act = torch.empty(num_tokens * top_k, w13.shape[1] // 2, dtype=x.dtype, device=x.device)
+    ops.moe_pair_experts_routed(act, x, w13, router_logits, top_k, renormalize, True, 0)
+    out = torch.empty(num_tokens, hidden, dtype=x.dtype, device=x.device)
+    ops.moe_pair_experts_routed(out, act, w2, router_logits, top_k, renormalize, False, chunks)
     return out
 
 

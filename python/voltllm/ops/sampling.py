@@ -8,15 +8,22 @@ sets are defined by each token's distance from the row's best logit in units of 
 - top-p keeps `d <= K`, the smallest K whose set holds at least `top_p` of the mass left by top-k, the
   mass summed in fixed point (`floor(e * 2**40)`), so that the sum is exact and order-free;
 - min-p keeps `e >= min_p`;
-- the draw is the exponential race, `argmax(-d - log E)` over the kept tokens, which samples them in
-  proportion to `e`; `E = -log1p(-v)` with `v` from 32 bits of a SplitMix64 hash of (row seed, token id).
-  Rows with no filter race over `x / T - log E` directly (the same draw without needing the max, so the
-  kernel splits such a row over many blocks).
+- the draw is the exponential race, `argmax(x / T - log E)` over the kept tokens (the product rounded
+  before the subtraction), which samples them in proportion to `e`; `E = -log1p(-v)` with `v` from 32
+  bits of a SplitMix64 hash of (row seed, token id). The race value does not need the row's max, so
+  the kernels can race a row before they know which tokens the filters keep.
 
 A filter that no row uses can be passed as None (the kernel then launches nothing for it). Rows with
 temperature <= 0 take the first argmax. The noise of a row depends on its seed alone, so a
 draw is reproducible whatever else is in the batch. The reference computes the same sets with a sort
-and the same noise; the kernel and it agree token for token up to last-bit differences of exp/log.
+and the same noise; the kernels and it agree token for token up to last-bit differences of exp/log.
+
+Two kernels draw the same tokens (`SAMPLING_METHODS`; which one is faster is the next GPU call's A/B):
+"select" (csrc/sampling/radix_sampling.cuh: the filters' thresholds by radix select, then the race over
+what they keep) and "race_first" (csrc/sampling/race_first_sampling.cuh: the race's best few tokens
+first, then a check of each against the top-p set; three launches for top-p, one for temperature or
+greedy). "race_first" covers temperature and top-p; a batch in which a row uses top-k or min-p takes
+"select" (the same token either way, so a row's draw still does not depend on its batch).
 """
 
 from __future__ import annotations
@@ -24,6 +31,11 @@ from __future__ import annotations
 import torch
 
 from voltllm.ops._dispatch import kernel_ops, use_kernels
+
+SAMPLING_METHODS = ("select", "race_first")
+# Fewest tokens one block of a race_first split pass takes (kRaceMinSplitTokens in the kernel header):
+# about 150 blocks for one row of Qwen3's 151,936 tokens. The draw does not depend on it.
+RACE_MIN_SPLIT_TOKENS = 1024
 
 _GOLDEN = 0x9E3779B97F4A7C15
 _MIX1 = 0xBF58476D1CE4E5B9
@@ -100,20 +112,27 @@ def sample_tokens_ref(
     e = torch.exp(-d)
     p_on = top_p < 1
     if bool(p_on.any()):
-        keep &= ~p_on.unsqueeze(1) | (d <= _top_p_ceiling(d, e, keep, top_p))
+        ceiling, _, _ = top_p_cut(d, e, keep, top_p)
+        keep &= ~p_on.unsqueeze(1) | (d <= ceiling)
     m_on = min_p > 0
     keep &= ~m_on.unsqueeze(1) | (e >= min_p.unsqueeze(1))
-    log_noise = torch.log(exponential_noise(seeds, vocab))
-    filtered_race = torch.where(keep, -d - log_noise, float("-inf"))
-    temperature_only = ~k_on & ~p_on & ~m_on
-    race = torch.where(temperature_only.unsqueeze(1), x * inv_t.unsqueeze(1) - log_noise, filtered_race)
-    return torch.where(sampling, race.argmax(dim=-1), argmax)
+    race = race_values(x, inv_t, seeds)
+    return torch.where(sampling, torch.where(keep, race, float("-inf")).argmax(dim=-1), argmax)
 
 
-def _top_p_ceiling(d: torch.Tensor, e: torch.Tensor, keep: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Per row, the smallest d whose set {d' <= d} (within `keep`) holds `top_p` of the kept mass.
+def race_values(x: torch.Tensor, inv_t: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    """Every token's race value `x / T - log E` (float32 `[N, V]` logits, `[N]` 1/T and seeds)."""
+    return x * inv_t.unsqueeze(1) - torch.log(exponential_noise(seeds, x.shape[1]))
 
-    Returns `[N, 1]`."""
+
+def top_p_cut(
+    d: torch.Tensor, e: torch.Tensor, keep: torch.Tensor, top_p: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per row, the smallest d whose set {d' <= d} (within `keep`) holds `top_p` of the kept mass,
+    with the integer masses the kernels sum.
+
+    Returns the ceiling `[N, 1]`, every token's mass `[N, V]` (int64, 0 outside `keep`) and the
+    target mass `[N]`."""
     mass = torch.where(keep, (e * MASS_SCALE).to(torch.int64), 0)
     total = mass.sum(dim=-1)
     target = (top_p.double() * total.double()).floor().to(torch.int64).clamp(min=1)
@@ -121,7 +140,13 @@ def _top_p_ceiling(d: torch.Tensor, e: torch.Tensor, keep: torch.Tensor, top_p: 
     order = torch.where(keep, d, float("inf")).argsort(dim=-1, stable=True)
     cumulative = mass.gather(1, order).cumsum(dim=-1)
     first = (cumulative >= target.unsqueeze(1)).int().argmax(dim=-1, keepdim=True)
-    return d.gather(1, order.gather(1, first))
+    return d.gather(1, order.gather(1, first)), mass, target
+
+
+def check_sampling_method(method: str) -> None:
+    """Raises ValueError unless `method` is one of `SAMPLING_METHODS`."""
+    if method not in SAMPLING_METHODS:
+        raise ValueError(f"unknown sampling method {method!r}: one of {', '.join(SAMPLING_METHODS)}")
 
 
 def sample_tokens(
@@ -131,15 +156,35 @@ def sample_tokens(
     top_p: torch.Tensor | None,
     min_p: torch.Tensor | None,
     seeds: torch.Tensor,
+    method: str = "select",
+    min_split_tokens: int = RACE_MIN_SPLIT_TOKENS,
 ) -> torch.Tensor:
     """One token per row of `logits [N, V]` (fp32/fp16/bf16, rows contiguous): `[N]` int64.
 
     Per-row settings: `temperature` float32 (<= 0: greedy), `top_k` int32 (<= 0: off), `top_p` float32
     (1: off), `min_p` float32 (0: off), `seeds` int64 (the row's noise: same seed, same logits, same token).
-    A filter no row uses may be None.
+    A filter no row uses may be None. `method` picks the kernel (`SAMPLING_METHODS`: the same token
+    either way); `min_split_tokens` sizes race_first's split passes (it does not change the token).
     """
+    check_sampling_method(method)
     if not use_kernels(logits):
         return sample_tokens_ref(logits, temperature, top_k, top_p, min_p, seeds)
     out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
-    kernel_ops().radix_sampling(out, logits, temperature, top_k, top_p, min_p, seeds)
+    if method == "race_first" and top_k is None and min_p is None:
+        kernel_ops().race_first_sampling(out, logits, temperature, top_p, seeds, min_split_tokens)
+    else:
+        kernel_ops().radix_sampling(out, logits, temperature, top_k, top_p, min_p, seeds)
     return out
+
+
+def argmax_tokens(
+    logits: torch.Tensor, method: str = "select", min_split_tokens: int = RACE_MIN_SPLIT_TOKENS
+) -> torch.Tensor:
+    """The first argmax of each row of `logits [N, V]` (a greedy step): `[N]` int64. "select" runs
+    torch's reduction; "race_first" (on a GPU) the first pass of race_first_sampling alone, one launch."""
+    check_sampling_method(method)
+    if method == "race_first" and use_kernels(logits):
+        out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+        kernel_ops().race_first_sampling(out, logits, None, None, None, min_split_tokens)
+        return out
+    return logits.argmax(dim=-1)

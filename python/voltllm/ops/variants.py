@@ -25,7 +25,17 @@ DTYPES = (FP16, BF16)
 
 
 # The sampling kernels templated on the logits dtype alone (select_digit_kernel also takes MASS).
-SAMPLING_KERNELS = ("row_max_partial_kernel", "gather_candidates_kernel", "race_partial_kernel")
+SAMPLING_KERNELS = (
+    "row_max_partial_kernel",
+    "gather_candidates_kernel",
+    "finish_candidates_kernel",
+    "race_partial_kernel",
+)
+# race_first_sampling.cuh's kernels, each templated on the logits dtype alone.
+RACE_FIRST_KERNELS = ("race_top_kernel", "race_mass_kernel", "race_finish_row_kernel")
+# radix_sampling.cuh's two kernels that are no template: every unit that includes the header compiles
+# them (race_first_sampling.cuh does), so both sources list them and the gate reports them by name.
+RADIX_PLAIN_KERNELS = ("voltllm::row_max_merge_kernel", "voltllm::race_merge_kernel")
 
 
 def _elementwise() -> dict[str, list[str]]:
@@ -47,7 +57,8 @@ def _elementwise() -> dict[str, list[str]]:
             for t in DTYPES
             for rows in (1, 2)
             for swiglu in ("false", "true")
-        ],
+        ]
+        + [f"voltllm::gemv_kernel<{t}, {rows}, false, float>" for t in DTYPES for rows in (1, 2)],
         "sampling/radix_sampling.cuh": [
             *(f"voltllm::{kernel}<{t}>" for kernel in SAMPLING_KERNELS for t in ("float", *DTYPES)),
             *(
@@ -55,9 +66,11 @@ def _elementwise() -> dict[str, list[str]]:
                 for t in ("float", *DTYPES)
                 for mass in ("false", "true")
             ),
-            "voltllm::row_max_merge_kernel",
-            "voltllm::finish_candidates_kernel",
-            "voltllm::race_merge_kernel",
+            *RADIX_PLAIN_KERNELS,
+        ],
+        "sampling/race_first_sampling.cuh": [
+            *(f"voltllm::{kernel}<{t}>" for kernel in RACE_FIRST_KERNELS for t in ("float", *DTYPES)),
+            *RADIX_PLAIN_KERNELS,
         ],
         "ops/qk_norm_rope.cuh": [
             f"voltllm::qk_norm_rope_kernel<{t}, {h}>" for t in DTYPES for h in HEAD_SIZES
@@ -69,26 +82,43 @@ def _elementwise() -> dict[str, list[str]]:
     return variants
 
 
-# The packed weight kinds of csrc/quantization/quant_common.cuh (QuantKind), the decode row counts the
-# quantized GEMV is built for, and the row tiles of the quantized WMMA GEMM.
+# The packed weight kinds of csrc/quantization/quant_common.cuh (QuantKind), the decode row counts above
+# one the quantized GEMV is built for (one row has its own shapes), and the row tiles of the quantized
+# WMMA GEMM.
 QUANT_KINDS = {"int4": 0, "int8": 1, "fp8": 2}
-QUANT_GEMV_ROWS = (1, 2, 4, 8)
+QUANT_GEMV_ROWS = (2, 4, 8)
+# The one-row GEMV shapes, QuantGemvOneRowShape<0 .. n-1> in quant_gemv.cuh.
+QUANT_GEMV_ONE_ROW_SHAPES = 2
 QUANT_GEMM_BLOCK_M = (16, 64, 128)
-# The weight-streaming GEMM's fragments of 16 rows of x per warp; its other template arguments are
-# what the glue builds, csrc/quantization/quant_gemm_stream.cuh QuantStreamShape<kind, fragments>.
+# The weight-streaming GEMM's fragments of 16 rows of x per warp and of 16 weight rows per warp (its
+# template arguments after the kind, csrc/quantization/quant_gemm_stream.cuh).
 QUANT_STREAM_M_FRAGS = (1, 2, 3, 4)
+QUANT_STREAM_N_FRAGS = (1, 2)
+# The register-dequantizing GEMM's fragment layouts (quant_gemm_frag.cuh kFragLayout*): int4 only, the
+# streaming GEMM's fragment shapes.
+QUANT_FRAG_LAYOUTS = (0, 1, 2)
 
 
-def _stream_args(kind: int, m_frags: int) -> str:
-    shape = f"voltllm::QuantStreamShape<{kind}, {m_frags}>"
-    return f"{kind}, {m_frags}, {shape}::kNF, {shape}::kDepth"
+# Layouts built with the deep ring (one weight fragment per warp only).
+QUANT_FRAG_DEEP_LAYOUTS = (1, 2)
 
 
-# The norm-prologue GEMV's shape: the persistent GEMV's at one row.
-_NORM_GEMV_SHAPE = (
-    "voltllm::QuantGemvPersistentShape<1>::kMats, voltllm::QuantGemvPersistentShape<1>::kUnroll, "
-    "voltllm::kQuantGemvPersistentWarps"
-)
+def _frag_variants() -> list[str]:
+    """Template arguments (m_frags, n_frags, layout, deep) of every built quant_gemm_frag_kernel."""
+    shapes = [(mf, nf) for mf in QUANT_STREAM_M_FRAGS for nf in QUANT_STREAM_N_FRAGS]
+    plain = [f"{mf}, {nf}, {layout}, false" for layout in QUANT_FRAG_LAYOUTS for mf, nf in shapes]
+    deep = [f"{mf}, 1, {layout}, true" for layout in QUANT_FRAG_DEEP_LAYOUTS for mf in QUANT_STREAM_M_FRAGS]
+    return plain + deep
+
+
+def _stream_args(kind: int, m_frags: int, n_frags: int) -> str:
+    return f"{kind}, {m_frags}, {n_frags}"
+
+
+def _one_row_shape_args(index: int) -> str:
+    shape = f"voltllm::QuantGemvOneRowShape<{index}>"
+    fields = ("kMats", "kUnroll", "kWarps", "kSplit", "kPrefetch", "kNoL1")
+    return ", ".join(f"{shape}::{field}" for field in fields)
 
 
 def _quantization() -> dict[str, list[str]]:
@@ -103,22 +133,10 @@ def _quantization() -> dict[str, list[str]]:
                 for swiglu in ("false", "true")
             ),
             *(
-                f"voltllm::quant_gemv_kernel<{kind}, 1, {swiglu}, 4, 2, voltllm::kQuantGemvWarps>"
+                f"voltllm::quant_gemv_kernel<{kind}, 1, {swiglu}, {_one_row_shape_args(index)}>"
                 for kind in kinds
                 for swiglu in ("false", "true")
-            ),
-            *(
-                f"voltllm::quant_gemv_persistent_kernel<{kind}, {rows}, {swiglu}, "
-                f"voltllm::QuantGemvPersistentShape<{rows}>::kMats, "
-                f"voltllm::QuantGemvPersistentShape<{rows}>::kUnroll, voltllm::kQuantGemvPersistentWarps>"
-                for kind in kinds
-                for rows in QUANT_GEMV_ROWS
-                for swiglu in ("false", "true")
-            ),
-            *(
-                f"voltllm::quant_gemv_norm_kernel<{kind}, {swiglu}, {_NORM_GEMV_SHAPE}>"
-                for kind in kinds
-                for swiglu in ("false", "true")
+                for index in range(QUANT_GEMV_ONE_ROW_SHAPES)
             ),
         ],
         "quantization/quant_gemm_wmma.cuh": [
@@ -131,12 +149,14 @@ def _quantization() -> dict[str, list[str]]:
             *(f"voltllm::quant_dequantize_kernel<{kind}>" for kind in kinds),
         ],
         "quantization/quant_gemm_stream.cuh": [
-            *(
-                f"voltllm::quant_gemm_stream_kernel<{_stream_args(kind, mf)}>"
-                for kind in kinds
-                for mf in QUANT_STREAM_M_FRAGS
-            ),
-            "voltllm::quant_gemm_finalize_kernel",  # included with quant_gemm_wmma.cuh: compiled here too
+            f"voltllm::quant_gemm_stream_kernel<{_stream_args(kind, mf, nf)}>"
+            for kind in kinds
+            for mf in QUANT_STREAM_M_FRAGS
+            for nf in QUANT_STREAM_N_FRAGS
+        ],
+        "quantization/quant_gemm_frag.cuh": [
+            "voltllm::quant_wmma_b_layout_kernel",
+            *(f"voltllm::quant_gemm_frag_kernel<{args}>" for args in _frag_variants()),
         ],
     }
 
@@ -164,6 +184,11 @@ def _attention_mma_sm80(dtype: str) -> dict[str, list[str]]:
     }
 
 
+# The staged pair-path down stage's 16-byte loads per lane in flight (moe_pair_down_staged_kernel<T,
+# CHUNKS>), each an A/B candidate against moe_pair_down_kernel; voltllm.ops.moe picks among them.
+MOE_PAIR_DOWN_STAGED_CHUNKS = (12, 24)
+
+
 def _moe() -> dict[str, list[str]]:
     """The expert kernels on CUDA cores: routing, the decode GEMV and the combine, every dtype."""
     return {
@@ -174,9 +199,24 @@ def _moe() -> dict[str, list[str]]:
         ],
         "moe/combine.cuh": [f"voltllm::moe_combine_kernel<{t}>" for t in DTYPES],
         "moe/pair_gemv.cuh": [
-            f"voltllm::moe_pair_{stage}_kernel<{t}>" for t in DTYPES for stage in ("gated", "down")
+            *(
+                f"voltllm::moe_pair_{stage}_kernel<{t}>"
+                for t in DTYPES
+                for stage in ("gated", "gated_routed", "down")
+            ),
+            *(
+                f"voltllm::moe_pair_down_staged_kernel<{t}, {chunks}, {routed}>"
+                for t in DTYPES
+                for chunks in MOE_PAIR_DOWN_STAGED_CHUNKS
+                for routed in ("false", "true")
+            ),
         ],
-        "moe/route.cuh": [f"voltllm::moe_route_kernel<{t}, {rows}>" for t in DTYPES for rows in (1, 2)],
+        # The quantized experts' pair path: fp16 activations, every packed kind.
+        "moe/quant_pair_gemv.cuh": [
+            f"voltllm::moe_quant_pair_{stage}_kernel<{kind}>"
+            for kind in QUANT_KINDS.values()
+            for stage in ("gated", "down")
+        ],
     }
 
 
@@ -199,11 +239,15 @@ def _merge(*parts: dict[str, list[str]]) -> dict[str, list[str]]:
 
 def dynamic_smem_probes() -> dict[str, str]:
     """Kernel expression -> a `__device__` constant holding the dynamic shared memory it launches with."""
-    probes = {"voltllm::finish_candidates_kernel": "voltllm::select_smem_bytes_probe"}
+    probes = {}
     for t in ("float", *DTYPES):
         probes[f"voltllm::row_max_partial_kernel<{t}>"] = "voltllm::argmax_smem_bytes_probe"
         probes[f"voltllm::race_partial_kernel<{t}>"] = "voltllm::argmax_smem_bytes_probe"
         probes[f"voltllm::gather_candidates_kernel<{t}>"] = "voltllm::select_smem_bytes_probe"
+        probes[f"voltllm::finish_candidates_kernel<{t}>"] = "voltllm::select_smem_bytes_probe"
+        probes[f"voltllm::race_top_kernel<{t}>"] = "voltllm::race_smem_bytes_probe"
+        probes[f"voltllm::race_mass_kernel<{t}>"] = "voltllm::race_smem_bytes_probe"
+        probes[f"voltllm::race_finish_row_kernel<{t}>"] = "voltllm::select_smem_bytes_probe"
         for mass in ("false", "true"):
             probes[f"voltllm::select_digit_kernel<{t}, {mass}>"] = "voltllm::select_smem_bytes_probe"
     for dtype in DTYPES:
@@ -223,13 +267,21 @@ def dynamic_smem_probes() -> dict[str, str]:
             probes[f"voltllm::quant_gemm_wmma_kernel{args}"] = f"voltllm::quant_gemm_wmma_smem_bytes{args}"
     for kind in QUANT_KINDS.values():
         for mf in QUANT_STREAM_M_FRAGS:
-            args = f"<{_stream_args(kind, mf)}>"
-            probe = f"voltllm::quant_gemm_stream_smem_bytes_probe{args}"
-            probes[f"voltllm::quant_gemm_stream_kernel{args}"] = probe
+            for nf in QUANT_STREAM_N_FRAGS:
+                args = f"<{_stream_args(kind, mf, nf)}>"
+                probe = f"voltllm::quant_gemm_stream_smem_bytes_probe{args}"
+                probes[f"voltllm::quant_gemm_stream_kernel{args}"] = probe
+    for args in _frag_variants():
+        probes[f"voltllm::quant_gemm_frag_kernel<{args}>"] = (
+            f"voltllm::quant_gemm_frag_smem_bytes_probe<{args}>"
+        )
+    probes["voltllm::quant_wmma_b_layout_kernel"] = "voltllm::quant_wmma_b_layout_smem_bytes_probe"
     probes["voltllm::moe_align_kernel"] = "voltllm::moe_align_max_smem_bytes"
-    for t in DTYPES:
-        for rows in (1, 2):
-            probes[f"voltllm::moe_route_kernel<{t}, {rows}>"] = "voltllm::moe_route_max_smem_bytes"
+    for dtype in DTYPES:
+        for chunks in MOE_PAIR_DOWN_STAGED_CHUNKS:
+            for routed in ("false", "true"):
+                staged = f"voltllm::moe_pair_down_staged_kernel<{dtype}, {chunks}, {routed}>"
+                probes[staged] = "voltllm::moe_pair_staged_max_smem_bytes"
     return probes
 
 

@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import llguidance
-
-
-@functools.cache
-def executor() -> llguidance.LLExecutor:
-    """The process's llguidance thread pool (mask fills and batched token acceptance share it)."""
-    return llguidance.LLExecutor()
 
 
 class Grammar:
@@ -52,13 +46,14 @@ def _no_grammar() -> None:
     return None
 
 
-def accept_tokens(grammars: list[Grammar], token_ids: list[int]) -> list[bool]:
-    """`Grammar.accept` for many requests at once, on llguidance's threads (one step's batch: about
-    five times faster than one by one at batch 64)."""
-    if len(grammars) == 1:
-        return [grammars[0].accept(token_ids[0])]
-    pairs = [(g.matcher, t) for g, t in zip(grammars, token_ids, strict=True)]
-    return executor().consume_token_par(pairs)
+def accept_tokens(
+    grammars: list[Grammar], token_ids: list[int], pool: llguidance.LLExecutor | None = None
+) -> list[bool]:
+    """`Grammar.accept` for many requests at once: one after another on this thread, or spread over
+    the threads of an llguidance `pool` (one call, GIL released)."""
+    if pool is None or len(grammars) == 1:
+        return [g.accept(t) for g, t in zip(grammars, token_ids, strict=True)]
+    return pool.consume_token_par([(g.matcher, t) for g, t in zip(grammars, token_ids, strict=True)])
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,15 +69,21 @@ class EndedGrammar:
 @dataclass(slots=True)
 class TokensToAccept:
     """One step's sampled tokens of its constrained requests, fed to their grammars later (the next
-    step does it in its mask thread, while its forward runs)."""
+    step does it in its mask thread, while its forward runs). Under asynchronous scheduling the tokens
+    may still be on the device when this is made: `token_ids` is then None and `arrive` (called in the
+    mask thread, when the accept starts) waits for them and returns them."""
 
     request_ids: list[str]
     grammars: list[Grammar]
-    token_ids: list[int]
+    token_ids: list[int] | None
+    arrive: Callable[[], list[int]] | None = None
 
-    def accept(self) -> list[EndedGrammar]:
-        """Advance every grammar by its token; returns those that ended or rejected it."""
-        accepted = accept_tokens(self.grammars, self.token_ids)
+    def accept(self, pool: llguidance.LLExecutor | None = None) -> list[EndedGrammar]:
+        """Advance every grammar by its token (`accept_tokens`); returns those that ended or rejected
+        it."""
+        if self.token_ids is None:
+            self.token_ids = self.arrive()
+        accepted = accept_tokens(self.grammars, self.token_ids, pool)
         ended = []
         for request_id, grammar, token_id, ok in zip(
             self.request_ids, self.grammars, self.token_ids, accepted, strict=True

@@ -12,7 +12,9 @@ The batch is the plan's requests in the order of `num_scheduled_tokens`, each co
 
 An eager step's inputs are views of the uploaded buffers plus an `AttentionMetadata` built here; the
 block-table ids queued since the last step travel in the same upload (`_stage_eager`). Either way a
-sequence samples only when its scheduled tokens reach its last known token.
+sequence samples only when its scheduled tokens reach its last known token, and a step whose sampling
+rows are not all plain greedy carries their settings and noise seeds in the same upload too
+(`sampling_metadata.SamplingStager`; `StepInputs.sampling`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from voltllm.core.sched_output import SchedulerOutput
 from voltllm.layers.attention.backend import AttentionMetadata
 from voltllm.worker.cuda_graphs import DecodeGraphs
 from voltllm.worker.request_state import RequestArrays
+from voltllm.worker.sampling_metadata import SamplingStager, StagedSampling
 from voltllm.worker.step_inputs import PAD_SLOT, BlockTable, StepBuffers, StepLayout
 
 
@@ -41,11 +44,13 @@ class StepInputs:
     sampling_rows: np.ndarray  # rows of the sequences that sample, in sampling order
     sampling_ends: np.ndarray  # their token counts (the column their sampled token goes to)
     plain_greedy: bool  # every sampling sequence is plain greedy (`is_plain_greedy`)
-    graph_size: int | None = None  # a CUDA graph of this bucket runs the step (the rest is None)
-    input_ids: torch.Tensor | None = None
+    graph_size: int | None = None  # a CUDA graph of this bucket runs the step (then only input_ids is set)
+    input_ids: torch.Tensor | None = None  # (a graph step: the bucket's buffer the graph reads)
     positions: torch.Tensor | None = None
     metadata: AttentionMetadata | None = None
     logits_indices: torch.Tensor | None = None  # None: every row samples
+    sampling: StagedSampling | None = None  # the sampling rows' staged settings; None: plain greedy
+    layout: StepLayout | None = None  # where the step lies in the staging buffers
 
 
 class InputBuilder:
@@ -59,13 +64,20 @@ class InputBuilder:
         *,
         block_size: int,
         max_model_len: int,
+        sampling: SamplingStager | None = None,
     ) -> None:
+        """`sampling`: stages the sampling rows' settings (None: a runner that samples nothing)."""
         self.arrays = arrays
         self.block_table = block_table
         self.buffers = buffers
+        self.sampling = sampling
         self.block_size = block_size
         self.max_model_len = max_model_len
         self._arange = np.arange(buffers.max_tokens + 1, dtype=np.int64)  # query offsets, positions
+        # A step that samples ends with the host waiting for its tokens, so its upload needs no event
+        # (`StepBuffers.upload`); asynchronous scheduling stages the next step before that wait and
+        # turns this off.
+        self.host_waits_for_samples = True
         # (graph bucket, sequences) of the last staged step if it was a graph step: its padding.
         self._padding: tuple[int, int] | None = None
 
@@ -94,17 +106,21 @@ class InputBuilder:
         if graphs is not None and num_sampling == num_seqs:
             step.graph_size = graphs.bucket_for(num_seqs)
         num_logits = 0
+        staged_rows = self._num_staged_sampling(step)
         if step.graph_size is not None:
-            layout = self._stage_graph(step.graph_size, num_seqs)
+            layout = self._stage_graph(step.graph_size, num_seqs, staged_rows)
         else:
             num_logits = num_sampling if num_sampling != num_seqs else 0
-            layout = self._stage_eager(num_seqs, num_seqs, num_logits)
+            layout = self._stage_eager(num_seqs, num_seqs, num_logits, staged_rows)
             layout.query_start_loc[:] = self._arange[: num_seqs + 1]
         layout.input_ids[:num_seqs] = arrays.token_ids[rows, starts]
         layout.positions[:num_seqs] = starts
         self._stage_common(layout, step, rows, samples, num_logits)
         if step.graph_size is not None:
-            return step  # the graph scatters the block-table updates itself
+            # The graph scatters the block-table updates itself; the ids buffer is where an
+            # asynchronous step writes the ids still on the device.
+            step.input_ids = (layout.field_views or self.buffers.device_fields(layout))[0]
+            return step
         return self._eager_inputs(step, layout, 1, (1,) * num_seqs, num_logits)
 
     def _prepare_mixed(
@@ -117,7 +133,7 @@ class InputBuilder:
         step, samples = self._sampling(req_ids, rows, starts + lens, plain_greedy)
         # More tokens than sequences: the rows that sample are always picked out for the logits.
         num_logits = len(step.sampling_req_ids)
-        layout = self._stage_eager(num_tokens, num_seqs, num_logits)
+        layout = self._stage_eager(num_tokens, num_seqs, num_logits, self._num_staged_sampling(step))
         query_start_loc, positions = layout.query_start_loc, layout.positions
         query_start_loc[0] = 0
         np.cumsum(lens, out=query_start_loc[1:])
@@ -143,6 +159,13 @@ class InputBuilder:
         sampling_req_ids = [req_ids[i] for i in index]
         return StepInputs(sampling_req_ids, index, rows, ends, sampling_rows, ends[chosen], greedy), samples
 
+    def _num_staged_sampling(self, step: StepInputs) -> int:
+        """Rows whose sampling settings the step stages: its sampling rows unless they are all plain
+        greedy (or this runner samples nothing)."""
+        if self.sampling is None or step.plain_greedy:
+            return 0
+        return len(step.sampling_req_ids)
+
     def _stage_common(
         self,
         layout: StepLayout,
@@ -153,6 +176,7 @@ class InputBuilder:
     ) -> None:
         """The fields both kinds fill the same way once ids and positions are staged, then the upload."""
         num_seqs, num_tokens = len(step.rows), len(token_rows)
+        step.layout = layout
         layout.table_rows[:num_seqs] = step.rows
         pos = layout.positions[:num_tokens]
         blocks = self.block_table.host[token_rows, pos // self.block_size]
@@ -160,8 +184,10 @@ class InputBuilder:
         layout.seq_lens[:num_seqs] = step.ends
         if num_logits:
             layout.logits_indices[:] = layout.query_start_loc[1:][samples] - 1
+        if layout.num_sampling:
+            step.sampling = self.sampling.stage(layout, step.sampling_rows, step.sampling_ends)
         # A step that samples waits for its tokens, so the next step needs no event to reuse the buffer.
-        self.buffers.upload(layout, host_waits=bool(step.sampling_req_ids))
+        self.buffers.upload(layout, host_waits=self.host_waits_for_samples and bool(step.sampling_req_ids))
 
     def _eager_inputs(
         self,
@@ -195,7 +221,7 @@ class InputBuilder:
 
     # ----- staging -------------------------------------------------------------------------------
 
-    def _stage_eager(self, num_tokens: int, num_seqs: int, num_logits: int) -> StepLayout:
+    def _stage_eager(self, num_tokens: int, num_seqs: int, num_logits: int, num_sampling: int) -> StepLayout:
         """The staging layout of an eager step, holding the block table's queued ids (written to the
         host table too: the step's slots need them; beyond the layout's room they go on their own)."""
         self._padding = None  # the step's fields may lie where a graph bucket's padding was
@@ -204,21 +230,22 @@ class InputBuilder:
         if num_updates > self.buffers.max_block_updates:
             table.flush_unstaged()
             num_updates = 0
-        layout = self.buffers.stage(num_tokens, num_seqs, num_updates, num_logits)
+        layout = self.buffers.stage(num_tokens, num_seqs, num_updates, num_logits, num_sampling)
         if num_updates:
             table.write_pending(layout.block_index, layout.block_ids)
         return layout
 
-    def _stage_graph(self, size: int, num_seqs: int) -> StepLayout:
+    def _stage_graph(self, size: int, num_seqs: int, num_sampling: int = 0) -> StepLayout:
         """The staging layout of `num_seqs` decodes replayed by the graph of bucket `size`: padding
         from entry `num_seqs` on, and exactly `size` block-table updates, which the graph scatters
-        itself: the block table's queued ids, then writes of 0 into the all-zero pad row."""
+        itself: the block table's queued ids, then writes of 0 into the all-zero pad row (the
+        `num_sampling` rows' settings lie after all of these: the graph's inputs stay in place)."""
         table = self.block_table
         num_updates = table.num_pending
         if num_updates > size:  # (a decode step gives each request at most one block)
             table.flush_unstaged()
             num_updates = 0
-        layout = self.buffers.stage(size, size, size)
+        layout = self.buffers.stage(size, size, size, 0, num_sampling)
         if num_updates:
             table.write_pending(layout.block_index[:num_updates], layout.block_ids[:num_updates])
         layout.block_index[num_updates:] = table.pad_positions[: size - num_updates]

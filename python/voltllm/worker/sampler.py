@@ -9,16 +9,17 @@ top-p and min-p by threshold search instead of a vocabulary sort, and the expone
 hashed from a per-row seed and the token id. A seeded row's seed is derived each step from (seed,
 number of tokens generated so far), so its tokens depend only on its own seed and history: not on what
 else is in the batch, and not on a preemption that rebuilt its state. Other rows get fresh seeds from
-the sampler's generator each step.
+the runner's generator each step (`sampling_metadata.SamplingStager` stages both with the step).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
-from voltllm.ops.sampling import random_seeds, sample_tokens, seed_as_int64
+from voltllm.ops.sampling import argmax_tokens, check_sampling_method, sample_tokens
 from voltllm.protocol import TokenLogprobs
 
 _MASK = float("-inf")
@@ -30,10 +31,12 @@ class SamplingMetadata:
 
     temperature: torch.Tensor  # [N] float32; 0 = greedy
     all_greedy: bool
-    top_k: torch.Tensor | None = None  # [N] int64, vocab_size where off; None when no row uses it
+    top_k: torch.Tensor | None = None  # [N] int (<= 0 or >= vocab: off); None when no row uses it
     top_p: torch.Tensor | None = None  # [N] float32; None when no row uses it
     min_p: torch.Tensor | None = None  # [N] float32; None when no row uses it
-    seeds: dict[int, int] = field(default_factory=dict)  # row -> this step's noise seed (seeded requests)
+    # [N] int64: each row's noise seed this step (the runner stages them: `SamplingStager`); may be None
+    # only when every row is greedy.
+    seeds: torch.Tensor | None = None
     # Penalties, None when no row uses any. Token-id matrices are padded with vocab_size.
     prompt_token_ids: torch.Tensor | None = None  # [N, max_prompt_len] int64
     output_token_ids: torch.Tensor | None = None  # [N, max_output_len] int64
@@ -42,64 +45,99 @@ class SamplingMetadata:
     repetition_penalty: torch.Tensor | None = None  # [N]
     logit_bias: list[tuple[int, torch.Tensor, torch.Tensor]] = field(default_factory=list)  # row, ids, bias
     banned_token_ids: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # row, ids (min_tokens)
-    num_logprobs: list[int | None] = field(default_factory=list)  # per row, None = not requested
-    # This step's [N] int64 noise seeds on the device (`Sampler.seed_tensor`), when the runner made them
-    # before queueing the forward; None: the sampler makes them.
-    seed_tensor: torch.Tensor | None = None
+    # Per row, None = not requested; empty: no row wants logprobs.
+    num_logprobs: list[int | None] = field(default_factory=list)
 
 
 @dataclass
 class SamplerOutput:
-    sampled_token_ids: list[int]
-    logprobs: list[TokenLogprobs | None]
+    sampled: np.ndarray  # [N] int64 on the host: one device->host copy, no per-row Python
+    logprobs: list[TokenLogprobs | None] | None  # per row; None: no row asked for logprobs
+
+    @property
+    def sampled_token_ids(self) -> list[int]:
+        return self.sampled.tolist()
+
+
+_SEED_MIX = np.uint64(0x9E3779B97F4A7C15)
+_STEP_MIX = np.uint64(0xBF58476D1CE4E5B9)
+
+
+def seeds_for_step(seeds: np.ndarray, num_generated: np.ndarray) -> np.ndarray:
+    """The 64-bit noise seeds of one step of seeded requests: a fixed mix of each user seed (uint64,
+    the seed mod 2**64) and the number of tokens it has generated, wrapping mod 2**64. `[n]` uint64."""
+    return seeds * _SEED_MIX + (num_generated.astype(np.uint64) + np.uint64(1)) * _STEP_MIX
 
 
 def seed_for_step(seed: int, num_generated: int) -> int:
-    """A 64-bit seed for one step of a seeded request (a fixed mix of the user seed and the step)."""
-    return (seed * 0x9E3779B97F4A7C15 + (num_generated + 1) * 0xBF58476D1CE4E5B9) % (1 << 64)
+    """`seeds_for_step` of one request."""
+    one = seeds_for_step(np.array([seed % (1 << 64)], dtype=np.uint64), np.array([num_generated]))
+    return int(one[0])
 
 
 class Sampler:
-    def __init__(self, generator: torch.Generator | None = None) -> None:
-        self.generator = generator  # noise for unseeded rows
+    """Stateless: every row's noise comes from `SamplingMetadata.seeds`.
+
+    `method` picks the draw's kernels (`voltllm.ops.sampling.SAMPLING_METHODS`; every method draws the
+    same tokens): "select" (the radix-select sampler, and torch's argmax for greedy rows) or "race_first"
+    (the race's best tokens checked against top-p; its first pass alone for greedy batches). The default
+    stays "select" until the GPU A/B (`benches/batch1_ab.py --samplers`) says otherwise.
+    """
+
+    def __init__(self, method: str = "select") -> None:
+        check_sampling_method(method)
+        self.method = method
+
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """The first argmax of each row, on the logits' device (a greedy batch's tokens)."""
+        return argmax_tokens(logits, self.method)
 
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
         if md.all_greedy and _is_plain(md):
             # Nothing modifies the logits and nothing reads a distribution: the argmax is the answer,
             # without copying the [N, vocab] logits (the common case of a greedy batch).
-            return SamplerOutput(logits.argmax(dim=-1).tolist(), [None] * logits.shape[0])
-        if _edits_logits(md):
-            logits = logits.float().clone()  # [N, vocab]
-            _apply_logit_bias_and_bans(logits, md)
-            _apply_penalties(logits, md)
-        else:
-            logits = logits.contiguous()  # the draw reads the logits as they are, in their dtype
-        sampled = logits.argmax(dim=-1) if md.all_greedy else self._sample(logits, md)
-        logprobs = [None] * logits.shape[0]
-        if any(n is not None for n in md.num_logprobs):
+            return SamplerOutput(self.argmax(logits).cpu().numpy(), None)
+        logits = _processed(logits, md)
+        sampled = self.argmax(logits) if md.all_greedy else self._sample(logits, md)
+        logprobs = None
+        if wants_logprobs(md):
             temperature = torch.where(md.temperature > 0, md.temperature, torch.ones_like(md.temperature))
             logprobs = _gather_logprobs(logits.float() / temperature.unsqueeze(1), sampled, md.num_logprobs)
-        return SamplerOutput(sampled.tolist(), logprobs)
+        return SamplerOutput(sampled.cpu().numpy(), logprobs)
 
-    def seed_tensor(self, md: SamplingMetadata, rows: int, device: torch.device) -> torch.Tensor:
-        """The step's `[rows]` int64 noise seeds on `device`: each seeded row's, fresh ones elsewhere.
-
-        Its host-to-device copies wait for the device stream, so the runner calls this before it queues
-        the forward (and stores the result in `md.seed_tensor`)."""
-        seeds = random_seeds(rows, device, self.generator)
-        if md.seeds:
-            index = torch.tensor(list(md.seeds), dtype=torch.int64, device=device)
-            values = [seed_as_int64(v) for v in md.seeds.values()]
-            seeds[index] = torch.tensor(values, dtype=torch.int64, device=device)
-        return seeds
+    def sample_on_device(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        """The sampled ids, `[N]` int64 on the logits' device, without waiting for them (what an
+        asynchronous step leaves there for the next one). No logprobs: a step that wants them calls
+        the sampler itself."""
+        if md.all_greedy and _is_plain(md):
+            return self.argmax(logits)
+        logits = _processed(logits, md)
+        return self.argmax(logits) if md.all_greedy else self._sample(logits, md)
 
     def _sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         """Greedy rows take the argmax; the others draw under their temperature and filters."""
-        seeds = md.seed_tensor
-        if seeds is None:
-            seeds = self.seed_tensor(md, logits.shape[0], logits.device)
+        if md.seeds is None:
+            raise ValueError(
+                "rows that sample with a temperature need their noise seeds (SamplingMetadata.seeds)"
+            )
         top_k = md.top_k.int() if md.top_k is not None else None
-        return sample_tokens(logits, md.temperature, top_k, md.top_p, md.min_p, seeds)
+        return sample_tokens(logits, md.temperature, top_k, md.top_p, md.min_p, md.seeds, self.method)
+
+
+def _processed(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    """The logits the draw reads: a float32 copy with bias, bans and penalties applied when a row has
+    any, else the logits as they are (in their dtype)."""
+    if not _edits_logits(md):
+        return logits.contiguous()
+    logits = logits.float().clone()  # [N, vocab]
+    _apply_logit_bias_and_bans(logits, md)
+    _apply_penalties(logits, md)
+    return logits
+
+
+def wants_logprobs(md: SamplingMetadata) -> bool:
+    """Some row asked for logprobs."""
+    return any(n is not None for n in md.num_logprobs)
 
 
 def _edits_logits(md: SamplingMetadata) -> bool:
@@ -109,7 +147,7 @@ def _edits_logits(md: SamplingMetadata) -> bool:
 
 def _is_plain(md: SamplingMetadata) -> bool:
     """Nothing edits the logits and no row wants logprobs."""
-    return not _edits_logits(md) and all(n is None for n in md.num_logprobs)
+    return not _edits_logits(md) and not wants_logprobs(md)
 
 
 def _apply_logit_bias_and_bans(logits: torch.Tensor, md: SamplingMetadata) -> None:

@@ -7,9 +7,11 @@ with new inputs, and reusing buffers keeps allocation off the step's critical pa
 Everything a step sends to the device travels in one asynchronous copy from one pinned host buffer
 (`StepBuffers`): the step's fields, then the block-table entries that are new since the last step,
 then (an eager step where not every sequence samples) the rows of the hidden states to compute logits
-for. Every torch call costs host time (10-20 us each on the H200 machine), so a decode step replayed
-from a CUDA graph makes only that copy, the replay and the argmax with its copy back. No event is
-recorded when the step ends by waiting for its sampled tokens anyway (see `StepBuffers.upload`).
+for, then (a step that samples beyond plain greedy) the sampling rows' settings and noise seeds
+(`sampling_metadata.SamplingStager` fills them). Every torch call costs host time (10-20 us each on
+the H200 machine), so a decode step replayed from a CUDA graph makes only that copy, the replay and
+the argmax (or the sampler) with its copy back. No event is recorded when the step ends by waiting
+for its sampled tokens anyway (see `StepBuffers.upload`).
 
 The block table lives on the device for the whole life of a request, one row per running request
 (`BlockTable`). An eager step scatters its new block ids into it with one kernel and gathers its
@@ -25,6 +27,10 @@ import numpy as np
 import torch
 
 PAD_SLOT = -1  # slot_mapping value the kernels skip (padding tokens write no KV)
+# Float32 settings staged per sampling row, in this order (`sampling_metadata.SamplingColumns`):
+# temperature, top-p, min-p, presence, frequency and repetition penalty.
+SAMPLING_FLOATS = 6
+SAMPLING_ROW_BYTES = 8 + 4 * SAMPLING_FLOATS + 4  # seed, the floats, top-k
 
 
 def _align8(nbytes: int) -> int:
@@ -37,9 +43,11 @@ class StepLayout:
     Byte layout, back to back: per token (int64) input ids, positions, cache slots; per sequence
     (int32) query start offsets (one more entry), sequence lengths, block-table rows; then (8-aligned)
     the flat block-table positions of the new block ids (int64), the logits rows (int64), and the new
-    block ids (int32, the device table's type: no conversion kernel). The fields' offsets depend on
-    the token and sequence counts only, never on what follows them, so a CUDA graph captured for one
-    size finds its inputs at the same device addresses on every replay of that size.
+    block ids (int32, the device table's type: no conversion kernel); then (8-aligned) per sampling
+    row its noise seed (int64), its `SAMPLING_FLOATS` settings (float32, one column after the other)
+    and its top-k (int32). The fields' offsets depend on the token and sequence counts only, never on
+    what follows them, so a CUDA graph captured for one size finds its inputs at the same device
+    addresses on every replay of that size; the sampling section's depend on every count before it.
     """
 
     __slots__ = (
@@ -47,6 +55,7 @@ class StepLayout:
         "num_seqs",
         "num_block_updates",
         "num_logits",
+        "num_sampling",
         "nbytes",
         "input_ids",
         "positions",
@@ -57,19 +66,31 @@ class StepLayout:
         "block_index",
         "logits_indices",
         "block_ids",
+        "seeds",
+        "sampling_floats",
+        "top_k",
         "extra_at",
         "ids_at",
+        "sampling_at",
         "copy_views",
         "field_views",
         "update_views",
         "logits_view",
+        "sampling_views",
     )
 
     def __init__(
-        self, host: np.ndarray, num_tokens: int, num_seqs: int, num_block_updates: int, num_logits: int
+        self,
+        host: np.ndarray,
+        num_tokens: int,
+        num_seqs: int,
+        num_block_updates: int,
+        num_logits: int,
+        num_sampling: int,
     ):
-        t, s, c, n = num_tokens, num_seqs, num_block_updates, num_logits
+        t, s, c, n, m = num_tokens, num_seqs, num_block_updates, num_logits, num_sampling
         self.num_tokens, self.num_seqs, self.num_block_updates, self.num_logits = t, s, c, n
+        self.num_sampling = m
         tok = host[: 24 * t].view(np.int64)
         self.input_ids, self.positions, self.slots = tok[:t], tok[t : 2 * t], tok[2 * t :]
         seq = host[24 * t : 24 * t + 4 * (3 * s + 1)].view(np.int32)
@@ -83,7 +104,15 @@ class StepLayout:
         self.logits_indices = host[extra + 8 * c : extra + 8 * (c + n)].view(np.int64)
         self.ids_at = ids_at = extra + 8 * (c + n)
         self.block_ids = host[ids_at : ids_at + 4 * c].view(np.int32)
-        self.nbytes = ids_at + 4 * c
+        self.sampling_at = at = _align8(ids_at + 4 * c)
+        # Seeds are written as the uint64 they are (the device reads the same bits as int64).
+        self.seeds = host[at : at + 8 * m].view(np.uint64)
+        floats_at = at + 8 * m
+        self.sampling_floats = host[floats_at : floats_at + 4 * SAMPLING_FLOATS * m].view(np.float32)
+        self.sampling_floats = self.sampling_floats.reshape(SAMPLING_FLOATS, m)
+        top_k_at = floats_at + 4 * SAMPLING_FLOATS * m
+        self.top_k = host[top_k_at : top_k_at + 4 * m].view(np.int32)
+        self.nbytes = top_k_at + 4 * m if m else ids_at + 4 * c
         # Torch views, each group made on first use (a torch view costs microseconds): the copy's
         # destination and source, the six fields on the device (an eager step's), the block updates
         # on the device, the logits rows on the device.
@@ -91,6 +120,7 @@ class StepLayout:
         self.field_views: tuple[torch.Tensor, ...] | None = None
         self.update_views: tuple[torch.Tensor, torch.Tensor] | None = None
         self.logits_view: torch.Tensor | None = None
+        self.sampling_views: tuple[torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor] | None = None
 
 
 class _Upload(enum.Enum):
@@ -109,6 +139,7 @@ class StepBuffers:
         self.device = device
         self.max_tokens, self.max_seqs, self.max_block_updates = max_tokens, max_seqs, max_block_updates
         nbytes = _align8(24 * max_tokens + 4 * (3 * max_seqs + 1)) + 12 * max_block_updates + 8 * max_seqs
+        nbytes = _align8(nbytes) + SAMPLING_ROW_BYTES * max_seqs
         on_gpu = device.type != "cpu"
         self._host = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=on_gpu)
         self._host_np = self._host.numpy()
@@ -116,32 +147,49 @@ class StepBuffers:
         self._on_gpu = on_gpu
         self._uploaded = torch.cuda.Event() if device.type == "cuda" else None
         self._in_flight = _Upload.NONE
-        self._layouts: dict[tuple[int, int, int, int], StepLayout] = {}
+        # A step's sampling section copied out of the device buffer (`copy_sampling`), and the views
+        # of it per sampling-row count.
+        self._sampling_copy = torch.zeros(SAMPLING_ROW_BYTES * max_seqs, dtype=torch.uint8, device=device)
+        self._sampling_copy_views: dict[int, tuple[torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor]] = {}
+        # Layouts handed out so far: a caller that staged `num_staged == n` and sees `n + 1` at its next
+        # stage of the same layout knows no other layout has written the host buffer in between.
+        self.num_staged = 0
+        self._layouts: dict[tuple[int, int, int, int, int], StepLayout] = {}
         self._field_views: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
 
     def stage(
-        self, num_tokens: int, num_seqs: int, num_block_updates: int = 0, num_logits: int = 0
+        self,
+        num_tokens: int,
+        num_seqs: int,
+        num_block_updates: int = 0,
+        num_logits: int = 0,
+        num_sampling: int = 0,
     ) -> StepLayout:
-        """The layout of a step of these sizes, its host views writable (the last copy has read them)."""
+        """The layout of a step of these sizes, its host views writable (the last copy has read them).
+
+        `num_sampling`: rows whose sampling settings travel with the step (0: a plain greedy step)."""
         if (
             num_tokens > self.max_tokens
             or num_seqs > self.max_seqs
             or num_block_updates > self.max_block_updates
             or num_logits > self.max_seqs
+            or num_sampling > self.max_seqs
         ):
             raise ValueError(
                 f"a step of {num_tokens} tokens, {num_seqs} sequences, {num_block_updates} block-table "
-                f"updates and {num_logits} logits rows exceeds the staging buffer's "
-                f"{self.max_tokens} / {self.max_seqs} / {self.max_block_updates} / {self.max_seqs}"
+                f"updates, {num_logits} logits rows and {num_sampling} sampling rows exceeds the staging "
+                f"buffer's {self.max_tokens} / {self.max_seqs} / {self.max_block_updates} / "
+                f"{self.max_seqs} / {self.max_seqs}"
             )
         if self._in_flight is not _Upload.NONE:
             self._wait_for_upload()
-        key = (num_tokens, num_seqs, num_block_updates, num_logits)
+        key = (num_tokens, num_seqs, num_block_updates, num_logits, num_sampling)
         layout = self._layouts.get(key)
         if layout is None:
             if len(self._layouts) > 512:  # prefill sizes vary without end; decode sizes repeat
                 self._layouts.clear()
             layout = self._layouts[key] = StepLayout(self._host_np, *key)
+        self.num_staged += 1
         return layout
 
     def upload(self, layout: StepLayout, *, host_waits: bool) -> None:
@@ -214,6 +262,34 @@ class StepBuffers:
             layout.logits_view = self._dev[start : layout.ids_at].view(torch.int64)
         return layout.logits_view
 
+    def device_sampling(
+        self, layout: StepLayout
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor]:
+        """Device views of the staged sampling section: seeds `[m]` int64, the `SAMPLING_FLOATS`
+        settings (one contiguous `[m]` float32 view each), top-k `[m]` int32. Made once per layout:
+        a step's sampler inputs then cost no torch call."""
+        if layout.sampling_views is None:
+            layout.sampling_views = _sampling_views(self._dev, layout.sampling_at, layout.num_sampling)
+        return layout.sampling_views
+
+    def copy_sampling(
+        self, layout: StepLayout
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor]:
+        """`device_sampling`'s views of a copy of the uploaded sampling section, in a buffer of its own,
+        queued on the current stream: the next step's upload rewrites the section, and an
+        asynchronous constrained step's draw is queued (by the mask thread) after that upload. The
+        copy itself is rewritten by the next call, which the runner makes only once the draw that
+        reads this one is queued."""
+        m, at = layout.num_sampling, layout.sampling_at
+        nbytes = SAMPLING_ROW_BYTES * m
+        self._sampling_copy[:nbytes].copy_(self._dev[at : at + nbytes], non_blocking=True)
+        views = self._sampling_copy_views.get(m)
+        if views is None:
+            if len(self._sampling_copy_views) > 512:
+                self._sampling_copy_views.clear()
+            views = self._sampling_copy_views[m] = _sampling_views(self._sampling_copy, 0, m)
+        return views
+
     def _wait_for_upload(self) -> None:
         if self._in_flight is _Upload.FENCED:
             self._uploaded.synchronize()
@@ -221,6 +297,21 @@ class StepBuffers:
             # The caller said it would wait and did not (an exception cut its step short).
             torch.cuda.current_stream(self.device).synchronize()
         self._in_flight = _Upload.NONE
+
+
+def _sampling_views(
+    buffer: torch.Tensor, at: int, m: int
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor]:
+    """Views of a sampling section of `m` rows starting at byte `at` of `buffer`: seeds `[m]` int64,
+    the `SAMPLING_FLOATS` settings (`[m]` float32 each), top-k `[m]` int32."""
+    floats_at = at + 8 * m
+    top_k_at = floats_at + 4 * SAMPLING_FLOATS * m
+    floats = buffer[floats_at:top_k_at].view(torch.float32).view(SAMPLING_FLOATS, m)
+    return (
+        buffer[at:floats_at].view(torch.int64),
+        tuple(floats.unbind(0)),
+        buffer[top_k_at : top_k_at + 4 * m].view(torch.int32),
+    )
 
 
 class BlockTable:

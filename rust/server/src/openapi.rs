@@ -191,9 +191,52 @@ impl Modify for BearerAuth {
     }
 }
 
+// The answers every guarded route shares besides its own: 401 (`--api-key`), 413 for a route that
+// reads a body (over `--max-request-body-bytes`) and 503, which for a route that queues engine work
+// also means a full queue or a restarting engine (with `Retry-After`), else only draining.
+
+/// 401, 413 and 503 of a route that queues work for the engine.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+enum QueuedWorkErrors {
+    #[response(status = 401, description = "Missing or wrong API key")]
+    Unauthorized(ErrorBody),
+    #[response(
+        status = 413,
+        description = "The body is over --max-request-body-bytes"
+    )]
+    TooLarge(ErrorBody),
+    #[response(status = 503, description = "Not now: retry after Retry-After")]
+    Unavailable(ErrorBody),
+}
+
+/// 401, 413 and 503 of a route that reads a body but queues nothing.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+enum BodyRouteErrors {
+    #[response(status = 401, description = "Missing or wrong API key")]
+    Unauthorized(ErrorBody),
+    #[response(
+        status = 413,
+        description = "The body is over --max-request-body-bytes"
+    )]
+    TooLarge(ErrorBody),
+    #[response(status = 503, description = "The server is draining")]
+    Draining(ErrorBody),
+}
+
+/// 401 and 503 of a guarded route without a body.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+enum GuardedRouteErrors {
+    #[response(status = 401, description = "Missing or wrong API key")]
+    Unauthorized(ErrorBody),
+    #[response(status = 503, description = "The server is draining")]
+    Draining(ErrorBody),
+}
+
 // The operations. utoipa reads the attributes; the bodies never run (the handlers are in
-// `routes/`). Every API route can also answer 401 (`--api-key`), 413 (body too large) and 503
-// (queue full, engine restarting, draining; with `Retry-After`).
+// `routes/`).
 
 #[utoipa::path(post, path = "/v1/chat/completions", tag = "openai", security(("bearer" = [])),
     request_body = ChatRequest,
@@ -201,10 +244,8 @@ impl Modify for BearerAuth {
         (status = 200, description = "The completion, or with `stream` its server-sent events",
          content((ChatCompletion = "application/json"), (String = "text/event-stream"))),
         (status = 400, description = "A field is malformed, out of range, unknown or not supported", body = ErrorBody),
-        (status = 401, description = "Missing or wrong API key", body = ErrorBody),
         (status = 404, description = "`model` is not served here", body = ErrorBody),
-        (status = 413, description = "The body is over --max-request-body-bytes", body = ErrorBody),
-        (status = 503, description = "Not now: retry after Retry-After", body = ErrorBody),
+        QueuedWorkErrors,
     ))]
 #[allow(dead_code)]
 fn chat_completions() {}
@@ -215,10 +256,8 @@ fn chat_completions() {}
         (status = 200, description = "The completion, or with `stream` its server-sent events",
          content((Completion = "application/json"), (String = "text/event-stream"))),
         (status = 400, description = "A field is malformed, out of range, unknown or not supported", body = ErrorBody),
-        (status = 401, description = "Missing or wrong API key", body = ErrorBody),
         (status = 404, description = "`model` is not served here", body = ErrorBody),
-        (status = 413, description = "The body is over --max-request-body-bytes", body = ErrorBody),
-        (status = 503, description = "Not now: retry after Retry-After", body = ErrorBody),
+        QueuedWorkErrors,
     ))]
 #[allow(dead_code)]
 fn completions() {}
@@ -226,8 +265,7 @@ fn completions() {}
 #[utoipa::path(get, path = "/v1/models", tag = "openai", security(("bearer" = [])),
     responses(
         (status = 200, description = "The served model names", body = ModelList),
-        (status = 401, description = "Missing or wrong API key", body = ErrorBody),
-        (status = 503, description = "The server is draining", body = ErrorBody),
+        GuardedRouteErrors,
     ))]
 #[allow(dead_code)]
 fn models() {}
@@ -236,9 +274,8 @@ fn models() {}
     params(("id" = String, Path, description = "A served model name")),
     responses(
         (status = 200, description = "The model", body = Model),
-        (status = 401, description = "Missing or wrong API key", body = ErrorBody),
         (status = 404, description = "No model of that name is served here", body = ErrorBody),
-        (status = 503, description = "The server is draining", body = ErrorBody),
+        GuardedRouteErrors,
     ))]
 #[allow(dead_code)]
 fn model() {}
@@ -249,10 +286,8 @@ fn model() {}
         (status = 200, description = "The response, or with `stream` its server-sent events",
          content((ResponseObject = "application/json"), (String = "text/event-stream"))),
         (status = 400, description = "A field is malformed, out of range or not supported", body = ErrorBody),
-        (status = 401, description = "Missing or wrong API key", body = ErrorBody),
         (status = 404, description = "`model` is not served here", body = ErrorBody),
-        (status = 413, description = "The body is over --max-request-body-bytes", body = ErrorBody),
-        (status = 503, description = "Not now: retry after Retry-After", body = ErrorBody),
+        QueuedWorkErrors,
     ))]
 #[allow(dead_code)]
 fn responses() {}
@@ -262,10 +297,8 @@ fn responses() {}
     responses(
         (status = 200, description = "The prompt's token ids", body = TokenizeResponse),
         (status = 400, description = "A field is malformed", body = ErrorBody),
-        (status = 401, description = "Missing or wrong API key", body = ErrorBody),
         (status = 404, description = "`model` is not served here", body = ErrorBody),
-        (status = 413, description = "The body is over --max-request-body-bytes", body = ErrorBody),
-        (status = 503, description = "The server is draining", body = ErrorBody),
+        BodyRouteErrors,
     ))]
 #[allow(dead_code)]
 fn tokenize() {}
@@ -275,10 +308,8 @@ fn tokenize() {}
     responses(
         (status = 200, description = "The ids' text", body = DetokenizeResponse),
         (status = 400, description = "A field is malformed or an id out of range", body = ErrorBody),
-        (status = 401, description = "Missing or wrong API key", body = ErrorBody),
         (status = 404, description = "`model` is not served here", body = ErrorBody),
-        (status = 413, description = "The body is over --max-request-body-bytes", body = ErrorBody),
-        (status = 503, description = "The server is draining", body = ErrorBody),
+        BodyRouteErrors,
     ))]
 #[allow(dead_code)]
 fn detokenize() {}
@@ -286,8 +317,7 @@ fn detokenize() {}
 #[utoipa::path(get, path = "/version", tag = "vllm", security(("bearer" = [])),
     responses(
         (status = 200, description = "The server's version", body = Version),
-        (status = 401, description = "Missing or wrong API key", body = ErrorBody),
-        (status = 503, description = "The server is draining", body = ErrorBody),
+        GuardedRouteErrors,
     ))]
 #[allow(dead_code)]
 fn version() {}
@@ -296,8 +326,7 @@ fn version() {}
     responses(
         (status = 200, description = "Prometheus metrics (vLLM's names, plus voltllm's bounds)",
          content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8", body = String),
-        (status = 401, description = "Missing or wrong API key", body = ErrorBody),
-        (status = 503, description = "The server is draining", body = ErrorBody),
+        GuardedRouteErrors,
     ))]
 #[allow(dead_code)]
 fn metrics() {}

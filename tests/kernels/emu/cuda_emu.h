@@ -66,7 +66,7 @@ struct Thread {
 
 struct Warp {
   Barrier bar;
-  alignas(16) unsigned char slots[32][64];
+  alignas(16) unsigned char slots[32][128];  // 128: mma_sync at 16 operand elements per lane publishes 96
 };
 
 struct Block {
@@ -215,7 +215,7 @@ inline void warp_barrier() {
 // Every lane publishes `mine`; `f(all)` runs on each lane once all 32 have published.
 template <typename In, typename F>
 auto exchange(const In& mine, F f) {
-  static_assert(sizeof(In) <= 64, "payload too large");
+  static_assert(sizeof(In) <= sizeof(Warp::slots[0]), "payload too large");
   Warp& w = blk().warps[self().warp];
   std::memcpy(w.slots[self().lane], &mine, sizeof(In));
   warp_barrier();
@@ -403,11 +403,24 @@ V atomicAdd(V* address, V v) {
   *address = old + v;
   return old;
 }
+template <typename V>
+V atomicExch(V* address, V v) {
+  const V old = *address;
+  *address = v;
+  return old;
+}
+// Loads that bypass L1 on a GPU; memory is coherent here.
+template <typename V>
+V __ldcg(const V* address) {
+  return *address;
+}
 inline float __uint2float_rn(unsigned v) { return static_cast<float>(v); }
 inline int __popc(unsigned v) { return __builtin_popcount(v); }
 inline int min(int a, int b) { return a < b ? a : b; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline float __expf(float x) { return std::exp(x); }
+// A product that is never contracted into an FMA (the host compiler does not contract without -mfma).
+inline float __fmul_rn(float a, float b) { return a * b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 inline long long min(long long a, long long b) { return a < b ? a : b; }
 inline long long max(long long a, long long b) { return a > b ? a : b; }

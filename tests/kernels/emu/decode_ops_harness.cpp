@@ -9,16 +9,19 @@
 
 namespace {
 
-template <typename T, int ROWS, bool SWIGLU>
+template <typename T, int ROWS, bool SWIGLU, typename Out = T>
 void run_gemv(const voltllm::GemvParams& p, unsigned seed) {
   const int blocks = (p.n + voltllm::kGemvWarps - 1) / voltllm::kGemvWarps;
-  emu::launch(dim3(blocks), dim3(32 * voltllm::kGemvWarps), 0, [&] { voltllm::gemv_kernel<T, ROWS, SWIGLU>(p); },
-              seed);
+  emu::launch(dim3(blocks), dim3(32 * voltllm::kGemvWarps), 0,
+              [&] { voltllm::gemv_kernel<T, ROWS, SWIGLU, Out>(p); }, seed);
 }
 
+// float_out: the plain GEMV storing float32 (the glue's choice for a float32 out).
 template <typename T>
-void run_gemv_rows(const voltllm::GemvParams& p, bool swiglu, unsigned seed) {
-  if (p.rows == 1) {
+void run_gemv_rows(const voltllm::GemvParams& p, bool swiglu, bool float_out, unsigned seed) {
+  if (float_out) {
+    p.rows == 1 ? run_gemv<T, 1, false, float>(p, seed) : run_gemv<T, 2, false, float>(p, seed);
+  } else if (p.rows == 1) {
     swiglu ? run_gemv<T, 1, true>(p, seed) : run_gemv<T, 1, false>(p, seed);
   } else {
     swiglu ? run_gemv<T, 2, true>(p, seed) : run_gemv<T, 2, false>(p, seed);
@@ -75,7 +78,7 @@ void emu_add_rms_norm_gemv(int bf16, void* out, void* residual_out, const void* 
 }
 
 void emu_gemv(int bf16, void* out, const void* x, const void* weight, const void* bias, long long out_stride,
-              long long x_stride, int rows, int n, int k, int swiglu, unsigned seed) {
+              long long x_stride, int rows, int n, int k, int swiglu, int float_out, unsigned seed) {
   voltllm::GemvParams p{};
   p.out = out;
   p.x = x;
@@ -86,7 +89,7 @@ void emu_gemv(int bf16, void* out, const void* x, const void* weight, const void
   p.rows = rows;
   p.n = n;
   p.k = k;
-  emu::dispatch_dtype(bf16, [&](auto t) { run_gemv_rows<decltype(t)>(p, swiglu != 0, seed); });
+  emu::dispatch_dtype(bf16, [&](auto t) { run_gemv_rows<decltype(t)>(p, swiglu != 0, float_out != 0, seed); });
 }
 
 void emu_qk_norm_rope(int bf16, int head, void* qkv, const long long* positions, const float* cos_sin,

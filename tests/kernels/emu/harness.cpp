@@ -22,12 +22,13 @@ void with_prefill_kernel(int mma_sm80, Fn&& fn) {
   }
 }
 
-// The decode kernel's (and the split merge's) parameters, from a C entry point's arguments.
-voltllm::DecodeParams decode_params(void* out, const void* query, const void* key_cache, const void* value_cache,
+// The decode kernel's (and the split merge's) parameters, from a C entry point's arguments (no prologue).
+voltllm::DecodeParams decode_params(void* out, const void* query, void* key_cache, void* value_cache,
                                     const int* block_tables, const int* seq_lens, float* partial_out,
-                                    float* partial_max, float* partial_sum, long long query_stride,
-                                    long long out_stride, int num_heads, int num_kv_heads, int max_blocks_per_seq,
-                                    int max_splits, int partition_size, int sliding_window, float scale_log2) {
+                                    float* partial_max, float* partial_sum, int* merge_tickets,
+                                    long long query_stride, long long out_stride, int num_heads, int num_kv_heads,
+                                    int max_blocks_per_seq, int max_splits, int min_split, int sliding_window,
+                                    float scale_log2) {
   voltllm::DecodeParams p{};
   p.out = out;
   p.query = query;
@@ -38,13 +39,14 @@ voltllm::DecodeParams decode_params(void* out, const void* query, const void* ke
   p.partial_out = partial_out;
   p.partial_max = partial_max;
   p.partial_sum = partial_sum;
+  p.merge_tickets = merge_tickets;
   p.query_stride = query_stride;
   p.out_stride = out_stride;
   p.num_heads = num_heads;
   p.num_kv_heads = num_kv_heads;
   p.max_blocks_per_seq = max_blocks_per_seq;
   p.max_splits = max_splits;
-  p.partition_size = partition_size;
+  p.min_split = min_split;
   p.sliding_window = sliding_window;
   p.scale_log2 = scale_log2;
   return p;
@@ -58,42 +60,83 @@ void run_split_merge(const voltllm::DecodeParams& p, int num_seqs, unsigned seed
               [&] { voltllm::paged_decode_reduce_kernel<T, HEAD>(p); }, seed);
 }
 
-}  // namespace
-
-extern "C" {
-
-// The decode kernel, then (with `merge`) the split merge where the context is split, as the glue launches
-// them. wmma_order: 0 = scrambled, 1 = paired (see include/mma.h).
-void emu_decode(int bf16, int head, void* out, const void* query, const void* key_cache, const void* value_cache,
-                const int* block_tables, const int* seq_lens, float* partial_out, float* partial_max,
-                float* partial_sum, long long query_stride, long long out_stride, int num_seqs, int num_heads,
-                int num_kv_heads, int max_blocks_per_seq, int max_splits, int partition_size, int sliding_window,
-                float scale_log2, int merge, int wmma_order, unsigned seed) {
+// The decode kernel, then (with `merge`, where the kernel does not merge through tickets) the split merge,
+// as the glue launches them.
+void run_decode(const voltllm::DecodeParams& p, int bf16, int head, int num_seqs, int merge, int wmma_order,
+                unsigned seed) {
   emu::set_wmma_order(static_cast<emu::WmmaOrder>(wmma_order));
-  const voltllm::DecodeParams p =
-      decode_params(out, query, key_cache, value_cache, block_tables, seq_lens, partial_out, partial_max, partial_sum,
-                    query_stride, out_stride, num_heads, num_kv_heads, max_blocks_per_seq, max_splits, partition_size,
-                    sliding_window, scale_log2);
   emu::dispatch_dtype(bf16, [&](auto t) {
     emu::dispatch_head(head, [&](auto h) {
       using T = decltype(t);
       constexpr int H = decltype(h)::value;
       using Tr = voltllm::DecodeWmmaTraits<H>;
-      emu::launch(dim3(num_kv_heads, num_seqs, max_splits), dim3(Tr::kThreads), Tr::kSmemBytes,
+      emu::launch(dim3(p.num_kv_heads, num_seqs, p.max_splits), dim3(Tr::kThreads), Tr::kSmemBytes,
                   [&] { voltllm::paged_decode_wmma_kernel<T, H>(p); }, seed);
-      if (merge && max_splits > 1) run_split_merge<T, H>(p, num_seqs, seed);
+      if (merge && p.max_splits > 1 && p.merge_tickets == nullptr) run_split_merge<T, H>(p, num_seqs, seed);
     });
   });
+}
+
+}  // namespace
+
+extern "C" {
+
+// decode_split's (count, partition) for a span, as the glue and the kernel compute it.
+void emu_decode_split(int span, int max_splits, int min_split, int* count_partition) {
+  const voltllm::DecodeSplit split = voltllm::decode_split(span, max_splits, min_split);
+  count_partition[0] = split.count;
+  count_partition[1] = split.partition;
+}
+
+// The decode kernel over `max_splits` grid splits, then (with `merge`, and no merge_tickets for the kernel to
+// merge with) the split merge where the context is split. wmma_order: 0 = scrambled, 1 = paired (see
+// include/mma.h).
+void emu_decode(int bf16, int head, void* out, const void* query, void* key_cache, void* value_cache,
+                const int* block_tables, const int* seq_lens, float* partial_out, float* partial_max,
+                float* partial_sum, int* merge_tickets, long long query_stride, long long out_stride, int num_seqs,
+                int num_heads, int num_kv_heads, int max_blocks_per_seq, int max_splits, int min_split,
+                int sliding_window, float scale_log2, int merge, int wmma_order, unsigned seed) {
+  const voltllm::DecodeParams p =
+      decode_params(out, query, key_cache, value_cache, block_tables, seq_lens, partial_out, partial_max, partial_sum,
+                    merge_tickets, query_stride, out_stride, num_heads, num_kv_heads, max_blocks_per_seq, max_splits,
+                    min_split, sliding_window, scale_log2);
+  run_decode(p, bf16, head, num_seqs, merge, wmma_order, seed);
+}
+
+// emu_decode with the attention prologue folded in: `qkv` holds the projection rows (query_stride apart),
+// and positions / cos_sin_cache / q_weight, k_weight (both or neither nullptr) / slot_mapping are the
+// prologue's (DecodePrologue).
+void emu_decode_prologue(int bf16, int head, void* out, const void* qkv, void* key_cache, void* value_cache,
+                         const int* block_tables, const int* seq_lens, float* partial_out, float* partial_max,
+                         float* partial_sum, int* merge_tickets, const long long* positions,
+                         const float* cos_sin_cache, const void* q_weight, const void* k_weight,
+                         const long long* slot_mapping, long long max_position, long long num_slots, float eps,
+                         long long query_stride, long long out_stride, int num_seqs, int num_heads, int num_kv_heads,
+                         int max_blocks_per_seq, int max_splits, int min_split, int sliding_window, float scale_log2,
+                         int wmma_order, unsigned seed) {
+  voltllm::DecodeParams p =
+      decode_params(out, qkv, key_cache, value_cache, block_tables, seq_lens, partial_out, partial_max, partial_sum,
+                    merge_tickets, query_stride, out_stride, num_heads, num_kv_heads, max_blocks_per_seq, max_splits,
+                    min_split, sliding_window, scale_log2);
+  p.prologue.positions = positions;
+  p.prologue.cos_sin_cache = cos_sin_cache;
+  p.prologue.q_weight = q_weight;
+  p.prologue.k_weight = k_weight;
+  p.prologue.slot_mapping = slot_mapping;
+  p.prologue.max_position = max_position;
+  p.prologue.num_slots = num_slots;
+  p.prologue.eps = eps;
+  run_decode(p, bf16, head, num_seqs, 1, wmma_order, seed);
 }
 
 // The split merge (paged_decode_reduce_kernel) over partials laid out as the decode kernel leaves them,
 // launched as the glue launches it.
 void emu_decode_split_merge(int bf16, int head, void* out, const int* seq_lens, float* partial_out,
                             float* partial_max, float* partial_sum, long long out_stride, int num_seqs,
-                            int num_heads, int max_splits, int partition_size, int sliding_window, unsigned seed) {
+                            int num_heads, int max_splits, int min_split, int sliding_window, unsigned seed) {
   const voltllm::DecodeParams p =
-      decode_params(out, nullptr, nullptr, nullptr, nullptr, seq_lens, partial_out, partial_max, partial_sum, 0,
-                    out_stride, num_heads, 1, 0, max_splits, partition_size, sliding_window, 0.f);
+      decode_params(out, nullptr, nullptr, nullptr, nullptr, seq_lens, partial_out, partial_max, partial_sum, nullptr,
+                    0, out_stride, num_heads, 1, 0, max_splits, min_split, sliding_window, 0.f);
   emu::dispatch_dtype(bf16, [&](auto t) {
     emu::dispatch_head(head, [&](auto h) { run_split_merge<decltype(t), decltype(h)::value>(p, num_seqs, seed); });
   });

@@ -8,8 +8,32 @@
 #include "moe/expert_gemv.cuh"
 #include "moe/grouped_gemm_wmma.cuh"
 #include "moe/pair_gemv.cuh"
-#include "moe/route.cuh"
+#include "moe/quant_pair_gemv.cuh"
 #include "moe/topk_softmax.cuh"
+
+namespace {
+
+// The staged down stage, moe_pair_down_staged_kernel<T, down_chunks (12 or 24), ROUTED>, as the glue
+// launches it.
+template <bool ROUTED>
+void run_pair_down_staged(int bf16, const voltllm::MoePairParams& p, int num_tokens, int down_chunks, unsigned seed) {
+  const dim3 grid(num_tokens, (p.n + voltllm::kMoePairStagedWarps - 1) / voltllm::kMoePairStagedWarps);
+  const int smem = voltllm::moe_pair_staged_smem_bytes(p.top_k, p.k);
+  if (smem > voltllm::kMoePairStagedMaxSmem) emu::fail("staged down stage: shared memory over its limit");
+  if (down_chunks != 12 && down_chunks != 24) emu::fail("down_chunks");
+  emu::dispatch_dtype(bf16, [&](auto t) {
+    using T = decltype(t);
+    emu::launch(grid, dim3(32 * voltllm::kMoePairStagedWarps), smem, [&] {
+      if (down_chunks == 12) {
+        voltllm::moe_pair_down_staged_kernel<T, 12, ROUTED>(p);
+      } else {
+        voltllm::moe_pair_down_staged_kernel<T, 24, ROUTED>(p);
+      }
+    }, seed);
+  });
+}
+
+}  // namespace
 
 extern "C" {
 
@@ -71,11 +95,13 @@ void emu_moe_combine(int bf16, void* out, const float* y, long long out_stride, 
 }
 
 // One expert stage pair by pair (the decode path of a token or two): gated writes act [pairs, n], down
-// writes out [tokens, n], the top-k sum.
+// writes out [tokens, n], the top-k sum, by moe_pair_down_kernel (down_chunks 0) or the staged kernel
+// (12 or 24), as the glue launches them.
 void emu_moe_pair_experts(int bf16, int gated, void* out, const void* a, const void* weight, const int* topk_ids,
                           const float* topk_weights, long long a_stride, long long out_stride, int num_tokens,
-                          int top_k, int n, int k, unsigned seed) {
+                          int top_k, int n, int k, int down_chunks, unsigned seed) {
   voltllm::MoePairParams p{out, a, weight, topk_ids, topk_weights, a_stride, out_stride, top_k, n, k};
+  if (!gated && down_chunks != 0) return run_pair_down_staged<false>(bf16, p, num_tokens, down_chunks, seed);
   const dim3 grid(gated ? num_tokens * top_k : num_tokens, (n + voltllm::kMoePairWarps - 1) / voltllm::kMoePairWarps);
   emu::dispatch_dtype(bf16, [&](auto t) {
     using T = decltype(t);
@@ -89,41 +115,52 @@ void emu_moe_pair_experts(int bf16, int gated, void* out, const void* a, const v
   });
 }
 
-// The fused front of a sparse block: add + RMSNorm, the router logits and the top-k softmax, rows 1..2.
-void emu_moe_route(int bf16, void* normed_out, void* residual_out, void* logits, float* topk_weights, int* topk_ids,
-                   int* counter, const void* hidden, const void* residual, const void* norm_weight, float eps,
-                   const void* gate_weight, int rows, int k, int num_experts, int top_k, int renormalize,
-                   unsigned seed) {
-  voltllm::MoeRouteParams p{};
-  p.norm.out = logits;
-  p.norm.residual_out = residual_out;
-  p.norm.hidden = hidden;
-  p.norm.residual_in = residual;
-  p.norm.norm_weight = norm_weight;
-  p.norm.weight = gate_weight;
-  p.norm.out_stride = num_experts;
-  p.norm.residual_out_stride = k;
-  p.norm.hidden_stride = k;
-  p.norm.residual_in_stride = k;
-  p.norm.eps = eps;
-  p.norm.rows = rows;
-  p.norm.n = num_experts;
-  p.norm.k = k;
-  p.normed_out = normed_out;
-  p.topk = voltllm::MoeTopkParams{topk_weights, topk_ids, logits, num_experts, rows, num_experts, top_k, renormalize};
-  p.counter = counter;
-  const dim3 grid((num_experts + voltllm::kGemvNormWarps - 1) / voltllm::kGemvNormWarps);
-  const int smem = voltllm::gemv_norm_smem_bytes(rows, k);
+// The same stages routing themselves from router_logits [num_tokens, num_experts] (rows logits_stride
+// apart): the gated stage moe_pair_gated_routed_kernel, the down stage the staged kernel (12 or 24).
+void emu_moe_pair_experts_routed(int bf16, int gated, void* out, const void* a, const void* weight,
+                                 const void* router_logits, long long logits_stride, long long a_stride,
+                                 long long out_stride, int num_tokens, int num_experts, int top_k, int renormalize,
+                                 int n, int k, int down_chunks, unsigned seed) {
+  voltllm::MoePairParams p{out, a, weight, nullptr, nullptr, a_stride, out_stride, top_k, n, k,
+                           router_logits, logits_stride, num_experts, renormalize};
+  if (num_experts > voltllm::kMoeRoutedMaxExperts) emu::fail("too many experts to route");
+  if (!gated) return run_pair_down_staged<true>(bf16, p, num_tokens, down_chunks, seed);
+  const dim3 grid(num_tokens * top_k, (n + voltllm::kMoePairWarps - 1) / voltllm::kMoePairWarps);
   emu::dispatch_dtype(bf16, [&](auto t) {
     using T = decltype(t);
-    emu::launch(grid, dim3(32 * voltllm::kGemvNormWarps), smem, [&] {
-      if (rows == 1) {
-        voltllm::moe_route_kernel<T, 1>(p);
+    emu::launch(grid, dim3(32 * voltllm::kMoePairWarps), voltllm::kMoePairRoutedGatedSmem,
+                [&] { voltllm::moe_pair_gated_routed_kernel<T>(p); }, seed);
+  });
+}
+
+// One quantized expert stage pair by pair (kind: 0 int4, 1 int8, 2 fp8): gated writes act [pairs, n] from
+// x (a row per token, or per pair), down writes out [tokens, n], the top-k sum.
+void emu_moe_quant_pair_experts(int kind, int gated, void* out, const void* a, const void* weight,
+                                const void* group_params, const int* topk_ids, const float* topk_weights,
+                                long long a_stride, long long out_stride, int a_rows_per_pair, int num_tokens,
+                                int top_k, int n, int k, int num_groups, int chunk_group_shift, unsigned seed) {
+  voltllm::MoeQuantPairParams p{out, a, static_cast<const uint4*>(weight), static_cast<const unsigned*>(group_params),
+                                topk_ids, topk_weights, a_stride, out_stride, a_rows_per_pair, top_k, n, k,
+                                num_groups, chunk_group_shift};
+  const int per_block = gated ? voltllm::moe_quant_gated_features_per_block()
+                              : voltllm::moe_quant_down_features_per_block();
+  const dim3 grid(gated ? num_tokens * top_k : num_tokens, (n + per_block - 1) / per_block);
+  auto run = [&](auto kind_c) {
+    constexpr int K = decltype(kind_c)::value;
+    emu::launch(grid, dim3(32 * voltllm::kMoeQuantPairWarps), 0, [&] {
+      if (gated) {
+        voltllm::moe_quant_pair_gated_kernel<K>(p);
       } else {
-        voltllm::moe_route_kernel<T, 2>(p);
+        voltllm::moe_quant_pair_down_kernel<K>(p);
       }
     }, seed);
-  });
+  };
+  switch (kind) {
+    case 0: return run(std::integral_constant<int, 0>{});
+    case 1: return run(std::integral_constant<int, 1>{});
+    case 2: return run(std::integral_constant<int, 2>{});
+    default: emu::fail("quantized kind");
+  }
 }
 
 int emu_moe_tile_rows(int grouped_gemm) {

@@ -1,10 +1,12 @@
 // C entry points that run the weight-only quantized kernels (csrc/quantization/: the GEMV, the WMMA
-// GEMM with its split-k finalize, the dequantize kernel) on the CPU emulator, for
-// tests/kernels/test_quant_emulated.py (loaded with ctypes; pointers are CPU torch tensors).
+// GEMM with its split-k finalize, the streaming GEMMs, the dequantize kernel, the WMMA layout probe) on
+// the CPU emulator, for tests/kernels/test_quant_emulated.py (loaded with ctypes; pointers are CPU
+// torch tensors). Built twice: with 8 and with 16 operand elements per lane (include/mma.h).
 #include "cuda_emu.h"
 // The kernel headers come after the emulator, which stands in for the CUDA toolchain.
 #include <type_traits>
 
+#include "quantization/quant_gemm_frag.cuh"
 #include "quantization/quant_gemm_stream.cuh"
 #include "quantization/quant_gemm_wmma.cuh"
 #include "quantization/quant_gemv.cuh"
@@ -43,9 +45,10 @@ void dispatch_block_m(int block_m, Fn&& fn) {
 
 extern "C" {
 
+// The GEMV at `rows` rows: for one row the built shape QuantGemvOneRowShape<shape>, else the default.
 void emu_quant_gemv(int kind, void* out, const void* x, const void* weight, const void* group_params,
                     const void* bias, long long out_stride, long long x_stride, int rows, int n, int k,
-                    int num_groups, int chunk_group_shift, int swiglu, unsigned seed) {
+                    int num_groups, int chunk_group_shift, int swiglu, int shape, unsigned seed) {
   voltllm::QuantGemvParams p{};
   p.out = out;
   p.x = x;
@@ -59,88 +62,33 @@ void emu_quant_gemv(int kind, void* out, const void* x, const void* weight, cons
   p.k = k;
   p.num_groups = num_groups;
   p.chunk_group_shift = chunk_group_shift;
-  dispatch_kind(kind, [&](auto kind_c) {
-    dispatch_rows(rows, [&](auto rows_c) {
-      constexpr int K = decltype(kind_c)::value, R = decltype(rows_c)::value;
-      if (swiglu) {
-        const int per_block = voltllm::quant_gemv_features_per_block<true>();
-        emu::launch(dim3((n + per_block - 1) / per_block), dim3(32 * voltllm::kQuantGemvWarps), 0,
-                    [&] { voltllm::quant_gemv_kernel<K, R, true>(p); }, seed);
-      } else {
-        const int per_block = voltllm::quant_gemv_features_per_block<false>();
-        emu::launch(dim3((n + per_block - 1) / per_block), dim3(32 * voltllm::kQuantGemvWarps), 0,
-                    [&] { voltllm::quant_gemv_kernel<K, R, false>(p); }, seed);
-      }
-    });
-  });
-}
-
-// The persistent GEMV (4 rows per warp, 2 chunks in flight per row, 8 warps) on `blocks` blocks.
-void emu_quant_gemv_persistent(int kind, void* out, const void* x, const void* weight, const void* group_params,
-                               const void* bias, long long out_stride, long long x_stride, int rows, int n, int k,
-                               int num_groups, int chunk_group_shift, int swiglu, int blocks, unsigned seed) {
-  voltllm::QuantGemvParams p{};
-  p.out = out;
-  p.x = x;
-  p.weight = static_cast<const uint4*>(weight);
-  p.group_params = static_cast<const unsigned*>(group_params);
-  p.bias = bias;
-  p.out_stride = out_stride;
-  p.x_stride = x_stride;
-  p.rows = rows;
-  p.n = n;
-  p.k = k;
-  p.num_groups = num_groups;
-  p.chunk_group_shift = chunk_group_shift;
-  dispatch_kind(kind, [&](auto kind_c) {
-    dispatch_rows(rows, [&](auto rows_c) {
-      constexpr int K = decltype(kind_c)::value, R = decltype(rows_c)::value;
-      if (swiglu) {
-        emu::launch(dim3(blocks), dim3(256), 0, [&] { voltllm::quant_gemv_persistent_kernel<K, R, true, 4, 2, 8>(p); },
-                    seed);
-      } else {
-        emu::launch(dim3(blocks), dim3(256), 0,
-                    [&] { voltllm::quant_gemv_persistent_kernel<K, R, false, 4, 2, 8>(p); }, seed);
-      }
-    });
-  });
-}
-
-// The norm-prologue GEMV (one row, the persistent shape 4 x 2 x 8 warps) on `blocks` blocks.
-void emu_quant_add_rms_norm_gemv(int kind, void* out, void* residual_out, const void* hidden, const void* residual,
-                                 const void* norm_weight, float eps, const void* weight, const void* group_params,
-                                 const void* bias, int n, int k, int num_groups, int chunk_group_shift, int swiglu,
-                                 int blocks, unsigned seed) {
-  voltllm::QuantGemvNormParams p{};
-  p.gemv.out = out;
-  p.gemv.weight = static_cast<const uint4*>(weight);
-  p.gemv.group_params = static_cast<const unsigned*>(group_params);
-  p.gemv.bias = bias;
-  p.gemv.out_stride = n;
-  p.gemv.rows = 1;
-  p.gemv.n = n;
-  p.gemv.k = k;
-  p.gemv.num_groups = num_groups;
-  p.gemv.chunk_group_shift = chunk_group_shift;
-  p.norm.residual_out = residual_out;
-  p.norm.hidden = hidden;
-  p.norm.residual_in = residual;
-  p.norm.norm_weight = norm_weight;
-  p.norm.residual_out_stride = k;
-  p.norm.hidden_stride = k;
-  p.norm.residual_in_stride = k;
-  p.norm.eps = eps;
-  p.norm.rows = 1;
-  p.norm.n = n;
-  p.norm.k = k;
-  const int smem = voltllm::quant_gemv_norm_smem_bytes(k);
-  dispatch_kind(kind, [&](auto kind_c) {
-    constexpr int K = decltype(kind_c)::value;
+  const auto run = [&](auto kind_c, auto rows_c, auto shape_c) {
+    constexpr int K = decltype(kind_c)::value, R = decltype(rows_c)::value;
+    using S = decltype(shape_c);
+    constexpr int groups_per_block = S::kWarps / S::kSplit;
+    constexpr int smem = voltllm::quant_gemv_smem_bytes<R, S::kMats, S::kWarps, S::kSplit>();
     if (swiglu) {
-      emu::launch(dim3(blocks), dim3(256), smem, [&] { voltllm::quant_gemv_norm_kernel<K, true, 4, 2, 8>(p); }, seed);
+      const int per_block = voltllm::quant_gemv_features_per_block<true, S::kMats, groups_per_block>();
+      emu::launch(dim3((n + per_block - 1) / per_block), dim3(32 * S::kWarps), smem, [&] {
+        voltllm::quant_gemv_kernel<K, R, true, S::kMats, S::kUnroll, S::kWarps, S::kSplit, S::kPrefetch, S::kNoL1>(p);
+      }, seed);
     } else {
-      emu::launch(dim3(blocks), dim3(256), smem, [&] { voltllm::quant_gemv_norm_kernel<K, false, 4, 2, 8>(p); },
-                  seed);
+      const int per_block = voltllm::quant_gemv_features_per_block<false, S::kMats, groups_per_block>();
+      emu::launch(dim3((n + per_block - 1) / per_block), dim3(32 * S::kWarps), smem, [&] {
+        voltllm::quant_gemv_kernel<K, R, false, S::kMats, S::kUnroll, S::kWarps, S::kSplit, S::kPrefetch, S::kNoL1>(p);
+      }, seed);
+    }
+  };
+  using Default = voltllm::QuantGemvShapeOf<voltllm::kQuantGemvMats, voltllm::kQuantGemvUnroll,
+                                            voltllm::kQuantGemvWarps, 1, 1, false>;
+  dispatch_kind(kind, [&](auto kind_c) {
+    if (rows > 1) return dispatch_rows(rows, [&](auto rows_c) { run(kind_c, rows_c, Default{}); });
+    const std::integral_constant<int, 1> one{};
+    static_assert(voltllm::kQuantGemvOneRowShapes == 2, "one case per built shape");
+    switch (shape) {
+      case 0: return run(kind_c, one, voltllm::QuantGemvOneRowShape<0>{});
+      case 1: return run(kind_c, one, voltllm::QuantGemvOneRowShape<1>{});
+      default: emu::fail("one-row GEMV shape");
     }
   });
 }
@@ -187,22 +135,24 @@ void emu_quant_gemm(int kind, int block_m, int splits, void* out, float* partial
   }
 }
 
-// The weight-streaming GEMM at one built shape (m_frags, n_frags, depth); `partial` as for
-// emu_quant_gemm.
-void emu_quant_gemm_stream(int kind, int m_frags, int n_frags, int depth, int splits, void* out, float* partial,
-                           const void* x, const void* weight, const void* group_params, const void* bias,
-                           long long out_stride, long long x_stride, int m, int n, int k, int num_groups,
-                           int chunk_group_shift, unsigned seed) {
-  const int k_tiles = k / 64;
-  const int per_split = (k_tiles + splits - 1) / splits;
-  splits = (k_tiles + per_split - 1) / per_split;
-  voltllm::QuantGemmParams p{};
+// The weight-streaming GEMM at one built shape (m_frags 1-4, n_frags 1-2) with `splits` splits of k;
+// `partial` holds at least splits x tiles x the shape's tile floats (any contents), `split_counters`
+// one zeroed int32 per tile (the kernel leaves them zero again).
+void emu_quant_gemm_stream(int kind, int m_frags, int n_frags, int splits, void* out, float* partial,
+                           unsigned* split_counters, const void* x, const void* weight, const void* group_params,
+                           const void* bias, long long out_stride, long long x_stride, int m, int n, int k,
+                           int num_groups, int chunk_group_shift, unsigned seed) {
+  const int k_chunks = k / 64;
+  const int per_split = (k_chunks + splits - 1) / splits;
+  splits = (k_chunks + per_split - 1) / per_split;
+  voltllm::QuantStreamParams p{};
   p.out = out;
-  p.partial = splits > 1 ? partial : nullptr;
+  p.partial = partial;
+  p.split_counters = split_counters;
   p.x = x;
   p.weight = static_cast<const uint4*>(weight);
   p.group_params = static_cast<const unsigned*>(group_params);
-  p.bias = splits > 1 ? nullptr : bias;
+  p.bias = bias;
   p.out_stride = out_stride;
   p.x_stride = x_stride;
   p.m = m;
@@ -210,33 +160,106 @@ void emu_quant_gemm_stream(int kind, int m_frags, int n_frags, int depth, int sp
   p.k = k;
   p.num_groups = num_groups;
   p.chunk_group_shift = chunk_group_shift;
-  p.k_tiles_per_split = per_split;
-  auto run = [&](auto kind_c, auto mf_c, auto nf_c, auto depth_c) {
-    constexpr int K = decltype(kind_c)::value, MF = decltype(mf_c)::value, NF = decltype(nf_c)::value,
-                  D = decltype(depth_c)::value;
-    const int features = 8 * 16 * NF;
-    const dim3 grid((n + features - 1) / features, (m + 16 * MF - 1) / (16 * MF), splits);
-    emu::launch(grid, dim3(256), voltllm::quant_gemm_stream_smem_bytes<K, MF, NF, D>(per_split),
-                [&] { voltllm::quant_gemm_stream_kernel<K, MF, NF, D>(p); }, seed);
+  p.chunks_per_split = per_split;
+  auto run = [&](auto kind_c, auto mf_c, auto nf_c) {
+    constexpr int K = decltype(kind_c)::value, MF = decltype(mf_c)::value, NF = decltype(nf_c)::value;
+    using Tr = voltllm::QuantStreamTraits<K, MF, NF>;
+    const dim3 grid((m + Tr::kXRows - 1) / Tr::kXRows, (n + Tr::kBlockFeatures - 1) / Tr::kBlockFeatures, splits);
+    emu::launch(grid, dim3(256), Tr::kSmemBytes, [&] { voltllm::quant_gemm_stream_kernel<K, MF, NF>(p); }, seed);
   };
   using I = std::integral_constant<int, 1>;
   using II = std::integral_constant<int, 2>;
+  using III = std::integral_constant<int, 3>;
   using IV = std::integral_constant<int, 4>;
   dispatch_kind(kind, [&](auto kind_c) {
-    if (m_frags == 1 && n_frags == 1 && depth == 4) return run(kind_c, I{}, I{}, IV{});
-    if (m_frags == 2 && n_frags == 2 && depth == 2) return run(kind_c, II{}, II{}, II{});
-    if (m_frags == 4 && n_frags == 1 && depth == 2) return run(kind_c, IV{}, I{}, II{});
+    if (m_frags == 1 && n_frags == 1) return run(kind_c, I{}, I{});
+    if (m_frags == 1 && n_frags == 2) return run(kind_c, I{}, II{});
+    if (m_frags == 2 && n_frags == 2) return run(kind_c, II{}, II{});
+    if (m_frags == 3 && n_frags == 1) return run(kind_c, III{}, I{});
+    if (m_frags == 4 && n_frags == 1) return run(kind_c, IV{}, I{});
+    if (m_frags == 4 && n_frags == 2) return run(kind_c, IV{}, II{});
     emu::fail("stream shape");
   });
-  if (splits > 1) {
-    voltllm::QuantGemmFinalizeParams f{};
-    f.out = out;
-    f.partial = partial;
-    f.bias = bias;
-    f.out_stride = out_stride;
-    f.m = m;
-    f.n = n;
-    emu::launch(dim3(m), dim3(256), 0, [&] { voltllm::quant_gemm_finalize_kernel(f); }, seed);
+}
+
+// Floats of one output tile of the streaming GEMM at (m_frags, n_frags): the harness caller sizes
+// `partial` with it.
+int emu_quant_gemm_stream_tile_floats(int m_frags, int n_frags) { return 16 * m_frags * 128 * n_frags; }
+
+// The matrix_b layout of the emulator under `order` (include/mma.h WmmaOrder), as the device probe
+// writes it: out[lane * 16 + i] = 16 n + k.
+void emu_quant_wmma_b_layout(int order, int* out, unsigned seed) {
+  emu::set_wmma_order(static_cast<emu::WmmaOrder>(order));
+  emu::launch(dim3(1), dim3(32), voltllm::kQuantWmmaLayoutSmemBytes, [&] { voltllm::quant_wmma_b_layout_kernel(out); },
+              seed);
+}
+
+// The register-dequantizing GEMM at fragment layout `layout` (0-2), shape (m_frags, n_frags), the deep
+// ring or not and `splits` splits of k, under WMMA order `order`. `codes` / `group_params`: the fragment-ordered
+// repack; `lane_tuple` [32] and `lane_cols` [32][16] bytes; `partial` and `split_counters` as for
+// emu_quant_gemm_stream.
+void emu_quant_gemm_frag(int layout, int m_frags, int n_frags, int splits, void* out, float* partial,
+                         unsigned* split_counters, const void* x, const void* codes, const void* group_params,
+                         const void* bias, long long out_stride, long long x_stride, int m, int n, int k,
+                         int num_groups, int chunk_group_shift, int tile_chunk_vectors,
+                         const unsigned char* lane_tuple, const unsigned char* lane_cols, int deep, int order,
+                         unsigned seed) {
+  emu::set_wmma_order(static_cast<emu::WmmaOrder>(order));
+  const int k_chunks = k / 64;
+  const int per_split = (k_chunks + splits - 1) / splits;
+  splits = (k_chunks + per_split - 1) / per_split;
+  voltllm::QuantFragParams p{};
+  p.s.out = out;
+  p.s.partial = partial;
+  p.s.split_counters = split_counters;
+  p.s.x = x;
+  p.s.weight = static_cast<const uint4*>(codes);
+  p.s.group_params = static_cast<const unsigned*>(group_params);
+  p.s.bias = bias;
+  p.s.out_stride = out_stride;
+  p.s.x_stride = x_stride;
+  p.s.m = m;
+  p.s.n = n;
+  p.s.k = k;
+  p.s.num_groups = num_groups;
+  p.s.chunk_group_shift = chunk_group_shift;
+  p.s.chunks_per_split = per_split;
+  p.tile_chunk_vectors = tile_chunk_vectors;
+  std::memcpy(p.lane_tuple, lane_tuple, sizeof(p.lane_tuple));
+  std::memcpy(p.lane_cols, lane_cols, sizeof(p.lane_cols));
+  auto run = [&](auto mf_c, auto nf_c, auto layout_c, auto deep_c) {
+    constexpr int MF = decltype(mf_c)::value, NF = decltype(nf_c)::value, L = decltype(layout_c)::value;
+    constexpr bool DEEP = decltype(deep_c)::value;
+    using Tr = voltllm::QuantFragTraits<MF, NF, L, DEEP>;
+    const dim3 grid((m + Tr::kXRows - 1) / Tr::kXRows, (n + Tr::kBlockFeatures - 1) / Tr::kBlockFeatures, splits);
+    emu::launch(grid, dim3(256), Tr::kSmemBytes, [&] { voltllm::quant_gemm_frag_kernel<MF, NF, L, DEEP>(p); }, seed);
+  };
+  using I = std::integral_constant<int, 1>;
+  using II = std::integral_constant<int, 2>;
+  using III = std::integral_constant<int, 3>;
+  using IV = std::integral_constant<int, 4>;
+  using Deep = std::true_type;
+  using Shallow = std::false_type;
+  const auto shape = [&](auto layout_c) {
+    if (deep && layout_c.value > 0) {
+      if (m_frags == 1 && n_frags == 1) return run(I{}, I{}, layout_c, Deep{});
+      if (m_frags == 4 && n_frags == 1) return run(IV{}, I{}, layout_c, Deep{});
+      emu::fail("deep frag shape");
+    }
+    if (deep) emu::fail("no deep ring at the layout-free form");
+    if (m_frags == 1 && n_frags == 1) return run(I{}, I{}, layout_c, Shallow{});
+    if (m_frags == 2 && n_frags == 2) return run(II{}, II{}, layout_c, Shallow{});
+    if (m_frags == 3 && n_frags == 2) return run(III{}, II{}, layout_c, Shallow{});
+    if (m_frags == 4 && n_frags == 1) return run(IV{}, I{}, layout_c, Shallow{});
+    emu::fail("frag shape");
+  };
+  switch (layout) {
+    case 0: return shape(std::integral_constant<int, 0>{});
+    case 1: return shape(std::integral_constant<int, 1>{});
+#if VOLTLLM_EMU_WMMA_OPERAND_ELEMENTS == 16  // two copies of 8 slots: needs 16 elements
+    case 2: return shape(std::integral_constant<int, 2>{});
+#endif
+    default: emu::fail("fragment layout");
   }
 }
 

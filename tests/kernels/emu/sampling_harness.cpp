@@ -1,12 +1,15 @@
-// C entry point that runs the sampling kernels (csrc/sampling/radix_sampling.cuh) on the CPU emulator, for
-// tests/kernels/test_sampling_emulated.py (loaded with ctypes; pointers are CPU torch tensors).
+// C entry points that run the sampling kernels (csrc/sampling/radix_sampling.cuh, race_first_sampling.cuh)
+// on the CPU emulator, for tests/kernels/test_sampling_emulated.py (loaded with ctypes; pointers are CPU
+// torch tensors).
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "cuda_emu.h"
 // The kernel headers come after the emulator, which stands in for the CUDA toolchain.
 #include "dispatch.h"
 #include "sampling/radix_sampling.cuh"
+#include "sampling/race_first_sampling.cuh"
 
 extern "C" {
 
@@ -65,7 +68,7 @@ void emu_radix_sampling(int dtype, long long* out, const void* logits, long long
         emu::launch(grid, dim3(threads), sizeof(voltllm::SelectShared),
                     [&] { voltllm::gather_candidates_kernel<T>(p); }, seed);
         emu::launch(dim3(rows), dim3(threads), sizeof(voltllm::SelectShared),
-                    [&] { voltllm::finish_candidates_kernel(p); }, seed);
+                    [&] { voltllm::finish_candidates_kernel<T>(p); }, seed);
       }
       if ((mass ? static_cast<const void*>(top_p) : static_cast<const void*>(top_k)) == nullptr) continue;
       for (int level = 0; level < voltllm::kSelectDigits; ++level) {
@@ -87,6 +90,60 @@ void emu_radix_sampling(int dtype, long long* out, const void* logits, long long
   } else {
     emu::dispatch_dtype(dtype == 2, run);
   }
+}
+
+// race_first_sampling in the glue's order: `threads` is the split kernels' block (a power of two, 32..256),
+// twice that race_finish_row_kernel's. temperature null: every row greedy; top_p null: off for every
+// row. Returns the number of rows the last kernel (the row-wide select) finished, or -1 if a launch
+// left a ticket nonzero (every launch must leave them as it found them: zero).
+int emu_race_first_sampling(int dtype, long long* out, const void* logits, long long logits_stride,
+                            const float* temperature, const float* top_p, const unsigned long long* seeds, int rows,
+                            int vocab, int threads, int min_split_tokens, unsigned seed) {
+  voltllm::RaceParams p{};
+  voltllm::split_sizes(rows, vocab, p.splits, p.split_tokens, std::min(min_split_tokens, vocab));
+  std::vector<float> split_max(static_cast<size_t>(rows) * p.splits, -1.f);
+  std::vector<int> split_argmax(split_max.size(), -1);
+  std::vector<voltllm::RaceEntry> split_top(split_max.size() * voltllm::kRaceCandidates, {-2.f, -2});
+  std::vector<voltllm::RaceRowState> state(rows);
+  std::memset(static_cast<void*>(state.data()), 0x5a, state.size() * sizeof(voltllm::RaceRowState));
+  std::vector<unsigned> tickets(rows, 0u);
+  p.out = out;
+  p.logits = logits;
+  p.logits_stride = logits_stride;
+  p.temperature = temperature;
+  p.top_p = top_p;
+  p.seeds = seeds;
+  p.split_max = split_max.data();
+  p.split_argmax = split_argmax.data();
+  p.split_top = split_top.data();
+  p.state = state.data();
+  p.tickets = tickets.data();
+  p.vocab = vocab;
+  const dim3 grid(rows, p.splits);
+  auto tickets_zero = [&] { return std::all_of(tickets.begin(), tickets.end(), [](unsigned t) { return t == 0; }); };
+  int finished_by_row_pass = 0;
+  bool clean = true;
+  auto run = [&](auto t) {
+    using T = decltype(t);
+    emu::launch(grid, dim3(threads), sizeof(voltllm::RaceShared), [&] { voltllm::race_top_kernel<T>(p); }, seed);
+    clean = clean && tickets_zero();
+    if (top_p == nullptr) return;
+    emu::launch(grid, dim3(threads), sizeof(voltllm::RaceShared), [&] { voltllm::race_mass_kernel<T>(p); },
+                seed + 1);
+    clean = clean && tickets_zero();
+    for (int r = 0; r < rows; ++r) {
+      const bool top_p_row = temperature[r] > 0.f && top_p[r] < 1.f;
+      finished_by_row_pass += top_p_row && !state[r].settled ? 1 : 0;
+    }
+    emu::launch(dim3(rows), dim3(2 * threads), sizeof(voltllm::SelectShared),
+                [&] { voltllm::race_finish_row_kernel<T>(p); }, seed + 2);
+  };
+  if (dtype == 0) {
+    run(float{});
+  } else {
+    emu::dispatch_dtype(dtype == 2, run);
+  }
+  return clean ? finished_by_row_pass : -1;
 }
 
 }  // extern "C"

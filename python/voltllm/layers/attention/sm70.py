@@ -1,11 +1,12 @@
 """The CUDA attention backend: voltllm's own kernels, written for Volta (SM70) and run on newer GPUs too.
 
-Per layer and step it runs the prologue (q/k RMSNorm + RoPE + KV-cache write) as one kernel
+Per layer and step, when every sequence brings one token, the split-K decode kernel runs the prologue
+(q/k RMSNorm + RoPE + the newest token's KV-cache write) itself (`ops.paged_decode_attention_prologue`):
+one launch for the whole attention. Otherwise the prologue runs as one kernel
 (`ops.qk_norm_rope_kv_write`, in place on the qkv projection) where it applies, else the norm and rotary
-layers and `ops.kv_cache_write`; then the split-K decode kernel when every sequence brings one token,
-and the tensor-core prefill kernel (which also serves chunked prefill, prefix-cache hits and mixed
-prefill/decode batches) otherwise. Same KV layout and semantics as `TorchAttentionBackend`, which is its
-test oracle.
+layers and `ops.kv_cache_write`; then the tensor-core prefill kernel (which also serves chunked prefill,
+prefix-cache hits and mixed prefill/decode batches), or the decode kernel. Same KV layout and semantics
+as `TorchAttentionBackend`, which is its test oracle.
 """
 
 from __future__ import annotations
@@ -32,7 +33,21 @@ class SM70AttentionBackend(AttentionBackend):
     name = "sm70"
     supports_cuda_graphs = True
 
-    def __init__(self, device: torch.device | str = "cuda") -> None:
+    def __init__(
+        self,
+        device: torch.device | str = "cuda",
+        fold_prologue: bool = True,
+        decode_merge: str = "auto",
+        decode_min_split: int = attn_ops.DECODE_MIN_SPLIT,
+    ) -> None:
+        """`fold_prologue=False` runs the prologue kernel before the decode kernel instead of inside it,
+        `decode_merge` says who merges the decode kernel's splits (`ops.attention.DECODE_MERGES`) and
+        `decode_min_split` how many tokens a split covers at least: the A/B switches
+        `benches/batch1_ab.py` times (set them before CUDA graphs are captured)."""
+        attn_ops.check_decode_merge(decode_merge)
+        self.fold_prologue = fold_prologue
+        self.decode_merge = decode_merge
+        self.decode_min_split = decode_min_split
         device = torch.device(device)
         if device.type != "cuda" or not torch.cuda.is_available():
             raise RuntimeError(f"the sm70 attention backend needs a CUDA device, got {device}")
@@ -52,9 +67,9 @@ class SM70AttentionBackend(AttentionBackend):
     ) -> torch.Tensor:
         if not self._fused_prologue_applies(spec, prologue, qkv, kv_cache):
             return super().forward_qkv(spec, prologue, positions, qkv, kv_cache, metadata)
-        # q/k norm, rotary and the KV-cache write in one kernel, in place on qkv.
         q_norm, k_norm = prologue.q_norm, prologue.k_norm
-        ops.qk_norm_rope_kv_write(
+        # What the prologue takes, whether it runs inside the decode kernel or as its own launch.
+        prologue_args = (
             qkv,
             positions,
             prologue.rotary_emb.cos_sin_table(),
@@ -65,6 +80,20 @@ class SM70AttentionBackend(AttentionBackend):
             kv_cache,
             metadata.slot_mapping,
         )
+        if self.fold_prologue and self._is_decode(metadata, qkv.shape[0]):
+            # The prologue inside the decode kernel: no launch of its own.
+            return ops.paged_decode_attention_prologue(
+                *prologue_args,
+                metadata.block_tables,
+                metadata.seq_lens,
+                metadata.seq_lens_cpu,
+                spec.scale,
+                spec.sliding_window,
+                merge=self.decode_merge,
+                min_split=self.decode_min_split,
+            )
+        # q/k norm, rotary and the KV-cache write in one kernel, in place on qkv.
+        ops.qk_norm_rope_kv_write(*prologue_args)
         query = qkv[:, : spec.num_heads * spec.head_size].view(qkv.shape[0], spec.num_heads, spec.head_size)
         return self._attend(spec, query, kv_cache, metadata)
 
@@ -94,16 +123,25 @@ class SM70AttentionBackend(AttentionBackend):
         return self._attend(spec, query, kv_cache, metadata)
 
     @staticmethod
-    def _attend(
-        spec: AttentionSpec, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
-    ) -> torch.Tensor:
-        """Attention of `query` over the cache, which already holds the step's keys/values."""
+    def _check_head_size(spec: AttentionSpec) -> None:
         if spec.head_size not in SUPPORTED_HEAD_SIZES:
             raise ValueError(f"sm70 backend supports head sizes {SUPPORTED_HEAD_SIZES}, got {spec.head_size}")
-        num_tokens = sum(metadata.query_lens_cpu)
-        if num_tokens != query.shape[0]:
-            raise ValueError(f"metadata covers {num_tokens} query tokens but the batch has {query.shape[0]}")
-        if metadata.is_pure_decode and query.shape[0] == metadata.num_seqs:
+
+    @staticmethod
+    def _is_decode(metadata: AttentionMetadata, num_tokens: int) -> bool:
+        """Whether the batch is one new token per sequence (the decode kernel's case); a ValueError when
+        the metadata does not describe `num_tokens` query tokens."""
+        covered = sum(metadata.query_lens_cpu)
+        if covered != num_tokens:
+            raise ValueError(f"metadata covers {covered} query tokens but the batch has {num_tokens}")
+        return metadata.is_pure_decode and num_tokens == metadata.num_seqs
+
+    def _attend(
+        self, spec: AttentionSpec, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        """Attention of `query` over the cache, which already holds the step's keys/values."""
+        self._check_head_size(spec)
+        if self._is_decode(metadata, query.shape[0]):
             return attn_ops.paged_decode_attention(
                 query,
                 kv_cache,
@@ -112,6 +150,8 @@ class SM70AttentionBackend(AttentionBackend):
                 metadata.seq_lens_cpu,
                 spec.scale,
                 spec.sliding_window,
+                merge=self.decode_merge,
+                min_split=self.decode_min_split,
             )
         return attn_ops.paged_prefill_attention(
             query,

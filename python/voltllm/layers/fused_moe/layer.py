@@ -26,10 +26,8 @@ from voltllm.distributed import (
 )
 from voltllm.layers.fused_moe.method import (
     FusedMoEMethodBase,
-    UnquantizedFusedMoEMethod,
     fused_moe_method_for,
 )
-from voltllm.layers.linear_method import UnquantizedLinearMethod
 from voltllm.layers.parameter import (
     copy_checked,
     default_weight_loader,
@@ -38,7 +36,6 @@ from voltllm.layers.parameter import (
     set_weight_attrs,
 )
 from voltllm.layers.quantization import QuantizationConfig
-from voltllm.ops.moe import fused_moe, fused_moe_applies, moe_route, moe_route_applies
 
 ShardId = tuple[int, str]  # (expert, "w1" | "w3" | "w2")
 
@@ -86,33 +83,6 @@ class FusedMoE(nn.Module):
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         return self._reduced(self.moe_method.apply(self, x, router_logits))
-
-    def add_norm_route_forward(
-        self,
-        hidden: torch.Tensor,
-        residual: torch.Tensor,
-        norm: nn.Module,  # the RMSNorm before the block (weight, eps)
-        router: nn.Module,  # the router linear `[num_experts, hidden]`
-        counter: torch.Tensor,  # [1] int32, 0: the fused kernel's ticket (it leaves it 0)
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """`(self(x, router(x)), x, new_residual)` with `x = norm(hidden + residual)`, the add, norm,
-        router and top-k in one kernel (`ops.moe.moe_route`), or None where that kernel does not apply
-        (then the caller runs them one by one): decode sizes on a GPU, dense router and experts."""
-        if not (
-            isinstance(self.moe_method, UnquantizedFusedMoEMethod)
-            and isinstance(getattr(router, "linear_method", None), UnquantizedLinearMethod)
-            and moe_route_applies(hidden, residual, router.weight, self.top_k)
-            and fused_moe_applies(hidden, self.w13_weight, self.w2_weight, self.top_k)
-        ):
-            return None
-        normed, residual, weights, ids = moe_route(
-            hidden, residual, norm.weight, norm.eps, router.weight, self.top_k, self.renormalize, counter
-        )
-        return (
-            self._reduced(fused_moe(normed, self.w13_weight, self.w2_weight, weights, ids)),
-            normed,
-            residual,
-        )
 
     def _reduced(self, out: torch.Tensor) -> torch.Tensor:
         if self.reduce_results and self.tp_size > 1:

@@ -8,11 +8,15 @@ them into a `QuantizedWeight`; the experts reuse it. `create_weights` asks it fo
 checkpoint tensors (`experts.<e>.gate_proj.qweight`) load through `FusedMoE`'s loader like dense ones.
 After loading, each expert's slice is converted by the same method and the checkpoint layout is dropped.
 
-Arithmetic: the experts keep their codes (one byte a code, as the dense linears' torch path) and are
-dequantized one used expert at a time while a step runs (`DequantizingExperts` under the grouped torch
-form, `experts_grouped`): memory stays near the quantized size, on the CPU and on a GPU. That form needs
-the per-expert counts on the host, so it cannot be captured in a CUDA graph; there are no quantized
-expert kernels yet, and a capture is refused naming `enforce_eager`.
+Arithmetic. On a GPU with float16 activations, where the expert kernels take the experts
+(`voltllm.ops.moe_quantized`: 4-/8-bit int or fp8, the quantized linear kernels' group sizes, act-order
+included), each stack is packed into their layout once (`pack_experts`) and the step runs on the device
+with no host sync: pair by pair at decode sizes (each selected expert's packed weights read once), the
+stacks dequantized into transient fp16 buffers for the fp16 expert kernels above that; a decode step
+captures in a CUDA graph. Elsewhere (the CPU, bfloat16 models, shapes the kernels do not take) the
+experts keep their codes (one byte a code) and are dequantized one used expert at a time while a step
+runs (`DequantizingExperts` under the grouped torch form, `experts_grouped`); that form needs the
+per-expert counts on the host, so a CUDA-graph capture of it is refused naming `enforce_eager`.
 """
 
 from __future__ import annotations
@@ -29,6 +33,14 @@ from voltllm.layers.fused_moe.router import select_experts
 from voltllm.layers.parameter import set_weight_attrs
 from voltllm.layers.quantization.quantized_method import QuantizedLinearMethod
 from voltllm.layers.quantization.quantized_weight import QuantizedWeight, dequantize
+from voltllm.ops.moe import MAX_TOP_K, topk_softmax
+from voltllm.ops.moe_quantized import (
+    PackedQuantExperts,
+    experts_unsupported_reason,
+    fused_moe_quantized,
+    fused_moe_quantized_applies,
+    pack_experts,
+)
 
 # The loading rules a format's parameter may carry that count dimensions (shifted by the expert dim).
 _DIM_ATTRS = ("input_dim", "output_dim", "packed_dim")
@@ -99,24 +111,62 @@ class QuantizedFusedMoEMethod(FusedMoEMethodBase):
                 method.fill_dummy(self._expert_view(layer, stack, expert), generator)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        for stack, method in self.methods.items():
-            weights = [
+        stacks = {
+            stack: [
                 method.to_quantized_weight(self._expert_view(layer, stack, e))
                 for e in range(layer.num_experts)
             ]
-            setattr(layer, f"{stack}experts", DequantizingExperts(weights, self.params_dtype))
+            for stack, method in self.methods.items()
+        }
         for name in self.checkpoint_params:
             delattr(layer, name)  # the checkpoint layout is not needed any more
+        reason = self.kernels_unsupported_reason(layer, stacks)
+        for stack, weights in stacks.items():
+            if reason is None:
+                setattr(layer, f"{stack}packed", pack_experts(weights))
+            else:
+                setattr(layer, f"{stack}experts", DequantizingExperts(weights, self.params_dtype))
+        layer.quantized_kernels_unsupported = reason
+
+    def kernels_unsupported_reason(
+        self, layer: nn.Module, stacks: dict[str, list[QuantizedWeight]]
+    ) -> str | None:
+        """Why the experts stay on the torch form (None: the CUDA kernels run them)."""
+        if not stacks["w13_"][0].codes.is_cuda:
+            return "the experts are not on a CUDA device"
+        if self.params_dtype != torch.float16:
+            return f"the quantized expert kernels take float16 activations, not {self.params_dtype}"
+        if layer.top_k > MAX_TOP_K:
+            return f"top_k {layer.top_k} (the kernels take up to {MAX_TOP_K})"
+        for stack, weights in stacks.items():
+            reason = experts_unsupported_reason(weights)
+            if reason is not None:
+                return f"{'gate/up' if stack == 'w13_' else 'down'} {reason}"
+        if stacks["w2_"][0].shape[1] % 8:
+            return f"intermediate size {stacks['w2_'][0].shape[1]} is not a multiple of 8"
+        return None
 
     def apply(self, layer: nn.Module, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(
-                f"{layer.prefix}: quantized experts run eagerly (no CUDA kernels for them yet); "
-                "start the engine with enforce_eager=True (--enforce-eager)"
-            )
+        w13_packed: PackedQuantExperts | None = getattr(layer, "w13_packed", None)
+        w2_packed: PackedQuantExperts | None = getattr(layer, "w2_packed", None)
+        if w13_packed is not None and w2_packed is not None:
+            topk_weights, topk_ids = topk_softmax(router_logits, layer.top_k, layer.renormalize)
+            x = x if x.stride(1) == 1 and x.stride(0) % 8 == 0 and x.data_ptr() % 16 == 0 else x.contiguous()
+            if not fused_moe_quantized_applies(x, w13_packed, w2_packed, layer.top_k):
+                raise ValueError(
+                    f"{layer.prefix}: the quantized expert kernels take float16 [tokens, "
+                    f"{w13_packed.in_features}] inputs on CUDA, got {x.dtype} {tuple(x.shape)} on {x.device}"
+                )
+            return fused_moe_quantized(x, w13_packed, w2_packed, topk_weights, topk_ids.to(torch.int32))
         w13, w2 = getattr(layer, "w13_experts", None), getattr(layer, "w2_experts", None)
         if w13 is None or w2 is None:
             raise RuntimeError(f"{layer.prefix}: quantized experts used before process_weights_after_loading")
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"{layer.prefix}: these quantized experts run eagerly on the torch form "
+                f"({layer.quantized_kernels_unsupported}); start the engine with enforce_eager=True "
+                "(--enforce-eager)"
+            )
         topk_weights, topk_ids = select_experts(router_logits, layer.top_k, layer.renormalize)
         return experts_grouped(x, w13, w2, topk_weights, topk_ids)
 

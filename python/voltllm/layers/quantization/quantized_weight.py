@@ -109,19 +109,6 @@ class QuantizedMatmul(Protocol):
         `[T, out / 2]`, fused into the kernel's epilogue where it has one."""
         ...
 
-    def add_rms_norm(
-        self,
-        hidden: torch.Tensor,
-        residual: torch.Tensor,
-        norm_weight: torch.Tensor,
-        eps: float,
-        bias: torch.Tensor | None = None,
-        swiglu: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """`(self(rms_norm(hidden + residual)), hidden + residual)` (`swiglu` as above) as one kernel, or
-        None where the implementation has no fused form for these inputs (the caller runs the norm)."""
-        ...
-
 
 class TorchQuantizedMatmul:
     """The reference: dequantize in the activation's dtype, then a torch GEMM (CPU, and GPUs without a
@@ -135,17 +122,6 @@ class TorchQuantizedMatmul:
 
     def swiglu(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return swiglu(self(x, bias))
-
-    def add_rms_norm(
-        self,
-        hidden: torch.Tensor,
-        residual: torch.Tensor,
-        norm_weight: torch.Tensor,
-        eps: float,
-        bias: torch.Tensor | None = None,
-        swiglu: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        return None  # the reference has no fused form
 
 
 def quantized_matmul_for(weight: QuantizedWeight) -> QuantizedMatmul:
