@@ -4,17 +4,24 @@ The kernel sources live in the repository's top-level `csrc/` and ship inside th
 `voltllm/_csrc/` (in the source tree a symlink to `../../csrc`; the wheel holds the files themselves,
 pyproject.toml's `[tool.maturin] include`), so an installed wheel can build them. The first use compiles
 them with `torch.utils.cpp_extension.load` for the current device's compute capability and caches the
-result under `~/.cache/voltllm/kernels/` (or `$XDG_CACHE_HOME`); later processes load the cached
-library. To build ahead of time (for example on a V100 with a CUDA 12.x
+result under `~/.cache/voltllm/kernels/` (or `$XDG_CACHE_HOME`, or `$VOLTLLM_KERNEL_CACHE` itself); later
+processes load the cached library. To build ahead of time (for example on a V100 with a CUDA 12.x
 toolkit and a CUDA 12 build of torch):
 
     python -m voltllm.ops              # for the GPU present
     python -m voltllm.ops --arch 7.0   # for an explicit compute capability
+
+The cache is keyed by what the library is made of: torch's and CUDA's versions, the compute capability
+and a digest of the kernel sources and build flags. A library found under its key is loaded as it is,
+without asking ninja (whose mtime checks miss a source that changed but is older than the build, and
+rebuild one that was only copied), so a library built ahead of time on a machine without a GPU, for the
+same torch and CUDA, can be carried to the GPU machine and loaded there.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import threading
 from pathlib import Path
@@ -56,12 +63,36 @@ class KernelBuildError(RuntimeError):
     """The CUDA extension cannot be built or loaded here."""
 
 
+# What the compiler is told besides the sources; part of the cache key.
+CFLAGS = ("-O3",)
+CUDA_CFLAGS = ("-O3", "-lineinfo")
+# The files a build reads: the translation units and every header they include (csrc/README.md is not).
+_COMPILED_SUFFIXES = (".cu", ".cuh", ".cpp", ".h")
+
+
+def source_digest() -> str:
+    """A digest of every kernel source (path and bytes) and the build flags: equal digests, equal builds."""
+    digest = hashlib.sha256(repr((SOURCES, CFLAGS, CUDA_CFLAGS)).encode())
+    for path in sorted(CSRC_DIR.rglob("*")):
+        if path.suffix in _COMPILED_SUFFIXES and path.is_file():
+            digest.update(str(path.relative_to(CSRC_DIR)).encode() + b"\0")
+            digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def cache_dir(arch: str) -> Path:
-    """Where the extension for compute capability `arch` (e.g. "9.0") is built and cached."""
-    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "voltllm" / "kernels"
+    """Where the extension for compute capability `arch` (e.g. "9.0") is built and cached: one folder per
+    torch version, CUDA version, architecture and source digest."""
+    root = os.environ.get("VOLTLLM_KERNEL_CACHE")
+    if root is None:
+        root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "voltllm" / "kernels"
     cuda = (torch.version.cuda or "nocuda").replace(".", "")
-    tag = f"torch{torch.__version__.split('+')[0]}-cu{cuda}-sm{arch.replace('.', '')}"
-    return root / tag
+    tag = f"torch{torch.__version__.split('+')[0]}-cu{cuda}-sm{arch.replace('.', '')}-{source_digest()[:16]}"
+    return Path(root) / tag
+
+
+def library_name(arch: str) -> str:
+    return f"voltllm_C_sm{arch.replace('.', '')}"
 
 
 def device_arch(device: torch.device | int | None = None) -> str:
@@ -88,33 +119,51 @@ def load(arch: str | None = None, verbose: bool = False) -> str:
         missing = [s for s in SOURCES if not (CSRC_DIR / s).is_file()]
         if missing:
             raise KernelBuildError(f"the kernel sources are missing from {CSRC_DIR}: {', '.join(missing)}")
-        from torch.utils import cpp_extension
-
         build_dir = cache_dir(arch)
-        build_dir.mkdir(parents=True, exist_ok=True)
-        previous = os.environ.get("TORCH_CUDA_ARCH_LIST")
-        os.environ["TORCH_CUDA_ARCH_LIST"] = arch  # torch turns this into -gencode flags
-        try:
-            cpp_extension.load(
-                name=f"voltllm_C_sm{arch.replace('.', '')}",
-                sources=[str(CSRC_DIR / s) for s in SOURCES],
-                extra_include_paths=[str(CSRC_DIR)],
-                extra_cflags=["-O3"],
-                extra_cuda_cflags=["-O3", "-lineinfo"],
-                build_directory=str(build_dir),
-                is_python_module=False,
-                verbose=verbose,
-            )
-        except (OSError, RuntimeError, ImportError) as err:
-            sm = arch.replace(".", "")
-            raise KernelBuildError(f"building the voltllm CUDA kernels for sm_{sm} failed: {err}") from err
-        finally:
-            if previous is None:
-                os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
-            else:
-                os.environ["TORCH_CUDA_ARCH_LIST"] = previous
+        if not _load_cached(build_dir / f"{library_name(arch)}.so"):
+            _build(arch, build_dir, verbose)
         _loaded_arch = arch
         return arch
+
+
+def _load_cached(library: Path) -> bool:
+    """Load a library built before from these very sources; False when there is none that loads (a build
+    cut short, say: the build then writes it anew)."""
+    if not library.is_file():
+        return False
+    try:
+        torch.ops.load_library(str(library))
+    except OSError:
+        return False
+    return True
+
+
+def _build(arch: str, build_dir: Path, verbose: bool) -> None:
+    """Compile the extension for `arch` into `build_dir` and load it."""
+    from torch.utils import cpp_extension
+
+    build_dir.mkdir(parents=True, exist_ok=True)
+    previous = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    os.environ["TORCH_CUDA_ARCH_LIST"] = arch  # torch turns this into -gencode flags
+    try:
+        cpp_extension.load(
+            name=library_name(arch),
+            sources=[str(CSRC_DIR / s) for s in SOURCES],
+            extra_include_paths=[str(CSRC_DIR)],
+            extra_cflags=list(CFLAGS),
+            extra_cuda_cflags=list(CUDA_CFLAGS),
+            build_directory=str(build_dir),
+            is_python_module=False,
+            verbose=verbose,
+        )
+    except (OSError, RuntimeError, ImportError) as err:
+        sm = arch.replace(".", "")
+        raise KernelBuildError(f"building the voltllm CUDA kernels for sm_{sm} failed: {err}") from err
+    finally:
+        if previous is None:
+            os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+        else:
+            os.environ["TORCH_CUDA_ARCH_LIST"] = previous
 
 
 def main() -> None:

@@ -1,0 +1,43 @@
+#!/bin/bash
+# Builds the CUDA extension here, on a machine with no GPU, for the GPU machine's torch and architecture,
+# into .carry/kernels (gitignored): a device call that carries `.carry` and sets
+# VOLTLLM_KERNEL_CACHE=$PWD/.carry/kernels (tools/gpu_run.sh does) loads it instead of spending ~100 s of
+# device time on the build. The cache key (voltllm.ops.build.cache_dir) holds the torch and CUDA versions,
+# the architecture and a digest of the sources, so a library built from other sources is never loaded:
+# the call then builds as before.
+#
+#   bash tools/prebuild_kernels.sh [ARCH] [TORCH_VERSION]     # default: 9.0 (H100/H200), 2.11.0
+#
+# The toolchain comes from PyPI, once, into ~/.cache/voltllm/prebuild: torch==TORCH_VERSION (the CUDA
+# build PyPI serves: 2.11.0 is cu130, the GPU machine's 2.11.0+cu130), and nvcc of that CUDA version.
+# The library does not depend on Python's version (the glue includes no Python header). On 2 cores the
+# build takes ~15-25 min (nice'd).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+arch=${1:-9.0}
+torch_version=${2:-2.11.0}
+home=${VOLTLLM_PREBUILD_DIR:-$HOME/.cache/voltllm/prebuild}/torch$torch_version
+venv=$home/venv
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q "torch==$torch_version" ninja numpy setuptools
+fi
+cuda_version=$("$venv/bin/python" -c "import torch; print(torch.version.cuda)")
+cuda=$home/cuda  # a CUDA_HOME laid out as cpp_extension expects, over the nvidia-* wheels' cu13 folder
+if [ ! -x "$cuda/bin/nvcc" ]; then
+  nvcc="nvidia-cuda-nvcc==$cuda_version.* nvidia-cuda-crt==$cuda_version.* nvidia-nvvm==$cuda_version.*"
+  # shellcheck disable=SC2086
+  "$venv/bin/pip" install -q $nvcc "nvidia-cuda-cccl==$cuda_version.*"
+  wheels=$("$venv/bin/python" -c "import nvidia, os; print(os.path.join(nvidia.__path__[0], 'cu13'))")
+  mkdir -p "$cuda"
+  for dir in bin include nvvm; do ln -sfn "$wheels/$dir" "$cuda/$dir"; done
+  ln -sfn "$wheels/lib" "$cuda/lib64"
+  ln -sf libcudart.so.13 "$wheels/lib/libcudart.so"  # what -lcudart looks for
+fi
+export PATH=$venv/bin:$PATH CUDA_HOME=$cuda PYTHONPATH=$PWD/python
+export VOLTLLM_KERNEL_CACHE=$PWD/.carry/kernels MAX_JOBS=${MAX_JOBS:-2}
+nice -n 10 "$venv/bin/python" -m voltllm.ops --arch "$arch"
+# Keep only the library: the objects and ninja's files are ten times its size and the loader needs none.
+built=$("$venv/bin/python" -c "from voltllm.ops import build; print(build.cache_dir('$arch'))")
+find "$built" -type f ! -name '*.so' -delete
+du -sh "$built"
