@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import gc
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from tiny_models import engine_prompts, hf_greedy, save_moe_model, save_plain_model
+from tiny_models import add_fixture_tokenizer, engine_prompts, hf_greedy, save_moe_model, save_plain_model
 
 from voltllm import LLM, SamplingParams
 from voltllm.config import EngineConfig
@@ -32,7 +31,6 @@ from voltllm.distributed.rendezvous import Rendezvous, free_local_port
 from voltllm.engine.tensor_parallel import check_tensor_parallel_config
 from voltllm.worker.tensor_parallel import TensorParallelWorkerError
 
-TOKENIZER = Path(__file__).resolve().parents[1] / "fixtures" / "bytefallback"
 PYTHON_DIR = Path(__file__).resolve().parents[2] / "python"
 NEW_TOKENS = 10
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
@@ -42,9 +40,7 @@ WORKER = "voltllm.engine.tp_worker"
 def save_model(arch: str, out_dir: Path, **overrides: object) -> tuple[Path, torch.nn.Module]:
     """A plain tiny checkpoint with a tokenizer beside it (what `LLM` needs)."""
     model_dir, hf_model = save_plain_model(arch, out_dir, **overrides)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(TOKENIZER / name, model_dir / name)
-    return model_dir, hf_model
+    return add_fixture_tokenizer(model_dir), hf_model
 
 
 def start_llm(model_dir: Path) -> LLM:
@@ -130,8 +126,7 @@ def test_moe_experts_shard_through_the_engine(tmp_path: Path) -> None:
     expert, the expert outputs are all-reduced."""
     model_dir = tmp_path / "qwen3_moe"
     hf_model = save_moe_model("qwen3_moe-e8-top2-norm-step2", model_dir, plain=True)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(TOKENIZER / name, model_dir / name)
+    add_fixture_tokenizer(model_dir)
     llm = start_llm(model_dir)
     try:
         assert_greedy_matches(llm, hf_model)

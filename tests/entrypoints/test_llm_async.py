@@ -4,7 +4,7 @@ already computed a token past the stop when the text layer finds it."""
 
 from __future__ import annotations
 
-import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +13,9 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from voltllm import LLM, SamplingParams
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "bytefallback"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+from tiny_models import add_fixture_tokenizer  # noqa: E402
+
 PROMPTS = ["The capital of France is", "One, two, three,", "def fibonacci(n):", "Water boils at"]
 
 
@@ -34,8 +36,7 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> dict[bool, LLM]:
     config.architectures = ["LlamaForCausalLM"]
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(model_dir)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(FIXTURE / name, model_dir / name)
+    add_fixture_tokenizer(model_dir)
     return {
         mode: LLM(str(model_dir), num_kv_blocks=128, seed=0, async_scheduling=mode) for mode in (False, True)
     }

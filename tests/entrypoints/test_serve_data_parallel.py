@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import sys
 import time
@@ -21,9 +20,8 @@ from voltllm_cli import descendants, serving
 
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS / "models"))
-from tiny_models import save_plain_model  # noqa: E402
+from tiny_models import add_fixture_tokenizer, save_plain_model  # noqa: E402
 
-TOKENIZER = TESTS / "fixtures" / "bytefallback"
 pytestmark = pytest.mark.slow
 
 
@@ -67,8 +65,7 @@ def wait_for(condition, timeout: float, what: str) -> None:  # noqa: ANN001
 
 def test_two_engines_share_the_load_and_survive_a_kill_9(tmp_path: Path) -> None:
     model_dir, _ = save_plain_model("llama", tmp_path / "llama", vocab_size=344)  # the tokenizer's size
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(TOKENIZER / name, model_dir / name)
+    add_fixture_tokenizer(model_dir)
     args = (str(model_dir), "--data-parallel-size", "2", "--num-kv-blocks", "128", "--device", "cpu",
             "--dtype", "float32", "--max-num-seqs", "64", "--cpu-threads", "1")  # fmt: skip
     with serving(*args) as (server, base):

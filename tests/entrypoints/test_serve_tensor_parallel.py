@@ -3,7 +3,6 @@ worker; the server answers transformers' greedy tokens, and no worker outlives t
 
 from __future__ import annotations
 
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -14,17 +13,15 @@ from voltllm_cli import descendants, serving
 
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS / "models"))
-from tiny_models import hf_greedy, save_plain_model  # noqa: E402
+from tiny_models import add_fixture_tokenizer, hf_greedy, save_plain_model  # noqa: E402
 
-TOKENIZER = TESTS / "fixtures" / "bytefallback"
 PROMPT = [5, 17, 42, 99, 7, 250, 31]
 NEW_TOKENS = 8
 
 
 def test_serve_tensor_parallel_answers_transformers_and_stops_its_worker(tmp_path: Path) -> None:
     model_dir, hf_model = save_plain_model("llama", tmp_path / "llama", num_key_value_heads=1)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(TOKENIZER / name, model_dir / name)
+    add_fixture_tokenizer(model_dir)
     with torch.inference_mode():
         expected, _ = hf_greedy(hf_model, PROMPT, NEW_TOKENS)
     body = {"prompt": PROMPT, "max_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}

@@ -9,6 +9,7 @@ both ways (`moe_config`)."""
 from __future__ import annotations
 
 import random
+import shutil
 from pathlib import Path
 
 import torch
@@ -128,6 +129,18 @@ def save_plain_model(
     model = _seeded_model(config, seed).eval()
     model.save_pretrained(out_dir)
     return out_dir, model
+
+
+# A byte-fallback BPE tokenizer of 344 tokens (tests/fixtures/gen_tokenizer_fixtures.py).
+TOKENIZER_FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "bytefallback"
+
+
+def add_fixture_tokenizer(model_dir: Path) -> Path:
+    """Copy the fixture tokenizer beside a checkpoint (what `LLM` and `voltllm serve` read); returns
+    `model_dir`."""
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(TOKENIZER_FIXTURE / name, model_dir / name)
+    return model_dir
 
 
 def _seeded_model(config: PretrainedConfig, seed: int) -> torch.nn.Module:

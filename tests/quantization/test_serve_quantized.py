@@ -3,19 +3,17 @@ from its config.json and answer what transformers answers on the dequantized wei
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import httpx
 import pytest
 import torch
 from checkpoints import Format, save_quantized_model
-from tiny_models import hf_greedy
+from tiny_models import add_fixture_tokenizer, hf_greedy
 from voltllm_cli import serving
 
 from voltllm import LLM, SamplingParams
 
-TOKENIZER = Path(__file__).resolve().parents[1] / "fixtures" / "bytefallback"
 PROMPT = [5, 17, 42, 99, 7, 250, 31]
 NEW_TOKENS = 8
 
@@ -25,8 +23,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]
     """An AWQ Llama with the fixture tokenizer (347 tokens, vocab 384), and transformers' greedy tokens."""
     out = tmp_path_factory.mktemp("awq")
     hf_model = save_quantized_model("llama", Format("awq", group_size=32), out, vocab_size=384)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(TOKENIZER / name, out / name)
+    add_fixture_tokenizer(out)
     with torch.inference_mode():
         expected, _ = hf_greedy(hf_model, PROMPT, NEW_TOKENS)
     return out, expected
