@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels import time_ms  # noqa: E402
+from kernel_bench import time_ms  # noqa: E402
 from sampling_ab import device_ms  # noqa: E402
 
 from voltllm.ops.sampling import (  # noqa: E402

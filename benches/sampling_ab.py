@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels import time_ms  # noqa: E402
+from kernel_bench import time_ms  # noqa: E402
 
 from voltllm.ops.build import CSRC_DIR, device_arch, load  # noqa: E402
 from voltllm.ops.sampling import random_seeds, sample_tokens_ref  # noqa: E402

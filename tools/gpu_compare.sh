@@ -3,7 +3,7 @@
 # for ROUNDS rounds, so that two versions are compared without the 1-3% that separates two machines.
 # Each snapshot builds its kernels into its own cache (XDG_CACHE_HOME); output lines carry its name.
 #
-#   bash tools/gpu_compare.sh ROUNDS .carry/a .carry/b -- python benches/kernels.py --only decode
+#   bash tools/gpu_compare.sh ROUNDS .carry/a .carry/b -- python benches/kernel_bench.py --only decode
 set -u
 rounds=$1
 shift

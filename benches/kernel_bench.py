@@ -15,7 +15,7 @@ sanity check, not a timing).
 
 `ok` compares the unrounded ratio with the target (three decimals are printed, so 0.696 does not
 read as 0.70). Times are medians of CUDA-event timings after warm-up; inputs rotate over several
-buffers where one input set would fit in L2. Usage: python benches/kernels.py [--json results.json]
+buffers where one input set would fit in L2. Usage: python benches/kernel_bench.py [--json results.json]
 [--only attention|decode|prefill|fused] (decode / prefill: those rows alone, the quickest look at one
 kernel).
 """
