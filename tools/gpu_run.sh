@@ -10,7 +10,8 @@
 # lines are also printed). The device tool allows 600 s a command: keep the default budget (540 s) under
 # it, kernel build (~100 s) and tests (~75 s) included.
 #
-# Carry `.carry` (the wheels tools/gpu_wheels.sh lists) and the built `python/voltllm/_core.abi3.so`
+# `bash tools/gpu_prepare.sh` makes what the call carries: `.carry` (the wheels tools/gpu_wheels.sh
+# lists, the prebuilt kernels) and `python/voltllm/_core.abi3.so`
 # (anything through `LLM` needs it). A library that tools/prebuild_kernels.sh built here from the same
 # sources (.carry/kernels) is loaded instead of built: the build step then takes seconds, not ~100.
 set -u
