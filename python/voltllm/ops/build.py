@@ -4,7 +4,7 @@ The kernel sources live in the repository's top-level `csrc/` and ship inside th
 `voltllm/_csrc/` (in the source tree a symlink to `../../csrc`; the wheel holds the files themselves,
 pyproject.toml's `[tool.maturin] include`), so an installed wheel can build them. The first use compiles
 them with `torch.utils.cpp_extension.load` for the current device's compute capability and caches the
-result under `~/.cache/voltllm/kernels/` (or `$XDG_CACHE_HOME`, or `$VOLTLLM_KERNEL_CACHE` itself); later
+result under `voltllm.cache_dirs.kernels_cache_dir()` (`~/.cache/voltllm/kernels/` by default); later
 processes load the cached library. To build ahead of time (for example on a V100 with a CUDA 12.x
 toolkit and a CUDA 12 build of torch):
 
@@ -27,6 +27,8 @@ import threading
 from pathlib import Path
 
 import torch
+
+from voltllm.cache_dirs import kernels_cache_dir
 
 
 def _csrc_dir() -> Path:
@@ -83,12 +85,9 @@ def source_digest() -> str:
 def cache_dir(arch: str) -> Path:
     """Where the extension for compute capability `arch` (e.g. "9.0") is built and cached: one folder per
     torch version, CUDA version, architecture and source digest."""
-    root = os.environ.get("VOLTLLM_KERNEL_CACHE")
-    if root is None:
-        root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "voltllm" / "kernels"
     cuda = (torch.version.cuda or "nocuda").replace(".", "")
     tag = f"torch{torch.__version__.split('+')[0]}-cu{cuda}-sm{arch.replace('.', '')}-{source_digest()[:16]}"
-    return Path(root) / tag
+    return kernels_cache_dir() / tag
 
 
 def library_name(arch: str) -> str:
