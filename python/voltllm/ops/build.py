@@ -91,6 +91,7 @@ def cache_dir(arch: str) -> Path:
 
 
 def library_name(arch: str) -> str:
+    """The extension's name (and its library's file stem) for compute capability `arch`."""
     return f"voltllm_C_sm{arch.replace('.', '')}"
 
 
