@@ -54,7 +54,7 @@ from decode_latency import (  # noqa: E402
 )
 
 from voltllm import LLM  # noqa: E402
-from voltllm.ops.sampling import SAMPLING_METHODS  # noqa: E402
+from voltllm.ops.sampling import METHOD_CHOICES  # noqa: E402
 
 # name -> the SM70AttentionBackend switches (fold_prologue, decode_merge, decode_min_split) and
 # ParallelLMHead.fp32_gemv
@@ -124,7 +124,7 @@ def main() -> None:
     p.add_argument(
         "--variants", nargs="+", default=["unfused", "fold", "fold+ticket"], choices=list(VARIANTS)
     )
-    p.add_argument("--samplers", nargs="+", default=["select"], choices=list(SAMPLING_METHODS))
+    p.add_argument("--samplers", nargs="+", default=["auto"], choices=list(METHOD_CHOICES))
     p.add_argument("--target", type=float, default=1250.0, help="tokens/s the step should reach")
     p.add_argument(
         "--sampling",
@@ -171,7 +171,7 @@ def main() -> None:
                         seconds = step_seconds(llm, sampling_namespace(args, spec))
                         times[(variant, method), spec].append(seconds)
                 replays[variant].append(replay_seconds(llm))
-        sampler.method = SAMPLING_METHODS[0]
+        sampler.method = "auto"
         for spec in args.sampling:
             base = statistics.median(times[configs[0], spec])
             for variant, method in configs:

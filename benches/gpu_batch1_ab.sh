@@ -22,7 +22,7 @@ echo "== 1. batch-1 decode, LLM.generate: sampler select vs race_first, lm_head 
 timeout 85 "$py" benches/batch1_ab.py --models qwen3-0.6b --variants fold+ticket/64 fold+ticket/64+lm32 \
   --samplers select race_first --sampling greedy 0.6/0.95 --rounds 4
 echo "== 2. the draw alone (device us per call)"
-timeout 25 "$py" benches/sampling.py --batches 1 256 --reps 30
+timeout 50 "$py" benches/sampling.py --batches 1 4 8 16 32 64 128 256 --reps 30
 [ "$tests" = 1 ] || exit 0
 echo "== 3. GPU tests"
 timeout 35 "$py" -m pytest -q -x tests/kernels/test_sampling_cuda.py tests/kernels/test_sampling_distribution.py \

@@ -163,7 +163,7 @@ def test_add_rms_norm_gemv_rejects_overlap_and_checks_applies():
     out = torch.empty(1, 64, device="cuda", dtype=torch.float16)
     with pytest.raises(RuntimeError, match="must not overlap"):
         ops_call = torch.ops.voltllm_C.add_rms_norm_gemv
-        ops_call(out, residual, hidden, residual, norm_weight, 1e-6, weight, None, False, False)
+        ops_call(out, residual, hidden, residual, norm_weight, 1e-6, weight, None, False)
     assert not add_rms_norm_gemv_applies(hidden.cpu(), residual.cpu(), norm_weight.cpu(), weight.cpu())
     three = torch.randn(GEMV_MAX_ROWS + 1, 1024, device="cuda", dtype=torch.float16)
     assert not add_rms_norm_gemv_applies(three, three.clone(), norm_weight, weight)

@@ -7,7 +7,13 @@ import math
 import pytest
 import torch
 
-from voltllm.ops.sampling import random_seeds, sample_tokens_ref, seed_as_int64
+from voltllm.ops.sampling import (
+    RACE_FIRST_MAX_ROWS,
+    random_seeds,
+    resolve_sampling_method,
+    sample_tokens_ref,
+    seed_as_int64,
+)
 from voltllm.worker.sampler import Sampler, SamplingMetadata, seed_for_step
 
 V = 8
@@ -177,8 +183,20 @@ def test_methods_draw_the_same_tokens_and_an_unknown_method_is_refused():
     logits = torch.randn(6, V, generator=torch.Generator().manual_seed(5))
     for temperature, kw in [(0.0, {}), (0.8, {}), (0.8, {"top_p": torch.full((6,), 0.7)})]:
         meta = md(6, temperature, noise=9, **kw)
-        tokens = {m: Sampler(m)(logits, meta).sampled_token_ids for m in ("select", "race_first")}
-        assert tokens["select"] == tokens["race_first"]
+        tokens = {m: Sampler(m)(logits, meta).sampled_token_ids for m in ("select", "race_first", "auto")}
+        assert tokens["select"] == tokens["race_first"] == tokens["auto"]
         assert Sampler("race_first").sample_on_device(logits, meta).tolist() == tokens["select"]
     with pytest.raises(ValueError, match="sampling method"):
         Sampler("sort")
+
+
+def test_auto_races_first_for_greedy_and_small_batches_and_selects_above():
+    """The default, "auto", names race_first for every greedy batch and for sampled batches of at most
+    RACE_FIRST_MAX_ROWS rows, select above; a kernel named outright is kept."""
+    assert Sampler().method == "auto"
+    assert resolve_sampling_method("auto", 4096, greedy=True) == "race_first"
+    assert resolve_sampling_method("auto", RACE_FIRST_MAX_ROWS, greedy=False) == "race_first"
+    assert resolve_sampling_method("auto", RACE_FIRST_MAX_ROWS + 1, greedy=False) == "select"
+    assert resolve_sampling_method("select", 1, greedy=True) == "select"
+    with pytest.raises(ValueError, match="sampling method"):
+        resolve_sampling_method("fastest", 1, greedy=False)

@@ -93,11 +93,11 @@ class ParallelLMHead(nn.Module):
 
     With `tied_to`, the head reuses the embedding's parameter (tied word embeddings) and its shard.
     `fp32_gemv=True` (unsharded decode rows on a GPU) has the GEMV store the fp32 logits itself instead
-    of a cast kernel after it: the same values, one kernel fewer per step. Off until the GPU A/B
-    (`benches/batch1_ab.py`, variant suffix `+lm32`) measures it.
+    of a cast kernel after it: the same values, one kernel fewer per step (on by default: H100,
+    Qwen3-0.6B batch 1, 0.3-0.5% of the step under race_first sampling, `benches/batch1_ab.py` +lm32).
     """
 
-    fp32_gemv: bool = False
+    fp32_gemv: bool = True
 
     def __init__(
         self,

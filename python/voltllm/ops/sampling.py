@@ -18,12 +18,14 @@ temperature <= 0 take the first argmax. The noise of a row depends on its seed a
 draw is reproducible whatever else is in the batch. The reference computes the same sets with a sort
 and the same noise; the kernels and it agree token for token up to last-bit differences of exp/log.
 
-Two kernels draw the same tokens (`SAMPLING_METHODS`; which one is faster is the next GPU call's A/B):
+Two kernels draw the same tokens (`SAMPLING_METHODS`):
 "select" (csrc/sampling/radix_sampling.cuh: the filters' thresholds by radix select, then the race over
 what they keep) and "race_first" (csrc/sampling/race_first_sampling.cuh: the race's best few tokens
 first, then a check of each against the top-p set; three launches for top-p, one for temperature or
 greedy). "race_first" covers temperature and top-p; a batch in which a row uses top-k or min-p takes
-"select" (the same token either way, so a row's draw still does not depend on its batch).
+"select" (the same token either way, so a row's draw still does not depend on its batch). "auto" (the
+default) picks per call by what the GPU A/B measured (benches/RESULTS.md, "Sampling methods"):
+race_first for greedy batches and for batches of at most `RACE_FIRST_MAX_ROWS` rows, select above.
 """
 
 from __future__ import annotations
@@ -33,6 +35,12 @@ import torch
 from voltllm.ops._dispatch import kernel_ops, use_kernels
 
 SAMPLING_METHODS = ("select", "race_first")
+# The methods a caller may name: a kernel, or "auto" (`resolve_sampling_method`).
+METHOD_CHOICES = ("auto", *SAMPLING_METHODS)
+# Most rows "auto" races first when a row samples. H100, Qwen3's vocabulary, device us per draw
+# (benches/sampling.py): batch 1 race_first 0.42-0.94x select's time (T=0.6 with and without top-p
+# 0.95), batch 256 1.11x (T=0.6) and 1.31x (top-p 0.95 on peaked logits): its top-p check is per row.
+RACE_FIRST_MAX_ROWS = 16
 # Fewest tokens one block of a race_first split pass takes (kRaceMinSplitTokens in the kernel header):
 # about 150 blocks for one row of Qwen3's 151,936 tokens. The draw does not depend on it.
 RACE_MIN_SPLIT_TOKENS = 1024
@@ -144,9 +152,19 @@ def top_p_cut(
 
 
 def check_sampling_method(method: str) -> None:
-    """Raises ValueError unless `method` is one of `SAMPLING_METHODS`."""
-    if method not in SAMPLING_METHODS:
-        raise ValueError(f"unknown sampling method {method!r}: one of {', '.join(SAMPLING_METHODS)}")
+    """Raises ValueError unless `method` is one of `METHOD_CHOICES`."""
+    if method not in METHOD_CHOICES:
+        raise ValueError(f"unknown sampling method {method!r}: one of {', '.join(METHOD_CHOICES)}")
+
+
+def resolve_sampling_method(method: str, rows: int, greedy: bool) -> str:
+    """The kernel `method` names for a draw of `rows` rows ("auto": race_first for a greedy batch, where
+    its one launch beats torch's argmax at every batch size measured, and for at most
+    `RACE_FIRST_MAX_ROWS` sampled rows; select above)."""
+    check_sampling_method(method)
+    if method != "auto":
+        return method
+    return "race_first" if greedy or rows <= RACE_FIRST_MAX_ROWS else "select"
 
 
 def sample_tokens(
@@ -156,7 +174,7 @@ def sample_tokens(
     top_p: torch.Tensor | None,
     min_p: torch.Tensor | None,
     seeds: torch.Tensor,
-    method: str = "select",
+    method: str = "auto",
     min_split_tokens: int = RACE_MIN_SPLIT_TOKENS,
 ) -> torch.Tensor:
     """One token per row of `logits [N, V]` (fp32/fp16/bf16, rows contiguous): `[N]` int64.
@@ -166,7 +184,7 @@ def sample_tokens(
     A filter no row uses may be None. `method` picks the kernel (`SAMPLING_METHODS`: the same token
     either way); `min_split_tokens` sizes race_first's split passes (it does not change the token).
     """
-    check_sampling_method(method)
+    method = resolve_sampling_method(method, logits.shape[0], greedy=False)
     if not use_kernels(logits):
         return sample_tokens_ref(logits, temperature, top_k, top_p, min_p, seeds)
     out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
@@ -178,11 +196,11 @@ def sample_tokens(
 
 
 def argmax_tokens(
-    logits: torch.Tensor, method: str = "select", min_split_tokens: int = RACE_MIN_SPLIT_TOKENS
+    logits: torch.Tensor, method: str = "auto", min_split_tokens: int = RACE_MIN_SPLIT_TOKENS
 ) -> torch.Tensor:
     """The first argmax of each row of `logits [N, V]` (a greedy step): `[N]` int64. "select" runs
     torch's reduction; "race_first" (on a GPU) the first pass of race_first_sampling alone, one launch."""
-    check_sampling_method(method)
+    method = resolve_sampling_method(method, logits.shape[0], greedy=True)
     if method == "race_first" and use_kernels(logits):
         out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
         kernel_ops().race_first_sampling(out, logits, None, None, None, min_split_tokens)

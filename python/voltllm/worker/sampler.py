@@ -78,13 +78,13 @@ def seed_for_step(seed: int, num_generated: int) -> int:
 class Sampler:
     """Stateless: every row's noise comes from `SamplingMetadata.seeds`.
 
-    `method` picks the draw's kernels (`voltllm.ops.sampling.SAMPLING_METHODS`; every method draws the
-    same tokens): "select" (the radix-select sampler, and torch's argmax for greedy rows) or "race_first"
-    (the race's best tokens checked against top-p; its first pass alone for greedy batches). The default
-    stays "select" until the GPU A/B (`benches/batch1_ab.py --samplers`) says otherwise.
+    `method` picks the draw's kernels (`voltllm.ops.sampling.METHOD_CHOICES`; every method draws the
+    same tokens): "select" (the radix-select sampler, and torch's argmax for greedy rows), "race_first"
+    (the race's best tokens checked against top-p; its first pass alone for greedy batches) or "auto"
+    (the default: whichever the GPU A/B measured faster for the batch, `resolve_sampling_method`).
     """
 
-    def __init__(self, method: str = "select") -> None:
+    def __init__(self, method: str = "auto") -> None:
         check_sampling_method(method)
         self.method = method
 
