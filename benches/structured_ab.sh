@@ -1,19 +1,18 @@
 #!/bin/bash
 # Issue 20 item 6 on the GPU, one process: a JSON-schema-constrained decode step at batch 64 against an
-# unconstrained one, both under asynchronous scheduling (the CUDA default), and the A/B of session 11's
-# constrained run-ahead (the mask thread queues apply + draw: "JSON schema") against session 10's path
-# ("JSON schema-wait": a constrained step waits for its masks in enqueue). Run from the repo root with
+# unconstrained one, both under asynchronous scheduling (the CUDA default; a step with grammars runs
+# ahead, the mask thread queueing its apply and draw). Run from the repo root with
 # PYTHONPATH=python:tests/engine and the kernels built. It prints:
 #   ratio ...          JSON schema / unconstrained (target <= 1.05)
-#   A/B ...            JSON schema-wait / JSON schema (> 1: turn ModelRunner.async_constrained_steps on)
 #   exactness ...      greedy tokens of each schema workload against JSON schema-sync's (must be equal)
-# and "JSON schema-switch200us" (sys.setswitchinterval(2e-4)) beside them; then (unless --no-tests:
-# tools/gpu_run.sh runs every GPU test file itself) the GPU tests of the mask kernel, TokenMasks' upload
-# and the engine's constrained steps ahead on CUDA.
+#   grammar check ...  every constrained output follows its schema
+# with no-maxLength (the same schema, unbounded string) and JSON schema-sync (synchronous steps) beside
+# them; then (unless --no-tests: tools/gpu_run.sh runs every GPU test file itself) the GPU tests of the
+# mask kernel, TokenMasks' upload and the engine's constrained steps ahead on CUDA.
 set -u
 echo "cores: $(nproc)"
 python benches/structured_step.py --steps 50 --rounds 3 \
-  --variants "unconstrained,JSON schema,JSON schema-wait,JSON schema-switch200us,no-maxLength,JSON schema-sync" \
+  --variants "unconstrained,JSON schema,no-maxLength,JSON schema-sync" \
   2>&1 | grep -v -i "warn\|Capturing" | tail -60
 [ "${1:-}" = "--no-tests" ] && exit 0
 python -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_structured_cuda.py \

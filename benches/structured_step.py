@@ -31,14 +31,10 @@ the last filled masks without filling new ones or accepting (the floor of the de
 workload runs with the engine's asynchronous scheduling (its CUDA default: the next step is planned
 and launched before the last one's ids reach the host; a constrained step's draw is queued by the
 mask thread once its masks are filled, and the main thread waits for that only before the next
-forward: `launch_wait`), but the `-sync` ones, which step synchronously; `JSON schema-wait` is
-session 10's path under async (`ModelRunner.async_constrained_steps = False`: a constrained step
-waits for the running step's ids and its masks and finishes in `enqueue`), the A/B's baseline;
-`JSON schema-switch200us` runs with `sys.setswitchinterval(2e-4)` (the mask thread needs the GIL
-between llguidance calls while the main thread plans the next step). After each constrained workload
-(but `apply-only`) every request's tokens are fed to a fresh matcher of its schema: a token the
-grammar rejects stops the script (the masks were wrong or late); the first round's greedy outputs
-of the `SCHEMA` workloads are also compared token by token with `JSON schema-sync`'s (or `-wait`'s).
+forward: `launch_wait`), but the `-sync` ones, which step synchronously. After each constrained
+workload (but `apply-only`) every request's tokens are fed to a fresh matcher of its schema: a token
+the grammar rejects stops the script (the masks were wrong or late); the first round's greedy outputs
+of the `SCHEMA` workloads are also compared token by token with `JSON schema-sync`'s.
 
 The dummy checkpoint has no tokenizer, so the grammar engine gets a synthetic vocabulary of the
 model's size (`synthetic_tokenizer`: the 256 bytes, then deterministic pseudo-words, JSON
@@ -167,12 +163,6 @@ class Variant:
     upload_at_apply: bool = False  # copy the masks on the step's stream after the wait
     profile_masks: bool = False  # time the masks again on copies (step times not comparable)
     async_scheduling: bool = True  # the engine's asynchronous scheduling (the CUDA default)
-    # Under it, a step with grammars runs ahead (the mask thread queues its draw: the default) or
-    # waits for its masks and finishes in `enqueue` (session 10's path: `async_constrained_steps`).
-    async_constrained: bool = True
-    # sys.setswitchinterval while it runs (None: Python's 5 ms): how soon the mask thread gets the GIL
-    # back from the main thread, which now plans the next step while the masks are filled.
-    switch_interval_s: float | None = None
     schema: dict = field(default_factory=lambda: SCHEMA, compare=False)
 
 
@@ -181,8 +171,6 @@ VARIANTS = {
     for v in (
         Variant("unconstrained", False),
         Variant("JSON schema", True),
-        Variant("JSON schema-wait", True, async_constrained=False),
-        Variant("JSON schema-switch200us", True, switch_interval_s=2e-4),
         Variant("unconstrained-sync", False, async_scheduling=False),
         Variant("JSON schema-sync", True, async_scheduling=False),
         Variant("split-2", True, threads=2),
@@ -400,19 +388,6 @@ def timed_steps(
     Returns the timed steps and every request's tokens (in request order)."""
     probe.use(variant)
     engine.core.set_async_scheduling(variant.async_scheduling)
-    engine.core.runner.async_constrained_steps = variant.async_constrained
-    switch_interval = sys.getswitchinterval()
-    if variant.switch_interval_s is not None:
-        sys.setswitchinterval(variant.switch_interval_s)
-    try:
-        return _run_workload(engine, args, variant, probe, tag)
-    finally:
-        sys.setswitchinterval(switch_interval)
-
-
-def _run_workload(
-    engine: LLMEngine, args: argparse.Namespace, variant: Variant, probe: ConstrainedPathProbe, tag: str
-) -> tuple[list[StepRecord], dict[str, list[int]]]:
     schema = json.dumps(variant.schema)
     constraint = StructuredOutput(kind="json", spec=schema) if variant.constrained else None
     params = EngineSamplingParams(
@@ -535,16 +510,8 @@ def main() -> None:
         f"ratio constrained / unconstrained: {min(medians['JSON schema']) / plain:.3f} of the best rounds, "
         f"{statistics.median(same_round):.3f} the median of same-round ratios (target <= 1.05)"
     )
-    baseline = next((n for n in ("JSON schema-sync", "JSON schema-wait") if n in outputs), None)
-    if baseline is not None:
-        compare_outputs(outputs, baseline)
-    if "JSON schema-wait" in names:
-        wait = [w / c for w, c in zip(medians["JSON schema-wait"], medians["JSON schema"], strict=True)]
-        print(
-            f"A/B: JSON schema-wait (session 10: a grammar step waits for its masks) / JSON schema (its "
-            f"draw queued by the mask thread): {statistics.median(wait):.3f} (median of same-round ratios; "
-            f"> 1: turn async_constrained_steps on by default)"
-        )
+    if "JSON schema-sync" in outputs:
+        compare_outputs(outputs, "JSON schema-sync")
     print()
     print("per-step medians over all rounds, us (fill runs in its thread, overlapping the forward;")
     print("fill wait, apply host and sync are on the critical path)")

@@ -69,7 +69,6 @@ def run(model_dir: Path, async_scheduling: bool, enforce_eager: bool, sampling: 
     engine = LLMEngine(config)
     core = engine.core
     core.structured_output._tokenizer = synthetic_tokenizer(core.vocab_size, core.eos_token_ids[0])
-    core.runner.async_constrained_steps = True  # (off by default until measured on the GPU)
     runner, steps = core.runner, []
     enqueue = runner.enqueue
 

@@ -5,9 +5,8 @@ then queues the apply and the draw itself, while the main thread plans and stage
 main thread waits for that draw to be queued only before the next forward reads its ids. On the CPU
 the same threads and waits run (the "device" work is done when queued), so every output stream here
 must equal the synchronous engine's output by output, for every constraint kind beside unconstrained
-rows, with preemption, aborts, sampling options, graph steps, and with the switch that sends
-constrained steps back to session 10's path. Each run is bounded in time: a wait that never ends
-fails the test instead of hanging it.
+rows, with preemption, aborts, sampling options and graph steps. Each run is bounded in time: a wait
+that never ends fails the test instead of hanging it.
 """
 
 from __future__ import annotations
@@ -75,7 +74,6 @@ def toy_engine(async_scheduling: bool, num_blocks: int = 256, graphs: bool = Fal
     )
     core = EngineCore(config, ToyLoaded(MODEL, max_model_len=128), torch.device("cpu"))
     core.structured_output._tokenizer = TOKENIZER
-    core.runner.async_constrained_steps = True  # (off by default until measured on the GPU)
     if graphs:
         sizes = graph_batch_sizes(8)
         core.runner.capture_cuda_graphs(EagerReplayGraphs(MODEL, sizes, VOCAB, torch.device("cpu")))
@@ -181,19 +179,6 @@ def test_constrained_steps_run_ahead_and_equal_the_synchronous_engine(num_blocks
         assert eng.core.scheduler.num_preemptions > 0, "the KV cache was meant to run out mid-grammar"
     assert_pool_whole(eng, num_blocks)
     assert eng.core.get_stats().num_generation_tokens == sum(len(tokens_of(s)) for s in expected.values())
-
-
-def test_the_session_10_path_stays_selectable_and_exact() -> None:
-    """`async_constrained_steps = False`: a step with grammars finishes in `enqueue` (the A/B's
-    baseline), with the same outputs."""
-    requests = mixed_requests(temperature=0.0)
-    expected = streams(toy_engine(False), requests)
-    eng = toy_engine(True)
-    eng.core.runner.async_constrained_steps = False
-    steps = record_steps(eng)
-    assert streams(eng, requests) == expected
-    assert any(constrained for _, constrained in steps)
-    assert not any(running and constrained for running, constrained in steps)
 
 
 @pytest.mark.parametrize(

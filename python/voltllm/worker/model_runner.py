@@ -174,12 +174,6 @@ class ModelRunner:
         self.async_scheduling = False
         # The launched step whose ids are not in the request arrays yet (`_write_sampled`).
         self._running: StepHandle | None = None
-        # Under asynchronous scheduling, whether a step with grammars runs ahead too: its mask thread
-        # queues the apply and the draw once the masks are filled (`_draw_later`), while this thread
-        # plans the next step. Off (session 10's path): such a step waits for the running one's ids,
-        # then for its masks. Off by default until the H200 A/B (benches/structured_ab.sh) has
-        # measured it and run it on CUDA: exact on the CPU (tests/structured_output), not yet timed.
-        self.async_constrained_steps = False
         self.masks: TokenMasks | None = None
         # The last step's constrained tokens, which this step's mask thread feeds to their grammars
         # before it fills this step's masks (None: the last step sampled none).
@@ -342,9 +336,8 @@ class ModelRunner:
             self.requests[r].prompt_logprobs is not None for r in req_ids
         )
         running = self._running
-        constrained_waits = self._num_constrained and not self.async_constrained_steps
-        if running is not None and (constrained_waits or self._num_penalized or scoring_prompt):
-            self._write_sampled(running)  # the grammar work, penalties and scores read the ids on the host
+        if running is not None and (self._num_penalized or scoring_prompt):
+            self._write_sampled(running)  # penalties and scores read the ids on the host
             running = None
         graphs = None if scoring_prompt else self.graphs  # prompt logprobs need every position's hidden
         inputs = self.inputs.prepare(plan, req_ids, rows, plain_greedy, graphs)
@@ -366,8 +359,11 @@ class ModelRunner:
             and not scoring_prompt
             and (metadata is None or not wants_logprobs(metadata))
         )
-        # With masks to apply, a step that runs ahead leaves its draw to the mask thread (`_draw_later`).
-        draws_later = bool(runs_ahead and has_mask_work and self.async_constrained_steps)
+        # With masks to apply, a step that runs ahead leaves its draw to the mask thread (`_draw_later`):
+        # the thread queues the apply and the draw once the masks are filled, while this thread plans
+        # the next step (H100 A/B, RESULTS "Structured outputs (issue 20)": 1.08x unconstrained, against
+        # 1.25x when such a step waited for its masks in `enqueue`).
+        draws_later = bool(runs_ahead and has_mask_work)
         if draws_later and metadata is not None:
             metadata = with_section(metadata, inputs.sampling, self.buffers.copy_sampling(inputs.layout))
         masks = handle = logits_ready = None
