@@ -22,9 +22,11 @@ upload shows here). The `mask-profile` workload also computes each step's masks 
 matchers after the step's own fill: one after another on one thread (the slowest single mask and the
 sum) and with llguidance pools of 1, 4 and its default number of threads (its step times are not
 comparable). Other workloads change one thing: `split-N` splits the masks into N runs, each computed
-one after another by its own thread (`TokenMasks(threads=N)`); bench-only, through the same wrappers:
-`pool-default` fills and accepts with one call each on an llguidance pool of its default size (80% of
-the cores: session 9's placement of the work), `upload-at-apply` copies the masks on the step's stream after
+one after another by its own thread (`TokenMasks(threads=N)`); `pool-N` sets the engine's
+`TokenMasks.pool_threads = N` (read per step): the accept and the fill in one llguidance call each on
+a pool of N threads, the mask thread giving up the GIL twice a step instead of once per mask
+(`pool-default`: llguidance's default size, 80% of the cores); bench-only, through the same wrappers:
+`upload-at-apply` copies the masks on the step's stream after
 the wait (before: the copy was on the critical path), `no-maxLength` uses `SCHEMA` without the string's
 `maxLength` (bounded strings are the grammar engine's expensive case), `apply-only` uploads and applies
 the last filled masks without filling new ones or accepting (the floor of the device side). Every
@@ -157,7 +159,7 @@ class Variant:
     name: str
     constrained: bool
     threads: int = 1  # TokenMasks(threads=...): how many threads split the masks (each in a run)
-    pool: int | None = None  # fill and accept on an llguidance pool of this many threads instead
+    pool: int = 0  # TokenMasks.pool_threads: accept and fill on an llguidance pool of this many threads
     fill: bool = True
     accept: bool = True
     upload_at_apply: bool = False  # copy the masks on the step's stream after the wait
@@ -175,6 +177,9 @@ VARIANTS = {
         Variant("JSON schema-sync", True, async_scheduling=False),
         Variant("split-2", True, threads=2),
         Variant("split-4", True, threads=4),
+        Variant("pool-1", True, pool=1),
+        Variant("pool-2", True, pool=2),
+        Variant("pool-4", True, pool=4),
         Variant("pool-default", True, pool=LLGUIDANCE_DEFAULT_THREADS),
         Variant("upload-at-apply", True, upload_at_apply=True),
         Variant("no-maxLength", True, schema=SCHEMA_NO_MAXLENGTH),
@@ -229,9 +234,6 @@ class ConstrainedPathProbe:
         self._events: list[tuple[dict[str, float], str, object, object]] = []
         self._masks: dict[int, TokenMasks] = {}
         self._pools = {n: llguidance.LLExecutor(num_threads=n) for n in PROFILE_POOLS}
-        self._pools.update(
-            {v.pool: llguidance.LLExecutor(num_threads=v.pool) for v in VARIANTS.values() if v.pool}
-        )
         self._wrap_launch_wait()
 
     def use(self, variant: Variant) -> None:
@@ -243,6 +245,7 @@ class ConstrainedPathProbe:
             self._wrap(masks)
             self._masks[variant.threads] = masks
         self.runner.masks = self._masks[variant.threads]
+        self.runner.masks.pool_threads = variant.pool
 
     def _wrap(self, masks: TokenMasks) -> None:
         start, run, accept, fill = masks.start, masks._run, masks._accept, masks._fill
@@ -263,11 +266,7 @@ class ConstrainedPathProbe:
 
         def timed_accept(accepts) -> list:
             begin = time.perf_counter()
-            pool = self._pools.get(self.variant.pool)
-            if not self.variant.accept:
-                ended = []
-            else:
-                ended = accept(accepts) if pool is None else accepts.accept(pool)
+            ended = accept(accepts) if self.variant.accept else []
             local.parts["accept_s"] = time.perf_counter() - begin
             return ended
 
@@ -275,14 +274,7 @@ class ConstrainedPathProbe:
             # A matcher keeps its last mask: copies for the profile are taken before the fill.
             copies = self._copy_matchers(matchers) if self.variant.profile_masks else None
             begin = time.perf_counter()
-            if self.variant.pool:
-                if masks._uploaded is not None:
-                    masks._uploaded.synchronize()  # as TokenMasks._fill: the last upload is done
-                host = masks._host
-                self._pools[self.variant.pool].unsafe_compute_mask_ptr(
-                    matchers, host.data_ptr(), masks.num_words * 4, host.shape[0]
-                )
-            elif self.variant.fill:
+            if self.variant.fill:
                 fill(matchers)
             local.parts["fill_s"] = time.perf_counter() - begin
             if copies is not None:

@@ -13,11 +13,15 @@ the masks one after another (each llguidance call releases the GIL): on the H200
 llguidance's own parallel fill of 64 masks was ~3x slower than the same masks one at a time (RESULTS
 "Structured outputs (issue 20)");
 `threads > 1` splits the batch into that many runs of masks, each computed one after another by its
-own thread. As soon as the masks are filled, the thread queues their copy into a device
-buffer allocated once on a stream of its own, so when the logits exist only one kernel
-(`voltllm.ops.structured.apply_token_bitmask`) is left: it reads the bits and sets the disallowed
-logits of the constrained rows to -inf. The logits of a captured CUDA graph are masked the same way,
-after the replay: the mask never enters the graph.
+own thread. `pool_threads > 0` (read per step) instead accepts the tokens and fills the masks in one
+llguidance call each on a pool of that many threads (`LLExecutor`): the mask thread then gives up the
+GIL twice a step instead of once per mask, which matters under asynchronous scheduling, where the
+main thread plans the next step in Python while the masks are filled (the default stays 0 until the
+H100 measures it: `benches/structured_step.py`'s `pool-N` workloads). As soon as the masks are
+filled, the thread queues their copy into a device buffer allocated once on a stream of its own, so
+when the logits exist only one kernel (`voltllm.ops.structured.apply_token_bitmask`) is left: it
+reads the bits and sets the disallowed logits of the constrained rows to -inf. The logits of a
+captured CUDA graph are masked the same way, after the replay: the mask never enters the graph.
 
 Advancing the grammars here, one step late, keeps llguidance's token acceptance off the path between
 "step N's tokens are known" and "step N+1 is launched". A grammar that ends with step N's token is
@@ -110,6 +114,11 @@ class TokenMasks:
         self._bits = torch.empty_like(self._host, device=device) if on_cuda else self._host
         self._rows = torch.empty_like(self._host_rows, device=device) if on_cuda else self._host_rows
         self.threads = threads
+        # Read per step: 0, the accept and the fill one matcher after another in the mask thread (each
+        # fill releases the GIL, and takes it back, once per mask); N > 0, each in one call on an
+        # llguidance pool of N threads (`_pool`), the GIL released once. Same masks, same tokens.
+        self.pool_threads = 0
+        self._pools: dict[int, llguidance.LLExecutor] = {}
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="voltllm-masks")
         self._helpers = ThreadPoolExecutor(threads - 1, "voltllm-masks-help") if threads > 1 else None
         # On a GPU: the uploads' stream, the last upload (the host buffers are free once it is done)
@@ -143,12 +152,29 @@ class TokenMasks:
             then(masked)
         return ended
 
+    def _pool(self) -> llguidance.LLExecutor | None:
+        """The llguidance pool of `pool_threads` threads (made on first use), or None (0)."""
+        num = self.pool_threads
+        if num <= 0:
+            return None
+        pool = self._pools.get(num)
+        if pool is None:
+            pool = self._pools[num] = llguidance.LLExecutor(num_threads=num)
+        return pool
+
     def _accept(self, accepts: TokensToAccept) -> list[EndedGrammar]:
-        return accepts.accept()
+        return accepts.accept(self._pool())
 
     def _fill(self, matchers: list[tuple[llguidance.LLMatcher, int]]) -> None:
         if self._uploaded is not None:
             self._uploaded.synchronize()  # the last upload has read the host buffers
+        pool = self._pool()
+        if pool is not None:
+            # One call, the GIL released once: the pool's threads write each mask into its row.
+            pool.unsafe_compute_mask_ptr(
+                matchers, self._host.data_ptr(), self.num_words * 4, self._host.shape[0]
+            )
+            return
         if self._helpers is None or len(matchers) < 2:
             self._fill_run(matchers)
             return
