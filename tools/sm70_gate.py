@@ -20,7 +20,7 @@ not fatal.
 
     python tools/sm70_gate.py              # sm_70, sm_80 and sm_90
     python tools/sm70_gate.py --arch 90    # one architecture
-    python tools/sm70_gate.py --source quantization/quant_gemm_frag.cuh   # one kernel source
+    python tools/sm70_gate.py --source quantization/quant_gemm_stream.cuh   # one kernel source
     python tools/sm70_gate.py --glue       # also syntax-check the torch glue (g++, minutes)
 
 `--glue` checks what only the GPU machine's nvcc would otherwise see: the torch glue (`csrc/torch_glue/`:

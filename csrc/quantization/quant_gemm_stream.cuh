@@ -45,9 +45,9 @@ struct QuantStreamParams {
   int chunks_per_split;   // 64-column k-chunks each split (blockIdx.z) covers
 };
 
-// What the weight-streaming GEMMs (this one and quant_gemm_frag.cuh) share: a block of 8 warps, 16 MF
-// rows of x, 16 NF output features per warp, 64-column k-chunks, x staged in double-buffered windows
-// and the split-k partial tiles.
+// The weight-streaming GEMM's tiling (once shared with the removed register-dequantizing GEMM,
+// docs/quantization.md): a block of 8 warps, 16 MF rows of x, 16 NF output features per warp,
+// 64-column k-chunks, x staged in double-buffered windows and the split-k partial tiles.
 template <int MF, int NF>
 struct QuantStreamTiles {
   static_assert(MF >= 1 && MF <= 4 && (NF == 1 || NF == 2), "1-4 fragments of x, 1-2 of weights per warp");

@@ -6,7 +6,6 @@
 #include <utility>
 
 #include "torch_glue/torch_glue.h"
-#include "quantization/quant_gemm_frag.cuh"
 #include "quantization/quant_gemm_stream.cuh"
 #include "quantization/quant_gemm_wmma.cuh"
 #include "quantization/quant_gemv.cuh"
@@ -71,7 +70,7 @@ PackedShape check_packed(const at::Tensor& weight, const at::Tensor& group_param
 }
 
 // The packed weight's fields every kernel's params hold (QuantGemvParams, QuantGemmParams,
-// QuantStreamParams, QuantDequantizeParams, QuantFragParams::s name them alike).
+// QuantStreamParams, QuantDequantizeParams name them alike).
 template <typename Params>
 void set_packed_fields(Params& p, const at::Tensor& weight, const at::Tensor& group_params, int64_t k,
                        int64_t num_groups, int64_t chunk_group_shift) {
@@ -321,7 +320,7 @@ int64_t choose_splits(int64_t base_blocks, int64_t k_chunks, int64_t slots) {
   return best;
 }
 
-// What both streaming GEMMs check of the arguments they share: x [m, k] and out [m, n] fp16, bias,
+// What the streaming GEMM checks of its arguments: x [m, k] and out [m, n] fp16, bias,
 // the split counters, the shape knobs (0 = choose).
 void check_stream_args(const at::Tensor& out, const at::Tensor& x, const std::optional<at::Tensor>& bias,
                        const at::Tensor& split_counters, int64_t k, int64_t n, int64_t m_frags, int64_t n_frags,
@@ -338,10 +337,10 @@ void check_stream_args(const at::Tensor& out, const at::Tensor& x, const std::op
   TORCH_CHECK(splits >= 0, op, ": splits must be >= 0 (0 = choose)");
 }
 
-// Launches a streaming GEMM (Tr: its QuantStreamTiles) with `params`, whose `s` (params itself or its
-// QuantStreamParams member) already holds the weight's fields (weight, group_params, k, num_groups,
-// chunk_group_shift): fills in x, out, bias, m, n, the k split (for `kernel`'s residency on this device
-// when splits == 0) and its workspace.
+// Launches the streaming GEMM (Tr: its QuantStreamTiles) with `params`, whose `s` (params itself)
+// already holds the weight's fields (weight, group_params, k, num_groups, chunk_group_shift): fills in
+// x, out, bias, m, n, the k split (for `kernel`'s residency on this device when splits == 0) and its
+// workspace.
 template <typename Tr, typename Params, typename Kernel>
 void launch_stream_gemm(Kernel kernel, Params& params, QuantStreamParams& s, at::Tensor& out, const at::Tensor& x,
                         const std::optional<at::Tensor>& bias, at::Tensor& split_counters, int64_t splits,
@@ -404,97 +403,6 @@ void quant_gemm_stream(at::Tensor& out, const at::Tensor& x, const at::Tensor& w
         using Tr = QuantStreamTraits<K, MF, NF>;
         stream_gemm::launch_stream_gemm<Tr>(quant_gemm_stream_kernel<K, MF, NF>, p, p, out, x, bias, split_counters,
                                             splits, Tr::kSmemBytes, op);
-      });
-    });
-  });
-}
-
-void quant_wmma_b_layout(at::Tensor& out) {
-  const char* op = "quant_wmma_b_layout";
-  check_cuda(out, "out");
-  TORCH_CHECK(out.scalar_type() == at::kInt && out.dim() == 2 && out.size(0) == 32 && out.size(1) == 16 &&
-                  out.is_contiguous(),
-              op, ": out must be a contiguous int32 [32, 16]");
-  const at::cuda::OptionalCUDAGuard guard(out.device());
-  launch(quant_wmma_b_layout_kernel, 1, 32, kQuantWmmaLayoutSmemBytes, at::cuda::getCurrentCUDAStream(),
-         out.data_ptr<int>());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
-void quant_gemm_frag(at::Tensor& out, const at::Tensor& x, const at::Tensor& codes, const at::Tensor& group_params,
-                     const std::optional<at::Tensor>& bias, at::Tensor& split_counters, const at::Tensor& lane_map,
-                     int64_t layout, int64_t group_size, int64_t m_frags, int64_t n_frags, int64_t splits,
-                     bool deep) {
-  const char* op = "quant_gemm_frag";
-  check_cuda(codes, "codes");
-  check_cuda(group_params, "group_params");
-  TORCH_CHECK(codes.scalar_type() == at::kByte && codes.dim() == 3 && codes.is_contiguous() &&
-                  codes.numel() > 0 && codes.size(2) % 16 == 0 &&
-                  reinterpret_cast<uintptr_t>(codes.data_ptr()) % 16 == 0,
-              op, ": codes must be a contiguous, 16-byte aligned uint8 [tiles, k / 64, tuples * 2 slots]");
-  TORCH_CHECK(group_params.scalar_type() == at::kInt && group_params.dim() == 3 && group_params.is_contiguous() &&
-                  group_params.size(0) == codes.size(0) && group_params.size(2) == 16,
-              op, ": group_params must be a contiguous int32 [tiles, num_groups, 16] with the codes' tiles");
-  TORCH_CHECK(!lane_map.is_cuda() && lane_map.scalar_type() == at::kInt && lane_map.dim() == 2 &&
-                  lane_map.size(0) == 32 && lane_map.size(1) == 17,
-              op, ": lane_map must be a CPU int32 [32, 17] (FragmentLayout.lane_map)");
-  TORCH_CHECK(layout >= kFragLayoutGeneric && layout <= kFragLayoutRepeated, op, ": layout ", num(layout),
-              " is not built (0, 1 or 2)");
-  TORCH_CHECK(out.dim() == 2 && out.size(1) >= 1, op, ": out must be float16 [rows, n]");
-  const int64_t n = out.size(1), tiles = codes.size(0), k = codes.size(1) * 64;
-  TORCH_CHECK(tiles == (n + 31) / 32 * 2, op, ": codes hold ", num(tiles), " tiles of 16 features, out's ",
-              num(n), " features need ", num((n + 31) / 32 * 2));
-  const int64_t num_groups = group_params.size(1);
-  int64_t shift = 0;
-  if (num_groups != 1) {
-    TORCH_CHECK(group_size >= 64 && num_groups * group_size == k && (group_size & (group_size - 1)) == 0, op, ": ",
-                num(num_groups), " groups of ", num(group_size), " are not a power-of-two number of 64-column chunks "
-                "tiling k = ", num(k));
-    while ((int64_t{64} << shift) < group_size) ++shift;
-  }
-  stream_gemm::check_stream_args(out, x, bias, split_counters, k, n, m_frags, n_frags, splits, op);
-  const int64_t tuple_vectors = codes.size(2) / 16;
-  const auto map = lane_map.contiguous();
-  const int* lanes = map.data_ptr<int>();
-  QuantFragParams p{};
-  int last_tuple = 0;
-  for (int lane = 0; lane < 32; ++lane) {
-    const int tuple = lanes[lane * 17];
-    TORCH_CHECK(tuple >= 0 && tuple < 32, op, ": lane ", num(lane), "'s tuple ", num(tuple), " is not in 0..31");
-    last_tuple = std::max(last_tuple, tuple);
-    p.lane_tuple[lane] = static_cast<unsigned char>(tuple);
-    for (int slot = 0; slot < 16; ++slot) {
-      const int col = lanes[lane * 17 + 1 + slot];
-      TORCH_CHECK(col >= 0 && col < 16, op, ": lane ", num(lane), "'s column ", num(col), " is not in 0..15");
-      p.lane_cols[lane][slot] = static_cast<unsigned char>(col);
-    }
-  }
-  const at::cuda::OptionalCUDAGuard guard(x.device());
-  if (m_frags == 0) m_frags = stream_gemm::default_m_frags(x.size(0));
-  if (n_frags == 0) n_frags = stream_gemm::default_n_frags();
-  p.tile_chunk_vectors = static_cast<int>(tuple_vectors);
-  set_packed_fields(p.s, codes, group_params, k, num_groups, shift);
-  const auto run = [&](auto layout_c, auto mf_c, auto nf_c, auto deep_c) {
-    constexpr int L = decltype(layout_c)::value, MF = decltype(mf_c)::value, NF = decltype(nf_c)::value;
-    constexpr bool DEEP = decltype(deep_c)::value == 1;
-    using Tr = QuantFragTraits<MF, NF, L, DEEP>;
-    TORCH_CHECK((last_tuple + 1) * Tr::kTupleVectors <= tuple_vectors, op, ": lane_map names tuple ", num(last_tuple),
-                ", past the codes' ", num(tuple_vectors / Tr::kTupleVectors), " a chunk");
-    stream_gemm::launch_stream_gemm<Tr>(quant_gemm_frag_kernel<MF, NF, L, DEEP>, p, p.s, out, x, bias, split_counters,
-                                        splits, Tr::kSmemBytes, op);
-  };
-  dispatch_built<1, 2, 3, 4>(m_frags, op, "m_frags", [&](auto mf_c) {
-    if (deep) {
-      // The deep ring is built for one weight fragment per warp at the structured layouts (the A/B's).
-      TORCH_CHECK(n_frags == 1 && layout != kFragLayoutGeneric, op, ": deep is built for n_frags 1 at layouts 1 and 2");
-      dispatch_built<kFragLayoutPairs, kFragLayoutRepeated>(layout, op, "layout", [&](auto layout_c) {
-        run(layout_c, mf_c, std::integral_constant<int, 1>{}, std::integral_constant<int, 1>{});
-      });
-      return;
-    }
-    dispatch_built<kFragLayoutGeneric, kFragLayoutPairs, kFragLayoutRepeated>(layout, op, "layout", [&](auto layout_c) {
-      dispatch_built<1, 2>(n_frags, op, "n_frags", [&](auto nf_c) {
-        run(layout_c, mf_c, nf_c, std::integral_constant<int, 0>{});
       });
     });
   });

@@ -58,11 +58,6 @@ void quant_gemm_stream(at::Tensor& out, const at::Tensor& x, const at::Tensor& w
                        int64_t group_size, int64_t m_frags, int64_t n_frags, int64_t splits);
 void quant_dequantize(at::Tensor& out, const at::Tensor& weight, const at::Tensor& group_params, int64_t kind,
                       int64_t group_size);
-void quant_wmma_b_layout(at::Tensor& out);
-void quant_gemm_frag(at::Tensor& out, const at::Tensor& x, const at::Tensor& codes, const at::Tensor& group_params,
-                     const std::optional<at::Tensor>& bias, at::Tensor& split_counters, const at::Tensor& lane_map,
-                     int64_t layout, int64_t group_size, int64_t m_frags, int64_t n_frags, int64_t splits,
-                     bool deep);
 void moe_topk_softmax(at::Tensor& topk_weights, at::Tensor& topk_ids, const at::Tensor& router_logits,
                       bool renormalize);
 void moe_align(at::Tensor& sorted_pair_ids, at::Tensor& tile_experts, at::Tensor& num_tiles,
@@ -125,11 +120,6 @@ TORCH_LIBRARY(voltllm_C, m) {
       "Tensor(b!) split_counters, int kind, int group_size, int m_frags, int n_frags, int splits) -> ()");
   m.def(
       "quant_dequantize(Tensor(a!) out, Tensor weight, Tensor group_params, int kind, int group_size) -> ()");
-  m.def("quant_wmma_b_layout(Tensor(a!) out) -> ()");
-  m.def(
-      "quant_gemm_frag(Tensor(a!) out, Tensor x, Tensor codes, Tensor group_params, Tensor? bias, "
-      "Tensor(b!) split_counters, Tensor lane_map, int layout, int group_size, int m_frags, int n_frags, "
-      "int splits, bool deep) -> ()");
   m.def("moe_topk_softmax(Tensor(a!) topk_weights, Tensor(b!) topk_ids, Tensor router_logits, bool renormalize) -> ()");
   m.def(
       "moe_align(Tensor(a!) sorted_pair_ids, Tensor(b!) tile_experts, Tensor(c!) num_tiles, Tensor topk_ids, "
@@ -161,8 +151,6 @@ TORCH_LIBRARY_IMPL(voltllm_C, CUDA, m) {
   m.impl("quant_gemm", &voltllm::quant_gemm);
   m.impl("quant_gemm_stream", &voltllm::quant_gemm_stream);
   m.impl("quant_dequantize", &voltllm::quant_dequantize);
-  m.impl("quant_wmma_b_layout", &voltllm::quant_wmma_b_layout);
-  m.impl("quant_gemm_frag", &voltllm::quant_gemm_frag);
   m.impl("moe_topk_softmax", &voltllm::moe_topk_softmax);
   m.impl("moe_align", &voltllm::moe_align);
   m.impl("moe_experts", &voltllm::moe_experts);

@@ -1,7 +1,6 @@
 """The quantized kernels on a GPU against `dequantize` then an fp32 product: every kind, bit width, group
 size and act-order, the GEMV at 1..8 rows (plain and SwiGLU), the WMMA GEMM at every row tile with and
-without split k, the weight-streaming GEMM at every fragment count, the register-dequantizing GEMM on
-the probed fragment layout and on the layout-free form, the dense path, the row-count
+without split k, the weight-streaming GEMM at every fragment count, the dense path, the row-count
 dispatch of `CudaQuantizedMatmul`, CUDA-graph capture, the packed memory size and the errors. Inputs
 are fresh random draws every run (the seed is printed)."""
 
@@ -112,77 +111,6 @@ def test_stream_gemm_every_kind_and_fragment_count(case: QuantCase, rows: int):
                 out = ql.quant_gemm_stream(packed, x, bias, m_frags=m_frags, n_frags=n_frags, splits=splits)
                 _close(out, ref)
                 assert not packed.split_counters.any(), "the last split leaves its tile counter at zero"
-
-
-_FRAG_CASES = [c for c in CASES if c.kind == "int" and c.bits == 4 and c.group_size != 32]
-
-
-@cuda
-def test_fragment_layout_probe_holds_every_element():
-    """The device's probed matrix_b layout gives a repack plan; on SM80+ the structured layout (8 distinct
-    elements per lane held twice, pairs in one column) is what the kernels were built to use."""
-    layout = ql.fragment_layout(torch.cuda.current_device())
-    assert layout.elements in (8, 16) and layout.tuples.shape[1] == layout.slots
-    assert torch.unique(layout.tuples).numel() == 256
-    print(f"probed layout {layout.layout}: {layout.elements} elements, {layout.tuples.shape[0]} tuples")
-
-
-@cuda
-@pytest.mark.parametrize("case", _FRAG_CASES, ids=lambda c: c.name)
-@pytest.mark.parametrize("rows", [4, 16, 20, 64, 100, 128])
-def test_frag_gemm_every_layout_and_fragment_count(case: QuantCase, rows: int):
-    weight, x, bias = _inputs(case, rows, 392, 1024, "frag")  # n: a padded tile pair, a partial block
-    ref = _reference(weight, x, bias)
-    probed = ql.fragment_layout(torch.cuda.current_device())
-    probe = torch.empty(32, 16, dtype=torch.int32, device="cuda")
-    ql.kernel_ops().quant_wmma_b_layout(probe)
-    generic = ql.fragment_layout_from_probe(probe, max_layout=0)
-    for layout in [probed] if probed.layout == 0 else [probed, generic]:
-        packed = ql.pack_fragments(weight, layout)
-        for m_frags in (0, 1, 4):
-            for n_frags in (1, 2):
-                for splits in (1, 0, 3):
-                    out = ql.quant_gemm_frag(packed, x, bias, m_frags=m_frags, n_frags=n_frags, splits=splits)
-                    _close(out, ref)
-                    assert not packed.split_counters.any(), "the last split leaves its tile counter at zero"
-            if layout.layout > 0:  # the deep ring, one weight fragment per warp
-                _close(ql.quant_gemm_frag(packed, x, bias, m_frags=m_frags, n_frags=1, deep=True), ref)
-
-
-@cuda
-def test_matmul_dispatches_the_frag_gemm_when_asked():
-    weight, x, bias = _inputs(QuantCase("int", 4, 128), 48, 392, 1024, "frag-dispatch")
-    matmul = ql.CudaQuantizedMatmul(weight, gemm="frag")
-    assert matmul.fragments is not None
-    _close(matmul(x, bias), _reference(weight, x, bias))
-    eight_bit, _, _ = _inputs(QuantCase("int", 8, 128), 48, 392, 1024, "frag-dispatch-int8")
-    assert ql.CudaQuantizedMatmul(eight_bit, gemm="frag").fragments is None  # stays on the streaming GEMM
-    with pytest.raises(ValueError, match="gemm must be"):
-        ql.CudaQuantizedMatmul(weight, gemm="tiled")
-
-
-@cuda
-def test_frag_gemm_refuses_what_it_cannot_run():
-    weight, x, _ = _inputs(QuantCase("int", 4, 128), 16, 256, 512, "frag-refusals")
-    layout = ql.fragment_layout(torch.cuda.current_device())
-    packed = ql.pack_fragments(weight, layout)
-    with pytest.raises(RuntimeError, match="layout 3 is not built"):
-        out = torch.empty(16, 256, dtype=torch.float16, device="cuda")
-        ql.kernel_ops().quant_gemm_frag(
-            out, x, packed.codes, packed.group_params, None, packed.split_counters, layout.lane_map(), 3, 128,
-            0, 0, 0, False,
-        )  # fmt: skip
-    if layout.layout > 0:
-        with pytest.raises(RuntimeError, match="deep is built for n_frags 1"):
-            ql.quant_gemm_frag(packed, x, n_frags=2, deep=True)
-    with pytest.raises(ValueError, match="group size 32"):
-        ql.pack_fragments(
-            make_weight(QuantCase("int", 4, 32), 64, 512, torch.Generator(), device="cuda"), layout
-        )
-    with pytest.raises(ValueError, match="4-bit int weights only"):
-        ql.pack_fragments(
-            make_weight(QuantCase("int", 8, 128), 64, 512, torch.Generator(), device="cuda"), layout
-        )
 
 
 @cuda

@@ -1,9 +1,8 @@
 """The quantized kernels (csrc/quantization/) on the CPU emulator (tests/kernels/emu): the GEMV (plain and
 with the SwiGLU epilogue), the WMMA GEMM (every row tile, with and without split k), the streaming
-GEMMs and the dequantize kernel against `dequantize` then an fp32 product, for every kind, bit width,
+GEMM and the dequantize kernel against `dequantize` then an fp32 product, for every kind, bit width,
 group size and act-order, with weights packed by `voltllm.ops.quantized_linear.pack` (the layout the GPU
-reads). The register-dequantizing GEMM runs on the emulator's WMMA layouts (include/mma.h: scrambled,
-paired, and at 16 elements per lane repeated), each probed by its kernel and repacked from the probe."""
+reads)."""
 
 from __future__ import annotations
 
@@ -21,10 +20,7 @@ from voltllm.ops.activation import silu_and_mul_ref
 from voltllm.ops.quantized_linear import (
     GEMV_ONE_ROW_SHAPES,
     PackedQuantWeight,
-    fragment_layout_from_probe,
-    fragment_unsupported_reason,
     pack,
-    pack_fragments,
 )
 
 pytestmark = needs_gxx
@@ -33,14 +29,6 @@ pytestmark = needs_gxx
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     return build_emulator(tmp_path_factory.mktemp("emu"), "quant_harness.cpp")
-
-
-@pytest.fixture(scope="module")
-def emu16(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    """The harness with 16 operand elements per lane, every element held twice (as on GPUs)."""
-    return build_emulator(
-        tmp_path_factory.mktemp("emu16"), "quant_harness.cpp", ("VOLTLLM_EMU_WMMA_OPERAND_ELEMENTS=16",)
-    )
 
 
 def _case_seed(*parts: object) -> int:
@@ -172,112 +160,6 @@ def test_stream_gemm_matches_dequantize_then_matmul(emu, case: QuantCase):
             ctypes.c_int(n), ctypes.c_int(k), *_group_args(packed), ctypes.c_uint(splits + 7 * m_frags),
         )  # fmt: skip
         shape = f"m_frags {m_frags} n_frags {n_frags} splits {splits}"
-        torch.testing.assert_close(out.float(), ref, atol=_tolerance(ref), rtol=0, msg=shape)
-        assert not counters.any(), f"{shape}: split counters left at {counters.tolist()}"
-
-
-# WMMA orders of include/mma.h (0 scrambled, 1 paired, 2 repeated) at 8 and 16 operand elements per lane:
-# (elements, order, the layout the probe leads to, tuples of codes).
-_FRAG_ORDERS = [(8, 0, 0, 32), (8, 1, 1, 32), (16, 0, 0, 32), (16, 1, 1, 16), (16, 2, 2, 32)]
-
-
-def _probe(lib: ctypes.CDLL, order: int) -> torch.Tensor:
-    probe = torch.full((32, 16), 7777, dtype=torch.int32)
-    lib.emu_quant_wmma_b_layout(ctypes.c_int(order), ptr(probe), ctypes.c_uint(order + 1))
-    return probe
-
-
-@pytest.mark.parametrize("elements,order,layout,tuples", _FRAG_ORDERS)
-def test_fragment_layout_probe(emu, emu16, elements: int, order: int, layout: int, tuples: int):
-    """The probe kernel reports each emulated order, and the repack plan reproduces every lane's slots."""
-    probe = _probe(emu16 if elements == 16 else emu, order)
-    plan = fragment_layout_from_probe(probe)
-    assert (plan.elements, plan.layout, plan.tuples.shape[0]) == (elements, layout, tuples)
-    held = probe[:, : plan.slots].long()
-    assert torch.equal(plan.tuples[plan.lane_tuple], held)
-    params = plan.slots // plan.run
-    assert torch.equal(plan.lane_cols[:, :params], held[:, :: plan.run] // 16)
-    assert bool((probe[:, elements:] == -1).all())
-    # The layout-free form (0) is what any probe gives when capped there.
-    assert fragment_layout_from_probe(probe, max_layout=0).layout == 0
-
-
-def test_fragment_layout_rejects_a_partial_probe(emu):
-    probe = _probe(emu, 0)
-    probe[3, 2] = probe[3, 1]  # one element held twice, another never
-    with pytest.raises(ValueError, match="each of the 256 elements"):
-        fragment_layout_from_probe(probe)
-
-
-# int4-g128 (the AWQ shape) under every order and every layout it allows; the other 4-bit formats under the
-# two GPU-like orders at their probed layouts; group 32 (refused) once.
-_FRAG_RUNS = [
-    *((g, e, o, lay) for g in (128,) for e, o, lay, _ in _FRAG_ORDERS),
-    (128, 16, 2, 0),
-    (128, 16, 2, 1),
-    *((g, 16, o, o) for g in (64, -1) for o in (1, 2)),
-    *((g, 16, 2, 2) for g in ("sym", "actorder")),
-    (32, 8, 0, 0),
-]
-_FRAG_CASE_BY_KEY = {
-    **{c.group_size: c for c in CASES if c.kind == "int" and c.bits == 4 and c.zeros and not c.act_order},
-    "sym": next(c for c in CASES if c.name == "int4-g128-sym"),
-    "actorder": next(c for c in CASES if c.name == "int4-g128-actorder"),
-}
-# (m_frags, n_frags, splits, deep): k split unevenly (10 k-chunks in 3 splits), one split, splits of one
-# chunk; the deep ring at one weight fragment (structured layouts only).
-_FRAG_SHAPES = [(1, 1, 3, False), (2, 2, 10, False), (3, 2, 2, False), (4, 1, 1, False)]
-_FRAG_DEEP_SHAPES = [(1, 1, 2, True), (4, 1, 1, True)]
-
-
-@pytest.mark.parametrize(
-    "case,elements,order,layout",
-    [(_FRAG_CASE_BY_KEY[key], e, o, lay) for key, e, o, lay in _FRAG_RUNS],
-    ids=[f"{_FRAG_CASE_BY_KEY[key].name}-{e}-{o}-{lay}" for key, e, o, lay in _FRAG_RUNS],
-)
-def test_frag_gemm_matches_dequantize_then_matmul(
-    emu, emu16, case: QuantCase, elements: int, order: int, layout: int
-):
-    """The register-dequantizing GEMM, repacked from the probe of the order it runs under: ragged rows
-    and features (n = 136: a padded tile pair), the split reduction, counters left at zero; formats it
-    does not take are refused by name."""
-    gen = torch.Generator().manual_seed(_case_seed(case.name, elements, order, layout))
-    m, n, k = 20, 136, 640
-    weight = make_weight(case, n, k, gen)
-    reason = fragment_unsupported_reason(weight)
-    if case.group_size == 32:
-        assert reason is not None and "group size 32" in reason
-        return
-    assert reason is None
-    lib = emu16 if elements == 16 else emu
-    plan = fragment_layout_from_probe(_probe(lib, order), max_layout=layout)
-    assert plan.layout == layout
-    packed = pack_fragments(weight, plan)
-    x = torch.randn(m, k, generator=gen).to(torch.float16)
-    bias = torch.randn(n, generator=gen).to(torch.float16)
-    ref = _reference(weight, x, bias)
-    xg = (x if packed.column_order is None else x[:, packed.column_order]).contiguous()
-    num_groups = packed.group_params.shape[1]
-    shift = 0 if num_groups == 1 else (case.group_size // 64).bit_length() - 1
-    lane_tuple = plan.lane_tuple.to(torch.uint8).contiguous()
-    lane_cols = plan.lane_cols.to(torch.uint8).contiguous()
-    counters = torch.zeros(16, dtype=torch.int32)
-    shapes = _FRAG_SHAPES if case.name == "int4-g128" or layout == 0 else _FRAG_SHAPES[:2]
-    if layout > 0:
-        shapes = shapes + (_FRAG_DEEP_SHAPES if case.name == "int4-g128" else _FRAG_DEEP_SHAPES[:1])
-    for m_frags, n_frags, splits, deep in shapes:
-        tiles = -(-m // (16 * m_frags)) * -(-n // (128 * n_frags))
-        partial = torch.full((splits * tiles * 16 * m_frags * 128 * n_frags,), float("nan"))
-        out = torch.full((m, n), float("nan"), dtype=torch.float16)
-        lib.emu_quant_gemm_frag(
-            ctypes.c_int(layout), ctypes.c_int(m_frags), ctypes.c_int(n_frags), ctypes.c_int(splits),
-            ptr(out), ptr(partial), ptr(counters), ptr(xg), ptr(packed.codes), ptr(packed.group_params),
-            ptr(bias), ctypes.c_longlong(out.stride(0)), ctypes.c_longlong(xg.stride(0)), ctypes.c_int(m),
-            ctypes.c_int(n), ctypes.c_int(k), ctypes.c_int(num_groups), ctypes.c_int(shift),
-            ctypes.c_int(packed.codes.shape[2] // 16), ptr(lane_tuple), ptr(lane_cols), ctypes.c_int(deep),
-            ctypes.c_int(order), ctypes.c_uint(splits + 7 * m_frags),
-        )  # fmt: skip
-        shape = f"m_frags {m_frags} n_frags {n_frags} splits {splits} deep {deep}"
         torch.testing.assert_close(out.float(), ref, atol=_tolerance(ref), rtol=0, msg=shape)
         assert not counters.any(), f"{shape}: split counters left at {counters.tolist()}"
 

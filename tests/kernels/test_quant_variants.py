@@ -48,12 +48,6 @@ def test_glue_dispatches_what_the_gate_checks() -> None:
     assert quantized_linear.GEMV_ONE_ROW_SHAPES == variants.QUANT_GEMV_ONE_ROW_SHAPES
     kinds = _function(glue, "void dispatch_quant_kind")
     assert re.findall(r"dispatch_built<([\w, ]+)>", kinds) == ["kQuantInt4, kQuantInt8, kQuantFp8"]
-    # The fragment layouts: the glue's names, the header's numbers, the gate's list, the Python plan.
-    frag = (CSRC / "quantization" / "quant_gemm_frag.cuh").read_text()
-    numbers = dict(re.findall(r"constexpr int (kFragLayout\w+) = (\d+);", frag))
-    layouts = {tuple(int(numbers[name]) for name in names) for names in _dispatches(glue, "layout")}
-    assert layouts == {variants.QUANT_FRAG_LAYOUTS, variants.QUANT_FRAG_DEEP_LAYOUTS}
-    assert tuple(sorted(quantized_linear.FRAGMENT_LAYOUTS.values())) == variants.QUANT_FRAG_LAYOUTS
 
 
 def test_kind_numbers_are_one_definition() -> None:

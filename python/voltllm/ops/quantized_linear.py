@@ -11,9 +11,8 @@ A call with `rows` rows of x runs
 - `rows <= GEMV_DISPATCH_MAX_ROWS`: the GEMV (dequantize in registers, one pass over the packed weight);
 - `rows < DENSE_MIN_ROWS`: the weight-streaming WMMA GEMM (each warp streams its features' packed rows
   through registers and dequantizes them into its own shared-memory tile, x staged per block in windows,
-  fp32 accumulation, k split over blocks whose last one sums the splits), or with `gemm="frag"` the
-  register-dequantizing GEMM (codes repacked in the device's probed WMMA fragment order, dequantized
-  straight into fragment registers: `pack_fragments`, `quant_gemm_frag`; not the default until timed);
+  fp32 accumulation, k split over blocks whose last one sums the splits; a register-dequantizing
+  variant was measured and removed: docs/quantization.md);
 - larger: the whole weight dequantized to fp16 into a transient buffer, then torch's GEMM: at prefill
   sizes the GEMM is compute bound, so one extra pass over the weight costs little
   (`benches/quantization.py` measures all three).
@@ -24,7 +23,6 @@ The products equal `F.linear(x, dequantize(weight, float16), bias)` up to the or
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -183,142 +181,8 @@ def pack(weight: QuantizedWeight) -> PackedQuantWeight:
     )
 
 
-# The register-dequantizing GEMM's fragment layouts (quant_gemm_frag.cuh LAYOUT): (REP, RUN) -> number.
-# REP: copies of a lane's slots in its fragment (x[i] == x[i + num_elements / 2] when 2); RUN: slots
-# sharing one output column, so one group word (2: every pair of slots).
-FRAGMENT_LAYOUTS = {(1, 1): 0, (1, 2): 1, (2, 2): 2}
-# Columns per k-chunk of the fragment-ordered codes; its groups must be whole chunks.
-FRAGMENT_K_CHUNK = 64
-# Output features the fragment-ordered tiles are padded to (a warp's two 16-feature tiles at n_frags 2).
-FRAGMENT_FEATURE_ALIGN = 32
-
-
-@dataclass(frozen=True)
-class FragmentLayout:
-    """Where one device's WMMA `matrix_b` (col-major, 16x16 fp16) fragments put their elements, as the
-    repack for `quant_gemm_frag` needs it (built by `fragment_layout_from_probe`)."""
-
-    elements: int  # fragment elements per lane (num_elements)
-    layout: int  # FRAGMENT_LAYOUTS[(rep, run)]
-    rep: int
-    run: int
-    tuples: torch.Tensor  # int64 [tuples, slots]: 16 n + k of each tuple's slots, in element order
-    lane_tuple: torch.Tensor  # int64 [32]: the tuple of each lane's codes
-    lane_cols: torch.Tensor  # int64 [32, 16]: the output column of each lane's group-word slots (0 past)
-
-    @property
-    def slots(self) -> int:
-        """Distinct elements a lane builds per fragment (D)."""
-        return self.elements // self.rep
-
-    def lane_map(self) -> torch.Tensor:
-        """int32 [32, 17] on the CPU: each lane's tuple, then its group-word columns (the op's argument)."""
-        return torch.cat([self.lane_tuple[:, None], self.lane_cols], dim=1).to(torch.int32)
-
-
-def fragment_layout_from_probe(probe: torch.Tensor, max_layout: int = 2) -> FragmentLayout:
-    """The repack plan for a probed `matrix_b` layout: `probe[lane, i]` = 16 n + k of element i of a
-    lane (-1 past num_elements; `quant_wmma_b_layout`). `max_layout` caps the layout number (0 runs the
-    layout-free form on any device). Raises ValueError for a probe that does not hold every element."""
-    table = probe.detach().to("cpu", torch.int64)
-    if table.shape != (32, 16):
-        raise ValueError(f"a WMMA layout probe is [32, 16], got {tuple(table.shape)}")
-    counts = (table >= 0).sum(dim=1)
-    elements = int(counts[0])
-    if bool((counts != elements).any()) or elements % 8 or bool((table[:, elements:] >= 0).any()):
-        raise ValueError(f"the probe's lanes hold {counts.tolist()} elements (a multiple of 8, all equal)")
-    held = table[:, :elements]
-    if bool((held > 255).any()) or torch.unique(held).numel() != 256:
-        raise ValueError("the probe's fragments do not hold each of the 256 elements")
-    half = elements // 2
-    rep = 2 if elements % 16 == 0 and torch.equal(held[:, :half], held[:, half:]) else 1
-    columns = held[:, : elements // rep] // 16
-    run = 2 if torch.equal(columns[:, 0::2], columns[:, 1::2]) else 1
-    if (rep, run) not in FRAGMENT_LAYOUTS or FRAGMENT_LAYOUTS[rep, run] > max_layout:
-        rep = 1  # the slots held twice are then packed twice: right on any layout
-        run = 2 if max_layout >= 1 and torch.equal(held[:, 0::2] // 16, held[:, 1::2] // 16) else 1
-    slots = held[:, : elements // rep]
-    index: dict[tuple[int, ...], int] = {}
-    lane_tuple = torch.tensor([index.setdefault(tuple(row), len(index)) for row in slots.tolist()])
-    tuples = torch.tensor(list(index.keys()), dtype=torch.int64)
-    lane_cols = torch.zeros(32, 16, dtype=torch.int64)
-    lane_cols[:, : slots.shape[1] // run] = slots[:, ::run] // 16
-    return FragmentLayout(elements, FRAGMENT_LAYOUTS[rep, run], rep, run, tuples, lane_tuple, lane_cols)
-
-
-@functools.cache
-def fragment_layout(device_index: int) -> FragmentLayout:
-    """The probed fragment layout of a CUDA device (its probe kernel runs once per device)."""
-    probe = torch.empty(32, 16, dtype=torch.int32, device=f"cuda:{device_index}")
-    kernel_ops().quant_wmma_b_layout(probe)
-    return fragment_layout_from_probe(probe)
-
-
-def fragment_unsupported_reason(weight: QuantizedWeight) -> str | None:
-    """Why `quant_gemm_frag` cannot run `weight` (None when it can): 4-bit int with groups of a
-    power-of-two number of 64-column chunks, or one group per row."""
-    reason = unsupported_reason(weight)
-    if reason is not None:
-        return reason
-    if _kind_of(weight) != KIND_INT4:
-        return "the register-dequantizing GEMM takes 4-bit int weights only"
-    chunks, rest = divmod(weight.group_size, FRAGMENT_K_CHUNK)
-    if weight.scales.shape[1] > 1 and (rest or chunks & (chunks - 1)):
-        return f"group size {weight.group_size} is not a power-of-two multiple of {FRAGMENT_K_CHUNK}"
-    return None
-
-
-@dataclass
-class FragmentPackedWeight:
-    """A 4-bit `QuantizedWeight` in `quant_gemm_frag`'s fragment order (quant_gemm_frag.cuh)."""
-
-    codes: torch.Tensor  # uint8 [tiles, k / 64, tuples * 2 slots]
-    group_params: torch.Tensor  # int32 [tiles, num_groups, 16]
-    layout: FragmentLayout
-    column_order: torch.Tensor | None
-    group_size: int
-    shape: tuple[int, int]  # (out, in)
-    split_counters: torch.Tensor  # as PackedQuantWeight's
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes the kernel reads per pass: codes and group parameters (with the tiles' padding)."""
-        return self.codes.numel() + self.group_params.numel() * 4
-
-
-def pack_fragments(weight: QuantizedWeight, layout: FragmentLayout) -> FragmentPackedWeight:
-    """`weight` repacked so that each lane's 16-byte loads hold its `matrix_b` fragment's codes in
-    element order (raises ValueError when `fragment_unsupported_reason(weight)` is not None)."""
-    reason = fragment_unsupported_reason(weight)
-    if reason is not None:
-        raise ValueError(f"no register-dequantizing GEMM for this weight: {reason}")
-    order = _column_order(weight)
-    codes = weight.codes if order is None else weight.codes[:, order]
-    params = _group_params(weight, KIND_INT4)
-    n, k = weight.shape
-    padded = -(-n // FRAGMENT_FEATURE_ALIGN) * FRAGMENT_FEATURE_ALIGN
-    codes = torch.nn.functional.pad(codes, (0, 0, 0, padded - n))  # zero codes with zero-scale words
-    params = torch.nn.functional.pad(params, (0, 0, 0, padded - n))
-    tiles, chunks = padded // 16, k // FRAGMENT_K_CHUNK
-    steps = FRAGMENT_K_CHUNK // 16
-    by_step = codes.view(tiles, 16, chunks, steps, 16).permute(0, 2, 3, 1, 4)  # [tile, chunk, step, n, k]
-    slots = layout.tuples.to(codes.device)
-    picked = by_step[..., slots // 16, slots % 16]  # [tile, chunk, step, tuple, slot]
-    ordered = picked.transpose(2, 3).reshape(-1, steps * layout.slots)  # per tuple: step-major slots
-    packed = _pack_int4(ordered).view(tiles, chunks, -1)
-    return FragmentPackedWeight(
-        codes=packed.contiguous(),
-        group_params=params.view(tiles, 16, -1).transpose(1, 2).contiguous(),
-        layout=layout,
-        column_order=order,
-        group_size=weight.group_size,
-        shape=weight.shape,
-        split_counters=torch.zeros(_split_tiles(n), dtype=torch.int32, device=codes.device),
-    )
-
-
 def _split_tiles(out_features: int) -> int:
-    """Output tiles of the streaming GEMMs at up to STREAM_MAX_ROWS rows: their split counters."""
+    """Output tiles of the streaming GEMM at up to STREAM_MAX_ROWS rows: their split counters."""
     return -(-out_features // STREAM_BLOCK_FEATURES) * -(-STREAM_MAX_ROWS // 16)
 
 
@@ -390,29 +254,6 @@ def quant_gemm_stream(
     return out
 
 
-def quant_gemm_frag(
-    weight: FragmentPackedWeight,
-    x: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    m_frags: int = 0,
-    n_frags: int = 0,
-    splits: int = 0,
-    deep: bool = False,
-) -> torch.Tensor:
-    """`x @ W^T + bias` on the register-dequantizing GEMM (4-bit int) for up to STREAM_MAX_ROWS rows;
-    `m_frags`, `n_frags` and `splits` as for `quant_gemm_stream`, 0 = chosen by size; `deep` keeps twice
-    the codes in flight per lane (built for n_frags 1 on the structured layouts 1 and 2)."""
-    if x.shape[0] > STREAM_MAX_ROWS:
-        raise ValueError(f"quant_gemm_frag takes at most {STREAM_MAX_ROWS} rows, got {x.shape[0]}")
-    x = _gather_columns(x, weight.column_order)
-    out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float16, device=x.device)
-    kernel_ops().quant_gemm_frag(
-        out, x, weight.codes, weight.group_params, bias, weight.split_counters, weight.layout.lane_map(),
-        weight.layout.layout, weight.group_size, m_frags, n_frags, splits, deep,
-    )  # fmt: skip
-    return out
-
-
 def dequantize_packed(weight: PackedQuantWeight) -> torch.Tensor:
     """The dense fp16 `[out, in]` weight, columns in the packed order (the reference's values)."""
     out = torch.empty(weight.shape, dtype=torch.float16, device=weight.packed.device)
@@ -432,21 +273,11 @@ class CudaQuantizedMatmul:
     Holds only the packed form: the caller should drop its `QuantizedWeight` after building this.
     """
 
-    def __init__(self, weight: QuantizedWeight, gemm: str = "stream") -> None:
-        """`gemm` picks the kernel for up to STREAM_MAX_ROWS rows past the GEMV: "stream" (the
-        weight-streaming GEMM, the default) or "frag" (the register-dequantizing GEMM, for the 4-bit
-        weights it takes: it keeps a second, fragment-ordered copy of the codes; others stay on "stream")."""
+    def __init__(self, weight: QuantizedWeight) -> None:
         if not weight.codes.is_cuda:
             raise ValueError("CudaQuantizedMatmul needs a weight on a CUDA device")
-        if gemm not in ("stream", "frag"):
-            raise ValueError(f"gemm must be 'stream' or 'frag', got {gemm!r}")
         load()  # the kernels, built on first use
         self.weight = pack(weight)
-        self.fragments: FragmentPackedWeight | None = None
-        if gemm == "frag" and fragment_unsupported_reason(weight) is None:
-            index = weight.codes.device.index
-            layout = fragment_layout(torch.cuda.current_device() if index is None else index)
-            self.fragments = pack_fragments(weight, layout)
 
     def _check(self, x: torch.Tensor) -> None:
         if x.dtype != torch.float16:
@@ -460,8 +291,6 @@ class CudaQuantizedMatmul:
         if rows <= GEMV_DISPATCH_MAX_ROWS:
             return quant_gemv(self.weight, x, bias)
         if rows < DENSE_MIN_ROWS:
-            if self.fragments is not None:
-                return quant_gemm_frag(self.fragments, x, bias)
             return quant_gemm_stream(self.weight, x, bias)
         return quant_dense(self.weight, x, bias)
 

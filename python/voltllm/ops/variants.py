@@ -94,21 +94,6 @@ QUANT_GEMM_BLOCK_M = (16, 64, 128)
 # template arguments after the kind, csrc/quantization/quant_gemm_stream.cuh).
 QUANT_STREAM_M_FRAGS = (1, 2, 3, 4)
 QUANT_STREAM_N_FRAGS = (1, 2)
-# The register-dequantizing GEMM's fragment layouts (quant_gemm_frag.cuh kFragLayout*): int4 only, the
-# streaming GEMM's fragment shapes.
-QUANT_FRAG_LAYOUTS = (0, 1, 2)
-
-
-# Layouts built with the deep ring (one weight fragment per warp only).
-QUANT_FRAG_DEEP_LAYOUTS = (1, 2)
-
-
-def _frag_variants() -> list[str]:
-    """Template arguments (m_frags, n_frags, layout, deep) of every built quant_gemm_frag_kernel."""
-    shapes = [(mf, nf) for mf in QUANT_STREAM_M_FRAGS for nf in QUANT_STREAM_N_FRAGS]
-    plain = [f"{mf}, {nf}, {layout}, false" for layout in QUANT_FRAG_LAYOUTS for mf, nf in shapes]
-    deep = [f"{mf}, 1, {layout}, true" for layout in QUANT_FRAG_DEEP_LAYOUTS for mf in QUANT_STREAM_M_FRAGS]
-    return plain + deep
 
 
 def _stream_args(kind: int, m_frags: int, n_frags: int) -> str:
@@ -153,10 +138,6 @@ def _quantization() -> dict[str, list[str]]:
             for kind in kinds
             for mf in QUANT_STREAM_M_FRAGS
             for nf in QUANT_STREAM_N_FRAGS
-        ],
-        "quantization/quant_gemm_frag.cuh": [
-            "voltllm::quant_wmma_b_layout_kernel",
-            *(f"voltllm::quant_gemm_frag_kernel<{args}>" for args in _frag_variants()),
         ],
     }
 
@@ -271,11 +252,6 @@ def dynamic_smem_probes() -> dict[str, str]:
                 args = f"<{_stream_args(kind, mf, nf)}>"
                 probe = f"voltllm::quant_gemm_stream_smem_bytes_probe{args}"
                 probes[f"voltllm::quant_gemm_stream_kernel{args}"] = probe
-    for args in _frag_variants():
-        probes[f"voltllm::quant_gemm_frag_kernel<{args}>"] = (
-            f"voltllm::quant_gemm_frag_smem_bytes_probe<{args}>"
-        )
-    probes["voltllm::quant_wmma_b_layout_kernel"] = "voltllm::quant_wmma_b_layout_smem_bytes_probe"
     probes["voltllm::moe_align_kernel"] = "voltllm::moe_align_max_smem_bytes"
     for dtype in DTYPES:
         for chunks in MOE_PAIR_DOWN_STAGED_CHUNKS:

@@ -1,12 +1,10 @@
 // C entry points that run the weight-only quantized kernels (csrc/quantization/: the GEMV, the WMMA
-// GEMM with its split-k finalize, the streaming GEMMs, the dequantize kernel, the WMMA layout probe) on
-// the CPU emulator, for tests/kernels/test_quant_emulated.py (loaded with ctypes; pointers are CPU
-// torch tensors). Built twice: with 8 and with 16 operand elements per lane (include/mma.h).
+// GEMM with its split-k finalize, the streaming GEMM, the dequantize kernel) on the CPU emulator, for
+// tests/kernels/test_quant_emulated.py (loaded with ctypes; pointers are CPU torch tensors).
 #include "cuda_emu.h"
 // The kernel headers come after the emulator, which stands in for the CUDA toolchain.
 #include <type_traits>
 
-#include "quantization/quant_gemm_frag.cuh"
 #include "quantization/quant_gemm_stream.cuh"
 #include "quantization/quant_gemm_wmma.cuh"
 #include "quantization/quant_gemv.cuh"
@@ -185,83 +183,6 @@ void emu_quant_gemm_stream(int kind, int m_frags, int n_frags, int splits, void*
 // Floats of one output tile of the streaming GEMM at (m_frags, n_frags): the harness caller sizes
 // `partial` with it.
 int emu_quant_gemm_stream_tile_floats(int m_frags, int n_frags) { return 16 * m_frags * 128 * n_frags; }
-
-// The matrix_b layout of the emulator under `order` (include/mma.h WmmaOrder), as the device probe
-// writes it: out[lane * 16 + i] = 16 n + k.
-void emu_quant_wmma_b_layout(int order, int* out, unsigned seed) {
-  emu::set_wmma_order(static_cast<emu::WmmaOrder>(order));
-  emu::launch(dim3(1), dim3(32), voltllm::kQuantWmmaLayoutSmemBytes, [&] { voltllm::quant_wmma_b_layout_kernel(out); },
-              seed);
-}
-
-// The register-dequantizing GEMM at fragment layout `layout` (0-2), shape (m_frags, n_frags), the deep
-// ring or not and `splits` splits of k, under WMMA order `order`. `codes` / `group_params`: the fragment-ordered
-// repack; `lane_tuple` [32] and `lane_cols` [32][16] bytes; `partial` and `split_counters` as for
-// emu_quant_gemm_stream.
-void emu_quant_gemm_frag(int layout, int m_frags, int n_frags, int splits, void* out, float* partial,
-                         unsigned* split_counters, const void* x, const void* codes, const void* group_params,
-                         const void* bias, long long out_stride, long long x_stride, int m, int n, int k,
-                         int num_groups, int chunk_group_shift, int tile_chunk_vectors,
-                         const unsigned char* lane_tuple, const unsigned char* lane_cols, int deep, int order,
-                         unsigned seed) {
-  emu::set_wmma_order(static_cast<emu::WmmaOrder>(order));
-  const int k_chunks = k / 64;
-  const int per_split = (k_chunks + splits - 1) / splits;
-  splits = (k_chunks + per_split - 1) / per_split;
-  voltllm::QuantFragParams p{};
-  p.s.out = out;
-  p.s.partial = partial;
-  p.s.split_counters = split_counters;
-  p.s.x = x;
-  p.s.weight = static_cast<const uint4*>(codes);
-  p.s.group_params = static_cast<const unsigned*>(group_params);
-  p.s.bias = bias;
-  p.s.out_stride = out_stride;
-  p.s.x_stride = x_stride;
-  p.s.m = m;
-  p.s.n = n;
-  p.s.k = k;
-  p.s.num_groups = num_groups;
-  p.s.chunk_group_shift = chunk_group_shift;
-  p.s.chunks_per_split = per_split;
-  p.tile_chunk_vectors = tile_chunk_vectors;
-  std::memcpy(p.lane_tuple, lane_tuple, sizeof(p.lane_tuple));
-  std::memcpy(p.lane_cols, lane_cols, sizeof(p.lane_cols));
-  auto run = [&](auto mf_c, auto nf_c, auto layout_c, auto deep_c) {
-    constexpr int MF = decltype(mf_c)::value, NF = decltype(nf_c)::value, L = decltype(layout_c)::value;
-    constexpr bool DEEP = decltype(deep_c)::value;
-    using Tr = voltllm::QuantFragTraits<MF, NF, L, DEEP>;
-    const dim3 grid((m + Tr::kXRows - 1) / Tr::kXRows, (n + Tr::kBlockFeatures - 1) / Tr::kBlockFeatures, splits);
-    emu::launch(grid, dim3(256), Tr::kSmemBytes, [&] { voltllm::quant_gemm_frag_kernel<MF, NF, L, DEEP>(p); }, seed);
-  };
-  using I = std::integral_constant<int, 1>;
-  using II = std::integral_constant<int, 2>;
-  using III = std::integral_constant<int, 3>;
-  using IV = std::integral_constant<int, 4>;
-  using Deep = std::true_type;
-  using Shallow = std::false_type;
-  const auto shape = [&](auto layout_c) {
-    if (deep && layout_c.value > 0) {
-      if (m_frags == 1 && n_frags == 1) return run(I{}, I{}, layout_c, Deep{});
-      if (m_frags == 4 && n_frags == 1) return run(IV{}, I{}, layout_c, Deep{});
-      emu::fail("deep frag shape");
-    }
-    if (deep) emu::fail("no deep ring at the layout-free form");
-    if (m_frags == 1 && n_frags == 1) return run(I{}, I{}, layout_c, Shallow{});
-    if (m_frags == 2 && n_frags == 2) return run(II{}, II{}, layout_c, Shallow{});
-    if (m_frags == 3 && n_frags == 2) return run(III{}, II{}, layout_c, Shallow{});
-    if (m_frags == 4 && n_frags == 1) return run(IV{}, I{}, layout_c, Shallow{});
-    emu::fail("frag shape");
-  };
-  switch (layout) {
-    case 0: return shape(std::integral_constant<int, 0>{});
-    case 1: return shape(std::integral_constant<int, 1>{});
-#if VOLTLLM_EMU_WMMA_OPERAND_ELEMENTS == 16  // two copies of 8 slots: needs 16 elements
-    case 2: return shape(std::integral_constant<int, 2>{});
-#endif
-    default: emu::fail("fragment layout");
-  }
-}
 
 void emu_quant_dequantize(int kind, void* out, const void* weight, const void* group_params, int n, int k,
                           int num_groups, int chunk_group_shift, unsigned seed) {
