@@ -26,11 +26,10 @@ each ratio measured in this run.
    device time of replays (torch profiler): the gap between the two is the device idling between
    kernels.
 8. `pair-down`: the pair path's down-stage kernels side by side (`moe_pair_down_kernel`, chunks 0, and
-   the staged kernel at 12 and 24 loads per lane in flight), one layer from a CUDA graph, the down
-   stage by difference, at 1 to 64 tokens.
-   The whole layer also routed inside the pair stages (12R, 24R: no top-k launch).
-9. `down-ab`: those variants in the model, one engine, graphs recaptured per variant, alternating
-   rounds, at batch 1 (against the floor) and 8.
+   the staged kernel at 12 loads per lane in flight, the default up to 16 tokens), one layer from a CUDA
+   graph, the down stage by difference, at 1 to 64 tokens.
+9. `down-ab`: those two in the model, one engine, graphs recaptured per variant, alternating rounds, at
+   batch 1 (against the floor) and 8.
 
     python benches/moe.py                         # H200: all of them (the baseline of 3 takes minutes)
     python benches/moe.py --only decode step      # skip the offline comparison
@@ -75,7 +74,6 @@ from voltllm.ops.moe import (  # noqa: E402
     PAIR_DOWN_STAGED_CHUNKS,
     fused_moe,
     fused_moe_pairs,
-    fused_moe_pairs_routed,
     topk_softmax,
 )
 from voltllm.ops.moe_quantized import (  # noqa: E402
@@ -446,21 +444,14 @@ def pair_stage_split(
 
 
 DOWN_VARIANTS = (0, *PAIR_DOWN_STAGED_CHUNKS)  # the pair path's down-stage kernels (voltllm.ops.moe)
-# The decode step's variants the down-ab figure A/Bs: (name, PAIR_DOWN_CHUNKS, PAIR_ROUTED); "R" routes
-# inside the pair stages (no top-k launch).
-STEP_VARIANTS = (
-    *((str(c), c, False) for c in DOWN_VARIANTS),
-    *((f"{c}R", c, True) for c in PAIR_DOWN_STAGED_CHUNKS),
-)
 
 
 @torch.inference_mode()
 def bench_pair_down(config: dict, args: argparse.Namespace) -> list[dict]:
     """The pair path's down-stage kernels side by side on the model's expert shape: one layer (routing,
-    gated stage, down stage) from a CUDA graph, the down stage by difference, for each of DOWN_VARIANTS,
-    and the whole layer for each of STEP_VARIANTS (the routed ones with no routing launch), at each of
-    `--pair-down-tokens` (fresh routings per size; past PAIRS_MAX_TOKENS the pair path is not the one
-    dispatched, shown for the trend)."""
+    gated stage, down stage) from a CUDA graph, the down stage by difference, and the whole layer, for
+    each of DOWN_VARIANTS at each of `--pair-down-tokens` (fresh routings per size; past PAIRS_MAX_TOKENS
+    the pair path is not the one dispatched, shown for the trend)."""
     experts, top_k = config["num_experts"], config["num_experts_per_tok"]
     hidden, inter = config["hidden_size"], config["moe_intermediate_size"]
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
@@ -478,19 +469,13 @@ def bench_pair_down(config: dict, args: argparse.Namespace) -> list[dict]:
         touched = int(torch.unique(topk_softmax(logits, top_k, True)[1]).numel())
         row = {"figure": "pair down", "tokens": tokens, "experts_touched": touched}
         row.update(pair_stage_split(x, logits, w13, w2, top_k, touched, DOWN_VARIANTS))
-        for chunks in PAIR_DOWN_STAGED_CHUNKS:
-
-            def routed(x=x, logits=logits, chunks: int = chunks) -> torch.Tensor:
-                return fused_moe_pairs_routed(x, w13, w2, logits, top_k, True, chunks)
-
-            row[f"layer{chunks}R_us"] = graph_time(routed) * 1e6
         rows.append(row)
         downs = " ".join(
             f"{c}: {row[f'down{c}_us']:5.1f} ({row[f'down{c}_gb_s'] / 1e3:4.2f}, "
             f"{row['down0_us'] / row[f'down{c}_us']:4.2f}x)"
             for c in DOWN_VARIANTS
         )
-        layers = " ".join(f"{name}: {row[f'layer{name}_us']:5.1f}" for name, _, _ in STEP_VARIANTS)
+        layers = " ".join(f"{c}: {row[f'layer{c}_us']:5.1f}" for c in DOWN_VARIANTS)
         print(f"{tokens:>4} tokens, {touched:>3} experts | down {downs} | layer {layers}", flush=True)
     return rows
 
@@ -626,27 +611,27 @@ def bench_decode_ab(model_dir: Path, args: argparse.Namespace) -> list[dict]:
 
 
 def bench_down_ab(model_dir: Path, args: argparse.Namespace, bandwidth: float) -> list[dict]:
-    """The decode step's pair-path variants (STEP_VARIANTS: the down-stage kernel, routed or not) A/B'd
-    in one engine at each of `--ab-batches`: the decode graph recaptured for each variant, rounds in the
-    order A B C D E E D C B A, step medians per variant; at batch 1 each against the byte floor
+    """The decode step's pair-path down-stage kernels (DOWN_VARIANTS, set as PAIR_DOWN_CHUNKS) A/B'd in
+    one engine at each of `--ab-batches`: the decode graph recaptured for each variant, rounds in the
+    order A B B A, step medians per variant; at batch 1 each against the byte floor
     (`touched_bytes` over the copy bandwidth measured in this run)."""
     import voltllm.ops.moe as moe_ops
 
     engine = build_engine(model_dir, args, max_num_seqs=max(args.ab_batches), eager=False)
     runner = engine.core.runner
     floor = touched_bytes(runner.model) / bandwidth
-    shipped = moe_ops.PAIR_DOWN_CHUNKS, moe_ops.PAIR_ROUTED
+    shipped = moe_ops.PAIR_DOWN_CHUNKS
     rows = []
     try:
         for batch in args.ab_batches:
             decode_step_times(engine, batch, 128, 4)  # warm-up
-            times: dict[str, list[float]] = {name: [] for name, _, _ in STEP_VARIANTS}
-            for name, chunks, routed in STEP_VARIANTS + STEP_VARIANTS[::-1]:
-                moe_ops.PAIR_DOWN_CHUNKS, moe_ops.PAIR_ROUTED = chunks, routed
+            times: dict[str, list[float]] = {str(chunks): [] for chunks in DOWN_VARIANTS}
+            for chunks in DOWN_VARIANTS + DOWN_VARIANTS[::-1]:
+                moe_ops.PAIR_DOWN_CHUNKS = chunks
                 recapture_graphs(runner, [batch])
-                times[name] += decode_step_times(engine, batch, 128, args.ab_tokens)
+                times[str(chunks)] += decode_step_times(engine, batch, 128, args.ab_tokens)
             step = {name: statistics.median(t) for name, t in times.items()}
-            row = {"figure": "down A/B", "batch": batch, "floor_ms": floor * 1e3, "shipped": list(shipped)}
+            row = {"figure": "down A/B", "batch": batch, "floor_ms": floor * 1e3, "shipped": shipped}
             for name in step:
                 row[f"{name}_ms"] = step[name] * 1e3
                 row[f"{name}_vs_0"] = step["0"] / step[name]
@@ -654,7 +639,7 @@ def bench_down_ab(model_dir: Path, args: argparse.Namespace, bandwidth: float) -
                     row[f"{name}_of_floor"] = floor / step[name]
             rows.append(row)
     finally:
-        moe_ops.PAIR_DOWN_CHUNKS, moe_ops.PAIR_ROUTED = shipped
+        moe_ops.PAIR_DOWN_CHUNKS = shipped
     del engine, runner
     release_gpu_memory()
     return rows
@@ -662,7 +647,7 @@ def bench_down_ab(model_dir: Path, args: argparse.Namespace, bandwidth: float) -
 
 def print_down_ab(r: dict) -> None:
     print(f"decode step A/B, batch {r['batch']} (variant: ms, speed-up over 0[, of the floor]):", flush=True)
-    for name, _, _ in STEP_VARIANTS:
+    for name in map(str, DOWN_VARIANTS):
         line = f"  {name:>4}: {r[f'{name}_ms']:.3f} ms, {r[f'{name}_vs_0']:.3f}x"
         if f"{name}_of_floor" in r:
             line += f", {r[f'{name}_of_floor']:.3f} of the {r['floor_ms']:.3f} ms floor (target >= 0.6)"

@@ -63,19 +63,13 @@ struct MoePairParams {
   const void* a;              // gated: x [tokens, k], the row of pair p is token p / top_k; down: act
                               // [pairs, k]. Rows a_stride apart.
   const void* weight;         // [num_experts, gated ? 2n : n, k], contiguous (gated: gate rows, then up rows)
-  const int* topk_ids;        // [pairs]: the expert of each pair (unused by the ROUTED kernels)
-  const float* topk_weights;  // [pairs] (down only; unused by the ROUTED kernels)
+  const int* topk_ids;        // [pairs]: the expert of each pair
+  const float* topk_weights;  // [pairs] (down only)
   long long a_stride;
   long long out_stride;       // down only
   int top_k;
   int n;  // output features (gated: of the activation)
   int k;  // input features, a multiple of 8
-  // The ROUTED kernels' own routing (topk_softmax.cuh's choices): router_logits [tokens, num_experts] of
-  // T, rows logits_stride apart.
-  const void* router_logits;
-  long long logits_stride;
-  int num_experts;  // 1..kMoeMaxExperts
-  int renormalize;
 };
 
 struct MoeCombineParams {

@@ -19,17 +19,13 @@
 // each lane takes every 32nd, CHUNKS of them in flight at once, and the token's act rows are staged once
 // per block in shared memory, in the same flat order, so no register holds act. Its first CHUNKS loads are
 // issued before the wait for the gated stage: the weights and the routing (two kernels back) are final by
-// then, so on the Qwen3-30B-A3B shape (768 chunks a feature, CHUNKS 24) the whole down stage's weight
-// traffic overlaps the gated stage's tail and only act makes a round trip after it.
-//
-// ROUTED kernels route themselves from the router's logits (topk_softmax.cuh's choices, the same bits as
-// moe_topk_softmax_kernel), so the sparse block needs no top-k launch: the gated stage's first warp
-// picks its pair's expert after the wait for the router (the kernel before it), the staged down stage's
-// first warp the token's experts and weights before its wait (the router is two kernels back by then).
+// then, so on the Qwen3-30B-A3B shape (768 chunks a feature, CHUNKS 12: two rounds) the first half of the
+// down stage's weight traffic overlaps the gated stage's tail. voltllm.ops.moe runs it up to 16 tokens
+// (PAIR_DOWN_STAGED_MAX_TOKENS; H100, issue 17: a layer's down stage 11.0 vs 12.9 us at 1 token, 100.6 vs
+// 103.0 at 16, but 369.9 vs 311.9 at 64) and moe_pair_down_kernel past that.
 #pragma once
 
 #include "moe/moe_params.cuh"
-#include "moe/topk_softmax.cuh"
 #include "ops/activation.cuh"
 #include "ops/gemv.cuh"
 
@@ -45,54 +41,23 @@ constexpr int kMoePairStagedWarps = 8;    // output features per thread block of
 constexpr int kMoePairStagedMaxSmem = 48 * 1024;
 
 // Dynamic shared memory of moe_pair_down_staged_kernel: the token's top_k act rows of k elements (k / 8
-// chunks of 16 bytes each), a routing weight per chunk, and (ROUTED) the token's choices, an id and a
-// weight each.
+// chunks of 16 bytes each) and a routing weight per chunk.
 __host__ __device__ constexpr int moe_pair_staged_smem_bytes(int top_k, int k) {
-  return top_k * ((k / 8) * (16 + 4) + 8);
+  return top_k * (k / 8) * (16 + 4);
 }
 __device__ const int moe_pair_staged_max_smem_bytes = kMoePairStagedMaxSmem;  // for the sm70 gate's report
-// Dynamic shared memory of the ROUTED gated stage: the block's expert.
-constexpr int kMoePairRoutedGatedSmem = 16;
 
-// Most experts the ROUTED kernels route among (4 logits a lane: the gated stage's 64 registers hold no
-// more without spilling); the glue checks it.
-constexpr int kMoeRoutedMaxExperts = 128;
-
-// The choices of `token` from router_logits by the calling warp (topk_softmax.cuh): lane j < top_k gets
-// choice j's weight and id.
+// grid: (pairs, ceil(n / kMoePairWarps)), block: 32 * kMoePairWarps. Each warp's feature: act[pair, f] =
+// silu(x[token] . gate_f) * (x[token] . up_f) of the pair's expert.
 template <typename T>
-__device__ __forceinline__ void route_token(const MoePairParams& p, int token, int lane, float& weight, int& id) {
-  const T* row = static_cast<const T*>(p.router_logits) + token * p.logits_stride;
-  moe_topk_softmax_choices<T, kMoeRoutedMaxExperts / 32>(row, p.num_experts, p.top_k, p.renormalize != 0, lane,
-                                                          weight, id);
-}
-
-// The gated stage of one warp's feature: act[pair, f] = silu(x[token] . gate_f) * (x[token] . up_f) of the
-// pair's expert, taken from topk_ids or, ROUTED, chosen by the block's first warp from router_logits (then
-// smem holds it: every thread of the block calls this, a barrier).
-template <typename T, bool ROUTED>
-__device__ __forceinline__ void moe_pair_gated_feature(const MoePairParams& p, unsigned char* smem) {
+__global__ void __launch_bounds__(32 * kMoePairWarps) moe_pair_gated_kernel(MoePairParams p) {
   constexpr int kUnroll = kMoePairGatedUnroll, kStep = 32 * 8 * kUnroll;
   const int lane = threadIdx.x & 31;
   const int pair = blockIdx.x;
   const int feature = blockIdx.y * kMoePairWarps + (threadIdx.x >> 5);
-  begin_dependent_grid();  // the routing (or the router's logits) and x come from the kernels before this one
-  long long expert;
-  if constexpr (ROUTED) {  // the first warp routes the pair's token; choice pair % top_k is the pair's
-    int* expert_s = reinterpret_cast<int*>(smem);
-    if (threadIdx.x < 32) {
-      const int token = pair / p.top_k;
-      float weight;
-      int id;
-      route_token<T>(p, token, lane, weight, id);
-      if (lane == pair - token * p.top_k) *expert_s = id;
-    }
-    __syncthreads();
-    expert = *expert_s;
-  } else {
-    expert = p.topk_ids[pair];
-  }
+  begin_dependent_grid();  // the routing and x come from the kernels before this one
   if (feature >= p.n) return;
+  const long long expert = p.topk_ids[pair];
   const T* weight = static_cast<const T*>(p.weight) + expert * 2 * p.n * static_cast<long long>(p.k);
   const T* const w_rows[2] = {weight + static_cast<long long>(feature) * p.k,
                               weight + static_cast<long long>(feature + p.n) * p.k};
@@ -117,21 +82,6 @@ __device__ __forceinline__ void moe_pair_gated_feature(const MoePairParams& p, u
   if (lane == 0) {
     static_cast<T*>(p.out)[static_cast<long long>(pair) * p.n + feature] = DType<T>::from_float(silu(gate) * up);
   }
-}
-
-// grid: (pairs, ceil(n / kMoePairWarps)), block: 32 * kMoePairWarps.
-template <typename T>
-__global__ void __launch_bounds__(32 * kMoePairWarps) moe_pair_gated_kernel(MoePairParams p) {
-  moe_pair_gated_feature<T, false>(p, nullptr);
-}
-
-// The gated stage that routes itself. grid and block as moe_pair_gated_kernel, dynamic shared memory
-// kMoePairRoutedGatedSmem. 64 registers at most, as the unrouted kernel takes (its occupancy, 8 blocks per
-// SM): the routing's registers are dead before the GEMV's are live.
-template <typename T>
-__global__ void __launch_bounds__(32 * kMoePairWarps, 7) moe_pair_gated_routed_kernel(MoePairParams p) {
-  VOLTLLM_DYNAMIC_SMEM(smem);
-  moe_pair_gated_feature<T, true>(p, smem);
 }
 
 // grid: (tokens, ceil(n / kMoePairWarps)), block: 32 * kMoePairWarps.
@@ -212,7 +162,7 @@ __global__ void __launch_bounds__(32 * kMoePairWarps) moe_pair_down_kernel(MoePa
 // Where flat chunk c of a feature's run lies: pair j = c / row_chunks of the token, chunk o of its row.
 // Walked 32 chunks at a time (a lane's next chunk) without a division. (The loop, rather than one
 // compare for rows of 32 chunks or more, also keeps ptxas from computing every address of a round ahead
-// of its first load: that spills at CHUNKS 24.)
+// of its first load: that spilled at CHUNKS 24, an instantiation since dropped.)
 struct MoeFlatChunk {
   int j, o;
   __device__ __forceinline__ MoeFlatChunk(int first, int row_chunks) : j(first / row_chunks) {
@@ -264,38 +214,22 @@ __device__ __forceinline__ void add_staged_round(float& sum, const uint4 (&w_raw
 // grid: (tokens, ceil(n / kMoePairStagedWarps)), block: 32 * kMoePairStagedWarps, dynamic shared memory:
 // moe_pair_staged_smem_bytes(top_k, k) (at most kMoePairStagedMaxSmem). CHUNKS: 16-byte weight
 // loads per lane in flight (a round); the same sum as moe_pair_down_kernel, out[token, f] = sum_j weight_j *
-// (act[pair_j] . down_{e_j}[f]) in fp32, rounded once. ROUTED: the token's experts and weights from
-// router_logits, else from topk_ids / topk_weights.
-template <typename T, int CHUNKS, bool ROUTED>
+// (act[pair_j] . down_{e_j}[f]) in fp32, rounded once.
+template <typename T, int CHUNKS>
 __global__ void __launch_bounds__(32 * kMoePairStagedWarps, 2) moe_pair_down_staged_kernel(MoePairParams p) {
   VOLTLLM_DYNAMIC_SMEM(smem);
   const int row_chunks = p.k / 8, chunks = p.top_k * row_chunks;
   uint4* act_s = reinterpret_cast<uint4*>(smem);                      // [chunks]: the flat run's act chunks
   float* scale_s = reinterpret_cast<float*>(smem + chunks * 16);      // [chunks]: their pairs' routing weights
-  int* ids_s = reinterpret_cast<int*>(smem + chunks * 20);            // [top_k] (ROUTED): the token's choices
-  float* weights_s = reinterpret_cast<float*>(ids_s + p.top_k);       // [top_k] (ROUTED): and their weights
   const int lane = threadIdx.x & 31;
   const int token = blockIdx.x;
   const int feature = blockIdx.y * kMoePairStagedWarps + (threadIdx.x >> 5);
   const bool live = feature < p.n;  // a warp past n still stages act and meets the barriers
   const int first_pair = token * p.top_k;
-  // The routing (or the router's logits) is two kernels back (the gated stage is between), so it is final
-  // even before the wait (common.cuh), and weights are never written: the first round's loads go out
-  // while the gated stage ends.
-  if constexpr (ROUTED) {
-    if (threadIdx.x < 32) {
-      float weight;
-      int id;
-      route_token<T>(p, token, lane, weight, id);
-      if (lane < p.top_k) {
-        ids_s[lane] = id;
-        weights_s[lane] = weight;
-      }
-    }
-    __syncthreads();
-  }
-  const int* ids = ROUTED ? ids_s : p.topk_ids + first_pair;
-  const float* weights = ROUTED ? weights_s : p.topk_weights + first_pair;
+  // The routing is two kernels back (the gated stage is between), so it is final even before the wait
+  // (common.cuh), and weights are never written: the first round's loads go out while the gated stage ends.
+  const int* ids = p.topk_ids + first_pair;
+  const float* weights = p.topk_weights + first_pair;
   const uint4* weight = static_cast<const uint4*>(p.weight);  // the glue checks it has < 2^32 chunks
   const unsigned row = lane < p.top_k ? (static_cast<unsigned>(ids[lane]) * p.n + feature) * row_chunks : 0u;
   uint4 w_raw[CHUNKS];

@@ -16,16 +16,14 @@ constexpr int kMoeExpertsPerLane = kMoeMaxExperts / 32;
 
 // One warp's work: the choices of one token from its logits `row` (every lane of the warp calls it).
 // Lane j < top_k gets the j-th choice, its id and its weight (renormalised when asked); the other lanes
-// get nothing meaningful. PER_LANE experts per lane: num_experts <= 32 * PER_LANE. The pair stages
-// (pair_gemv.cuh) that route themselves call this too, with fewer per lane (their register budget): the
-// slots past num_experts add nothing, so their choices are the same bits as this kernel's.
-template <typename T, int PER_LANE = kMoeExpertsPerLane>
+// get nothing meaningful.
+template <typename T>
 __device__ __forceinline__ void moe_topk_softmax_choices(const T* row, int num_experts, int top_k, bool renormalize,
                                                          int lane, float& my_weight, int& my_id) {
-  float prob[PER_LANE];
+  float prob[kMoeExpertsPerLane];
   float row_max = neg_inf();
 #pragma unroll
-  for (int i = 0; i < PER_LANE; ++i) {
+  for (int i = 0; i < kMoeExpertsPerLane; ++i) {
     const int e = lane + 32 * i;
     prob[i] = e < num_experts ? DType<T>::to_float(row[e]) : neg_inf();
     row_max = fmaxf(row_max, prob[i]);
@@ -33,7 +31,7 @@ __device__ __forceinline__ void moe_topk_softmax_choices(const T* row, int num_e
   row_max = warp_max(row_max);
   float sum = 0.f;
 #pragma unroll
-  for (int i = 0; i < PER_LANE; ++i) {
+  for (int i = 0; i < kMoeExpertsPerLane; ++i) {
     // Experts past num_experts get -1: below every probability, so never chosen.
     prob[i] = lane + 32 * i < num_experts ? expf(prob[i] - row_max) : -1.f;
     sum += prob[i] > 0.f ? prob[i] : 0.f;
@@ -45,7 +43,7 @@ __device__ __forceinline__ void moe_topk_softmax_choices(const T* row, int num_e
     float best = -2.f;
     int best_id = 0x7fffffff;
 #pragma unroll
-    for (int i = 0; i < PER_LANE; ++i) {
+    for (int i = 0; i < kMoeExpertsPerLane; ++i) {
       if (prob[i] > best) {  // strictly: the lane's lowest index wins a tie
         best = prob[i];
         best_id = lane + 32 * i;
@@ -61,7 +59,7 @@ __device__ __forceinline__ void moe_topk_softmax_choices(const T* row, int num_e
       }
     }
 #pragma unroll
-    for (int i = 0; i < PER_LANE; ++i) {
+    for (int i = 0; i < kMoeExpertsPerLane; ++i) {
       if (lane + 32 * i == best_id) prob[i] = -2.f;  // taken: below even the padding
     }
     if (lane == j) {

@@ -37,8 +37,8 @@ MoePairParams check_pair_stage(at::Tensor& out, const at::Tensor& a, const at::T
   TORCH_CHECK(out.dim() == 2 && out.size(0) == (gated ? pairs : tokens) && out.size(1) == n && out.stride(1) == 1,
               op, ": out must be [", gated ? "pairs" : "tokens", ", ", num(n), "] with contiguous rows");
   TORCH_CHECK(!gated || out.is_contiguous(), op, ": act must be contiguous");
-  TORCH_CHECK(down_chunks == 0 || down_chunks == 12 || down_chunks == 24, op,
-              ": down_chunks must be 0 (the unstaged down stage), 12 or 24, got ", num(down_chunks));
+  TORCH_CHECK(down_chunks == 0 || down_chunks == 12, op, ": down_chunks must be 0 (the unstaged down stage) or 12, got ",
+              num(down_chunks));
   TORCH_CHECK(!gated || down_chunks == 0, op, ": down_chunks applies to the down stage only, got ", num(down_chunks),
               " with gated=True");
   if (!gated && down_chunks != 0) {
@@ -62,17 +62,13 @@ MoePairParams check_pair_stage(at::Tensor& out, const at::Tensor& a, const at::T
   return p;
 }
 
-// Launches the down stage's staged kernel, moe_pair_down_staged_kernel<T, down_chunks (12 or 24), ROUTED>.
-template <typename T, bool ROUTED>
-void launch_pair_down_staged(const MoePairParams& p, int64_t down_chunks, int64_t tokens, cudaStream_t stream) {
+// Launches the down stage's staged kernel, moe_pair_down_staged_kernel<T, 12>.
+template <typename T>
+void launch_pair_down_staged(const MoePairParams& p, int64_t tokens, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(tokens),
                   static_cast<unsigned>((p.n + kMoePairStagedWarps - 1) / kMoePairStagedWarps));
   const int smem = moe_pair_staged_smem_bytes(p.top_k, p.k);
-  if (down_chunks == 12) {
-    launch(moe_pair_down_staged_kernel<T, 12, ROUTED>, grid, 32 * kMoePairStagedWarps, smem, stream, p);
-  } else {
-    launch(moe_pair_down_staged_kernel<T, 24, ROUTED>, grid, 32 * kMoePairStagedWarps, smem, stream, p);
-  }
+  launch(moe_pair_down_staged_kernel<T, 12>, grid, 32 * kMoePairStagedWarps, smem, stream, p);
 }
 
 // The grid of the gated stage and of moe_pair_down_kernel: (pairs or tokens, feature groups of 4).
@@ -86,7 +82,7 @@ dim3 pair_stage_grid(const MoePairParams& p, int64_t tokens, bool gated) {
 // One expert stage pair by pair, the routing given (topk_ids [tokens, top_k] int32, topk_weights fp32):
 // gated, out = act [pairs, I] from a = x [tokens, H] and weight [E, 2I, H]; down, out [tokens, H] (the
 // top-k sum, in a's dtype) from a = act [pairs, I] and weight [E, H, I], by moe_pair_down_kernel
-// (down_chunks 0) or the staged kernel with down_chunks 16-byte loads per lane in flight (12 or 24).
+// (down_chunks 0) or the staged kernel with down_chunks 16-byte loads per lane in flight (12).
 void moe_pair_experts(at::Tensor& out, const at::Tensor& a, const at::Tensor& weight, const at::Tensor& topk_ids,
                       const at::Tensor& topk_weights, bool gated, int64_t down_chunks) {
   const char* op = "moe_pair_experts";
@@ -111,44 +107,7 @@ void moe_pair_experts(at::Tensor& out, const at::Tensor& a, const at::Tensor& we
     } else if (down_chunks == 0) {
       launch(moe_pair_down_kernel<T>, pair_stage_grid(p, tokens, false), 32 * kMoePairWarps, 0, stream, p);
     } else {
-      launch_pair_down_staged<T, false>(p, down_chunks, tokens, stream);
-    }
-  });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
-// One expert stage pair by pair that routes itself from router_logits [tokens, E] (a's dtype, E up to
-// kMoeRoutedMaxExperts): each token's top_k experts by topk_softmax's choices, renormalised or not; the
-// down stage by the staged kernel (down_chunks 12 or 24). No top-k launch before it.
-void moe_pair_experts_routed(at::Tensor& out, const at::Tensor& a, const at::Tensor& weight,
-                             const at::Tensor& router_logits, int64_t top_k, bool renormalize, bool gated,
-                             int64_t down_chunks) {
-  const char* op = "moe_pair_experts_routed";
-  check_cuda(router_logits, "router_logits");
-  check_same_dtype(a, router_logits, op);
-  TORCH_CHECK(router_logits.dim() == 2 && router_logits.stride(1) == 1, op,
-              ": router_logits must be [tokens, num_experts] with contiguous rows");
-  const int64_t tokens = router_logits.size(0), experts = router_logits.size(1);
-  MoePairParams p = check_pair_stage(out, a, weight, tokens, top_k, gated, down_chunks, op);
-  TORCH_CHECK(experts >= 1 && experts <= kMoeRoutedMaxExperts && experts == weight.size(0), op, ": ", num(experts),
-              " router logits per token for ", num(weight.size(0)), " experts (1..", num(kMoeRoutedMaxExperts),
-              " route here)");
-  TORCH_CHECK(gated || down_chunks != 0, op, ": the down stage routes itself in the staged kernel only: give "
-              "down_chunks 12 or 24");
-  if (tokens == 0) return;
-  const at::cuda::OptionalCUDAGuard guard(a.device());
-  p.router_logits = router_logits.data_ptr();
-  p.logits_stride = router_logits.stride(0);
-  p.num_experts = static_cast<int>(experts);
-  p.renormalize = renormalize ? 1 : 0;
-  const auto stream = at::cuda::getCurrentCUDAStream();
-  dispatch_dtype(a.scalar_type(), op, [&](auto t) {
-    using T = decltype(t);
-    if (gated) {
-      launch(moe_pair_gated_routed_kernel<T>, pair_stage_grid(p, tokens, true), 32 * kMoePairWarps,
-             kMoePairRoutedGatedSmem, stream, p);
-    } else {
-      launch_pair_down_staged<T, true>(p, down_chunks, tokens, stream);
+      launch_pair_down_staged<T>(p, tokens, stream);
     }
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -160,12 +119,8 @@ TORCH_LIBRARY_FRAGMENT(voltllm_C, m) {
   m.def(
       "moe_pair_experts(Tensor(a!) out, Tensor a, Tensor weight, Tensor topk_ids, Tensor topk_weights, "
       "bool gated, int down_chunks=0) -> ()");
-  m.def(
-      "moe_pair_experts_routed(Tensor(a!) out, Tensor a, Tensor weight, Tensor router_logits, int top_k, "
-      "bool renormalize, bool gated, int down_chunks) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(voltllm_C, CUDA, m) {
   m.impl("moe_pair_experts", &voltllm::moe_pair_experts);
-  m.impl("moe_pair_experts_routed", &voltllm::moe_pair_experts_routed);
 }

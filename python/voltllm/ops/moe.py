@@ -13,8 +13,8 @@ Up to PAIRS_MAX_TOKENS tokens (small decode batches) the step is three launches 
 `topk_softmax`, then `fused_moe_pairs` (`pair_gemv.cuh`): the gated stage per pair, its expert taken
 straight from the routing (no align: a token's k experts are distinct, and at a few tokens tiles would
 save little),
-and the down stage with the top-k sum per token (no combine, no fp32 `y` round trip), by one of two
-kernels (PAIR_DOWN_CHUNKS).
+and the down stage with the top-k sum per token (no combine, no fp32 `y` round trip), by the staged
+kernel up to PAIR_DOWN_STAGED_MAX_TOKENS tokens and the unstaged one past that (`pair_down_chunks`).
 
 Stages 3 and 4 run one of two kernels, picked by `use_grouped_gemm` from the shape alone: the decode
 GEMV (`expert_gemv.cuh`, tiles of 8 slots, CUDA cores: an expert's weights are read once per tile, and
@@ -45,22 +45,22 @@ GROUPED_GEMM_MIN_PAIRS_PER_EXPERT = 2
 # session 9 calls 1 and 3): 26.2 vs 41.1 us at 1 token, 130.8 vs 182.8 us at 8 (54 experts for 64
 # pairs), 226.5 vs 294.4 us at 16 (83 experts) against the tiled GEMV.
 PAIRS_MAX_TOKENS = 16
-# The pair path's down stage: 0 runs `moe_pair_down_kernel` (measured, session 10: 11.9 us, 2.1 TB/s, at
-# batch 1 on the Qwen3-30B-A3B shape); 12 or 24 run `moe_pair_down_staged_kernel` with that many 16-byte
-# weight loads per lane in flight, act staged in shared memory and the first round's loads issued before
-# the wait for the gated stage. The staged kernel is not measured yet: `benches/moe.py --only pair-down`
-# A/Bs the three in one process, and the winner becomes this default.
-PAIR_DOWN_CHUNKS = 0
+# The pair path's down stage: 0 runs `moe_pair_down_kernel`; 12 runs `moe_pair_down_staged_kernel` with
+# 12 16-byte weight loads per lane in flight, act staged in shared memory and the first round's loads issued
+# before the wait for the gated stage. The default up to PAIR_DOWN_STAGED_MAX_TOKENS tokens.
+PAIR_DOWN_CHUNKS = 12
+# Tokens up to which the pair path runs the staged down stage (PAIR_DOWN_CHUNKS); past them, chunks 0.
+# Measured on the H100 (issue 17, `benches/moe_down_ab.sh --no-tests`, Qwen3-30B-A3B shape, fp16): one
+# layer from a graph, the down stage 11.0 vs 12.9 us (1.17x over chunks 0) at 1 token, 58.0 vs 60.4 at 8,
+# 100.6 vs 103.0 at 16, but 369.9 vs 311.9 (0.84x) at 64; the decode step 3.242 vs 3.300 ms at batch 1
+# (0.632 of its 2.049 ms floor), 9.326 vs 9.429 ms at batch 8. 24 loads in flight and routing inside the
+# pair stages (no top-k launch) lost and were dropped: 24 0.90x of chunks 0's down stage at 8 tokens,
+# routed 0.92x (12) and 0.88x (24) of the batch-8 step.
+PAIR_DOWN_STAGED_MAX_TOKENS = 16
 # Shared memory the staged kernel stages a token's act rows in (csrc/moe/pair_gemv.cuh,
 # kMoePairStagedMaxSmem, moe_pair_staged_smem_bytes): top_k * k / 8 chunks of 16 bytes and a 4-byte
-# routing weight each, and 8 bytes a choice.
+# routing weight each.
 PAIR_DOWN_STAGED_MAX_SMEM = 48 * 1024
-# Whether the pair path routes itself (`fused_moe_pairs_routed`: no top-k launch; the gated stage's
-# first warp and the staged down stage's choose from the router's logits, the bits `topk_softmax`
-# chooses). It needs a staged down stage (PAIR_DOWN_CHUNKS 12 or 24) and at most ROUTED_MAX_EXPERTS
-# experts. Not measured yet: `benches/moe.py --only down-ab` A/Bs it in the model.
-PAIR_ROUTED = False
-ROUTED_MAX_EXPERTS = 128  # kMoeRoutedMaxExperts
 
 
 def topk_softmax_ref(
@@ -169,13 +169,17 @@ def staged_pair_down_fits(top_k: int, w2: torch.Tensor) -> bool:
     """Whether the staged down stage takes `w2 [E, H, I]` at `top_k`: the token's act rows and their
     routing weights fit PAIR_DOWN_STAGED_MAX_SMEM, and the stack has fewer than 2^32 16-byte chunks."""
     row_chunks = w2.shape[2] // 8
-    return 0 < top_k * (row_chunks * 20 + 8) <= PAIR_DOWN_STAGED_MAX_SMEM and w2.numel() // 8 < 2**32
+    return 0 < top_k * row_chunks * 20 <= PAIR_DOWN_STAGED_MAX_SMEM and w2.numel() // 8 < 2**32
 
 
-def pair_down_chunks(top_k: int, w2: torch.Tensor, requested: int | None = None) -> int:
-    """The down-stage variant `fused_moe_pairs` runs: `requested` (PAIR_DOWN_CHUNKS when None) where the
-    staged kernel takes the shape, else 0 (the unstaged kernel takes every shape)."""
-    chunks = PAIR_DOWN_CHUNKS if requested is None else requested
+def pair_down_chunks(num_tokens: int, top_k: int, w2: torch.Tensor, requested: int | None = None) -> int:
+    """The down-stage variant `fused_moe_pairs` runs on `num_tokens` tokens: `requested`, or when None
+    PAIR_DOWN_CHUNKS up to PAIR_DOWN_STAGED_MAX_TOKENS tokens and 0 past them, where the staged kernel takes
+    the shape, else 0 (the unstaged kernel takes every shape)."""
+    if requested is not None:
+        chunks = requested
+    else:
+        chunks = PAIR_DOWN_CHUNKS if num_tokens <= PAIR_DOWN_STAGED_MAX_TOKENS else 0
     if chunks not in (0, *PAIR_DOWN_STAGED_CHUNKS):
         raise ValueError(f"down_chunks must be 0 or one of {PAIR_DOWN_STAGED_CHUNKS}, got {chunks}")
     return chunks if chunks and staged_pair_down_fits(top_k, w2) else 0
@@ -187,7 +191,7 @@ def fused_moe_pairs(
     w2: torch.Tensor,  # [E, H, I]
     topk_weights: torch.Tensor,  # [T, k] fp32
     topk_ids: torch.Tensor,  # [T, k] int32
-    down_chunks: int | None = None,  # the down stage's variant (`pair_down_chunks`); None: PAIR_DOWN_CHUNKS
+    down_chunks: int | None = None,  # the down stage's variant; None: `pair_down_chunks`' default
 ) -> torch.Tensor:  # [T, H] in x's dtype
     """`fused_moe` pair by pair (`csrc/moe/pair_gemv.cuh`): the gated stage per (token, expert) pair,
     the down stage and the top-k sum per token; two launches, no align, no combine. An expert two
@@ -197,52 +201,8 @@ def fused_moe_pairs(
     act = torch.empty(topk_ids.numel(), w13.shape[1] // 2, dtype=x.dtype, device=x.device)
     ops.moe_pair_experts(act, x, w13, topk_ids, topk_weights, True)
     out = torch.empty(num_tokens, hidden, dtype=x.dtype, device=x.device)
-    chunks = pair_down_chunks(topk_ids.shape[1], w2, down_chunks)
+    chunks = pair_down_chunks(num_tokens, topk_ids.shape[1], w2, down_chunks)
     ops.moe_pair_experts(out, act, w2, topk_ids, topk_weights, False, chunks)
-    return out
-
-
-def fused_moe_pairs_routed_applies(
-    x: torch.Tensor, router_logits: torch.Tensor, w2: torch.Tensor, top_k: int
-) -> bool:
-    """True where a sparse block runs `fused_moe_pairs_routed` (check `fused_moe_applies` first):
-    PAIR_ROUTED is on, at most PAIRS_MAX_TOKENS tokens, logits `[T, E]` of x's dtype with contiguous rows
-    and E up to ROUTED_MAX_EXPERTS, and a staged down stage chosen that takes the shape."""
-    return (
-        PAIR_ROUTED
-        and x.shape[0] <= PAIRS_MAX_TOKENS
-        and router_logits.dtype == x.dtype
-        and router_logits.dim() == 2
-        and router_logits.shape == (x.shape[0], w2.shape[0])
-        and router_logits.stride(1) == 1
-        and w2.shape[0] <= ROUTED_MAX_EXPERTS
-        and pair_down_chunks(top_k, w2) != 0
-    )
-
-
-def fused_moe_pairs_routed(
-    x: torch.Tensor,  # [T, H]
-    w13: torch.Tensor,  # [E, 2I, H]
-    w2: torch.Tensor,  # [E, H, I]
-    router_logits: torch.Tensor,  # [T, E] in x's dtype
-    top_k: int,
-    renormalize: bool,
-    down_chunks: int | None = None,  # the staged down stage's variant (12 or 24); None: PAIR_DOWN_CHUNKS
-) -> torch.Tensor:  # [T, H] in x's dtype
-    """`fused_moe_pairs` with the routing inside the two stages (`moe_pair_experts_routed`): the experts
-    `topk_softmax(router_logits, top_k, renormalize)` would pick, and no launch of its own."""
-    chunks = pair_down_chunks(top_k, w2, down_chunks)
-    if chunks == 0:
-        raise ValueError(
-            f"the routed pair path needs a staged down stage (down_chunks in {PAIR_DOWN_STAGED_CHUNKS}) that "
-            f"takes top_k {top_k} of w2 {tuple(w2.shape)}"
-        )
-    num_tokens, hidden = x.shape
-    ops = kernel_ops()
-    act = torch.empty(num_tokens * top_k, w13.shape[1] // 2, dtype=x.dtype, device=x.device)
-    ops.moe_pair_experts_routed(act, x, w13, router_logits, top_k, renormalize, True, 0)
-    out = torch.empty(num_tokens, hidden, dtype=x.dtype, device=x.device)
-    ops.moe_pair_experts_routed(out, act, w2, router_logits, top_k, renormalize, False, chunks)
     return out
 
 

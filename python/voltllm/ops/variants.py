@@ -166,8 +166,8 @@ def _attention_mma_sm80(dtype: str) -> dict[str, list[str]]:
 
 
 # The staged pair-path down stage's 16-byte loads per lane in flight (moe_pair_down_staged_kernel<T,
-# CHUNKS>), each an A/B candidate against moe_pair_down_kernel; voltllm.ops.moe picks among them.
-MOE_PAIR_DOWN_STAGED_CHUNKS = (12, 24)
+# CHUNKS>): 12, the H100 A/B's winner over 24 (issue 17); voltllm.ops.moe.PAIR_DOWN_CHUNKS.
+MOE_PAIR_DOWN_STAGED_CHUNKS = (12,)
 
 
 def _moe() -> dict[str, list[str]]:
@@ -180,16 +180,11 @@ def _moe() -> dict[str, list[str]]:
         ],
         "moe/combine.cuh": [f"voltllm::moe_combine_kernel<{t}>" for t in DTYPES],
         "moe/pair_gemv.cuh": [
+            *(f"voltllm::moe_pair_{stage}_kernel<{t}>" for t in DTYPES for stage in ("gated", "down")),
             *(
-                f"voltllm::moe_pair_{stage}_kernel<{t}>"
-                for t in DTYPES
-                for stage in ("gated", "gated_routed", "down")
-            ),
-            *(
-                f"voltllm::moe_pair_down_staged_kernel<{t}, {chunks}, {routed}>"
+                f"voltllm::moe_pair_down_staged_kernel<{t}, {chunks}>"
                 for t in DTYPES
                 for chunks in MOE_PAIR_DOWN_STAGED_CHUNKS
-                for routed in ("false", "true")
             ),
         ],
         # The quantized experts' pair path: fp16 activations, every packed kind.
@@ -255,9 +250,8 @@ def dynamic_smem_probes() -> dict[str, str]:
     probes["voltllm::moe_align_kernel"] = "voltllm::moe_align_max_smem_bytes"
     for dtype in DTYPES:
         for chunks in MOE_PAIR_DOWN_STAGED_CHUNKS:
-            for routed in ("false", "true"):
-                staged = f"voltllm::moe_pair_down_staged_kernel<{dtype}, {chunks}, {routed}>"
-                probes[staged] = "voltllm::moe_pair_staged_max_smem_bytes"
+            staged = f"voltllm::moe_pair_down_staged_kernel<{dtype}, {chunks}>"
+            probes[staged] = "voltllm::moe_pair_staged_max_smem_bytes"
     return probes
 
 

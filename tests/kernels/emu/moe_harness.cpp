@@ -13,23 +13,16 @@
 
 namespace {
 
-// The staged down stage, moe_pair_down_staged_kernel<T, down_chunks (12 or 24), ROUTED>, as the glue
-// launches it.
-template <bool ROUTED>
+// The staged down stage, moe_pair_down_staged_kernel<T, 12>, as the glue launches it.
 void run_pair_down_staged(int bf16, const voltllm::MoePairParams& p, int num_tokens, int down_chunks, unsigned seed) {
   const dim3 grid(num_tokens, (p.n + voltllm::kMoePairStagedWarps - 1) / voltllm::kMoePairStagedWarps);
   const int smem = voltllm::moe_pair_staged_smem_bytes(p.top_k, p.k);
   if (smem > voltllm::kMoePairStagedMaxSmem) emu::fail("staged down stage: shared memory over its limit");
-  if (down_chunks != 12 && down_chunks != 24) emu::fail("down_chunks");
+  if (down_chunks != 12) emu::fail("down_chunks");
   emu::dispatch_dtype(bf16, [&](auto t) {
     using T = decltype(t);
-    emu::launch(grid, dim3(32 * voltllm::kMoePairStagedWarps), smem, [&] {
-      if (down_chunks == 12) {
-        voltllm::moe_pair_down_staged_kernel<T, 12, ROUTED>(p);
-      } else {
-        voltllm::moe_pair_down_staged_kernel<T, 24, ROUTED>(p);
-      }
-    }, seed);
+    emu::launch(grid, dim3(32 * voltllm::kMoePairStagedWarps), smem,
+                [&] { voltllm::moe_pair_down_staged_kernel<T, 12>(p); }, seed);
   });
 }
 
@@ -96,12 +89,12 @@ void emu_moe_combine(int bf16, void* out, const float* y, long long out_stride, 
 
 // One expert stage pair by pair (the decode path of a token or two): gated writes act [pairs, n], down
 // writes out [tokens, n], the top-k sum, by moe_pair_down_kernel (down_chunks 0) or the staged kernel
-// (12 or 24), as the glue launches them.
+// (12), as the glue launches them.
 void emu_moe_pair_experts(int bf16, int gated, void* out, const void* a, const void* weight, const int* topk_ids,
                           const float* topk_weights, long long a_stride, long long out_stride, int num_tokens,
                           int top_k, int n, int k, int down_chunks, unsigned seed) {
   voltllm::MoePairParams p{out, a, weight, topk_ids, topk_weights, a_stride, out_stride, top_k, n, k};
-  if (!gated && down_chunks != 0) return run_pair_down_staged<false>(bf16, p, num_tokens, down_chunks, seed);
+  if (!gated && down_chunks != 0) return run_pair_down_staged(bf16, p, num_tokens, down_chunks, seed);
   const dim3 grid(gated ? num_tokens * top_k : num_tokens, (n + voltllm::kMoePairWarps - 1) / voltllm::kMoePairWarps);
   emu::dispatch_dtype(bf16, [&](auto t) {
     using T = decltype(t);
@@ -112,24 +105,6 @@ void emu_moe_pair_experts(int bf16, int gated, void* out, const void* a, const v
         voltllm::moe_pair_down_kernel<T>(p);
       }
     }, seed);
-  });
-}
-
-// The same stages routing themselves from router_logits [num_tokens, num_experts] (rows logits_stride
-// apart): the gated stage moe_pair_gated_routed_kernel, the down stage the staged kernel (12 or 24).
-void emu_moe_pair_experts_routed(int bf16, int gated, void* out, const void* a, const void* weight,
-                                 const void* router_logits, long long logits_stride, long long a_stride,
-                                 long long out_stride, int num_tokens, int num_experts, int top_k, int renormalize,
-                                 int n, int k, int down_chunks, unsigned seed) {
-  voltllm::MoePairParams p{out, a, weight, nullptr, nullptr, a_stride, out_stride, top_k, n, k,
-                           router_logits, logits_stride, num_experts, renormalize};
-  if (num_experts > voltllm::kMoeRoutedMaxExperts) emu::fail("too many experts to route");
-  if (!gated) return run_pair_down_staged<true>(bf16, p, num_tokens, down_chunks, seed);
-  const dim3 grid(num_tokens * top_k, (n + voltllm::kMoePairWarps - 1) / voltllm::kMoePairWarps);
-  emu::dispatch_dtype(bf16, [&](auto t) {
-    using T = decltype(t);
-    emu::launch(grid, dim3(32 * voltllm::kMoePairWarps), voltllm::kMoePairRoutedGatedSmem,
-                [&] { voltllm::moe_pair_gated_routed_kernel<T>(p); }, seed);
   });
 }
 

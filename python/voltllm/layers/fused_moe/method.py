@@ -25,13 +25,7 @@ from voltllm.layers.fused_moe.experts_torch import fused_experts
 from voltllm.layers.fused_moe.router import select_experts
 from voltllm.layers.parameter import set_weight_attrs
 from voltllm.layers.quantization import QuantizationConfig
-from voltllm.ops.moe import (
-    fused_moe,
-    fused_moe_applies,
-    fused_moe_pairs_routed,
-    fused_moe_pairs_routed_applies,
-    topk_softmax,
-)
+from voltllm.ops.moe import fused_moe, fused_moe_applies, topk_softmax
 
 
 class FusedMoEMethodBase(ABC):
@@ -66,9 +60,8 @@ class FusedMoEMethodBase(ABC):
 class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
     """Dense experts in the model's dtype: `w13_weight [E, 2 * I, H]` (each expert's gate rows, then its
     up rows) and `w2_weight [E, H, I]`, computed by the expert kernels on CUDA (`voltllm.ops.moe`:
-    fused routing, the decode GEMV or the grouped GEMM, no host sync; at decode sizes optionally routed
-    inside the pair stages, PAIR_ROUTED) and by the torch forms of
-    `experts_torch` elsewhere (and for shapes the kernels do not take)."""
+    fused routing, the pair path at decode sizes, the decode GEMV or the grouped GEMM, no host sync) and
+    by the torch forms of `experts_torch` elsewhere (and for shapes the kernels do not take)."""
 
     def create_weights(
         self,
@@ -89,8 +82,6 @@ class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
     def apply(self, layer: nn.Module, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         w13, w2 = layer.w13_weight, layer.w2_weight
         if fused_moe_applies(x, w13, w2, layer.top_k):
-            if fused_moe_pairs_routed_applies(x, router_logits, w2, layer.top_k):
-                return fused_moe_pairs_routed(x, w13, w2, router_logits, layer.top_k, layer.renormalize)
             topk_weights, topk_ids = topk_softmax(router_logits, layer.top_k, layer.renormalize)
             return fused_moe(x, w13, w2, topk_weights, topk_ids.to(torch.int32))
         topk_weights, topk_ids = select_experts(router_logits, layer.top_k, layer.renormalize)
