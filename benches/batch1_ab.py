@@ -17,6 +17,9 @@ steps (`--api engine`). Variants:
   warp one KV block; the default since call 3 of session 10: `DECODE_MIN_SPLIT`);
 * `fold+ticket/64+lm32`: that, with the lm_head's GEMV storing the fp32 logits itself
   (`ParallelLMHead.fp32_gemv`), so the decode graph has no cast kernel after it.
+* `fold+allticket/64+lm32`: `fold+ticket/64+lm32` with the decode kernel merging every split count
+  itself (a batch-1 graph's grid holds ~33 splits, over the 16 "auto" merges in the kernel: "auto"
+  launches the merge kernel there in every layer).
 
 (Session 10's GEMV switches, whole-row L2 prefetch and a first-chunk register preload, measured no gain
 and were removed.)
@@ -66,6 +69,7 @@ VARIANTS = {
     "fold+ticket/512": (True, "auto", 512, False),
     "fold+ticket/64": (True, "auto", 64, False),
     "fold+ticket/64+lm32": (True, "auto", 64, True),
+    "fold+allticket/64+lm32": (True, "ticket", 64, True),
 }
 
 
