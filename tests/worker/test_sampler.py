@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from voltllm.ops.sampling import (
-    RACE_FIRST_MAX_ROWS,
+    RACE_FIRST_MAX_ROWS_TOP_P,
+    RACE_FIRST_MIN_TOP_P,
     random_seeds,
     resolve_sampling_method,
     sample_tokens_ref,
@@ -190,13 +191,21 @@ def test_methods_draw_the_same_tokens_and_an_unknown_method_is_refused():
         Sampler("sort")
 
 
-def test_auto_races_first_for_greedy_and_small_batches_and_selects_above():
-    """The default, "auto", names race_first for every greedy batch and for sampled batches of at most
-    RACE_FIRST_MAX_ROWS rows, select above; a kernel named outright is kept."""
+def test_auto_races_first_where_the_gpu_measured_it_faster():
+    """The default, "auto", names race_first for every greedy batch, for one row, and for top-p batches
+    of at most RACE_FIRST_MAX_ROWS_TOP_P rows whose top-p are all at least RACE_FIRST_MIN_TOP_P; select
+    for temperature alone past one row, low top-p past one row and large top-p batches. A kernel named
+    outright is kept."""
     assert Sampler().method == "auto"
-    assert resolve_sampling_method("auto", 4096, greedy=True) == "race_first"
-    assert resolve_sampling_method("auto", RACE_FIRST_MAX_ROWS, greedy=False) == "race_first"
-    assert resolve_sampling_method("auto", RACE_FIRST_MAX_ROWS + 1, greedy=False) == "select"
-    assert resolve_sampling_method("select", 1, greedy=True) == "select"
+    resolve = resolve_sampling_method
+    assert resolve("auto", 4096, greedy=True) == "race_first"
+    assert resolve("auto", 1, greedy=False) == "race_first"
+    assert resolve("auto", 1, greedy=False, min_top_p=0.5) == "race_first"
+    assert resolve("auto", 4, greedy=False) == "select"  # temperature alone
+    assert resolve("auto", RACE_FIRST_MAX_ROWS_TOP_P, greedy=False, min_top_p=0.95) == "race_first"
+    assert resolve("auto", RACE_FIRST_MAX_ROWS_TOP_P + 1, greedy=False, min_top_p=0.95) == "select"
+    assert resolve("auto", 8, greedy=False, min_top_p=RACE_FIRST_MIN_TOP_P) == "race_first"
+    assert resolve("auto", 8, greedy=False, min_top_p=0.5) == "select"
+    assert resolve("select", 1, greedy=True) == "select"
     with pytest.raises(ValueError, match="sampling method"):
-        resolve_sampling_method("fastest", 1, greedy=False)
+        resolve("fastest", 1, greedy=False)

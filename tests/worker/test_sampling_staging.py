@@ -64,6 +64,7 @@ def test_staged_columns_are_each_rows_settings_in_sampling_order():
     assert as_u64[0] == seed_for_step(2**70 + 5, 3) and as_u64[1] == seed_for_step(7, 0)
     batch = staged.batch
     assert (batch.uses_top_k, batch.uses_top_p, batch.uses_min_p, batch.uses_penalties) == (True,) * 4
+    assert batch.min_top_p == pytest.approx(0.9)  # what the sampler's "auto" method reads on the host
     assert not batch.all_greedy and batch.num_logprobs == []
     # The same rows object: the batch facts are reused, the seeded rows' seeds move with their count,
     # the unseeded row's are fresh every step.
@@ -103,6 +104,7 @@ def test_metadata_carries_only_the_filters_some_row_uses():
         eos_token_ids=(0,),
     )
     assert md.top_k is None and md.top_p is None and md.min_p is None and md.output_token_ids is None
+    assert md.min_top_p is None  # no row filters by top-p
     assert md.temperature.tolist() == pytest.approx([0.6, 0.0]) and not md.all_greedy
     assert md.num_logprobs == [None, 2]
     assert md.seeds is staged.seeds

@@ -24,8 +24,8 @@ what they keep) and "race_first" (csrc/sampling/race_first_sampling.cuh: the rac
 first, then a check of each against the top-p set; three launches for top-p, one for temperature or
 greedy). "race_first" covers temperature and top-p; a batch in which a row uses top-k or min-p takes
 "select" (the same token either way, so a row's draw still does not depend on its batch). "auto" (the
-default) picks per call by what the GPU A/B measured (benches/RESULTS.md, "Sampling methods"):
-race_first for greedy batches and for batches of at most `RACE_FIRST_MAX_ROWS` rows, select above.
+default) picks per call by what the GPU measured (`resolve_sampling_method`; benches/RESULTS.md,
+"Session 13").
 """
 
 from __future__ import annotations
@@ -37,10 +37,14 @@ from voltllm.ops._dispatch import kernel_ops, use_kernels
 SAMPLING_METHODS = ("select", "race_first")
 # The methods a caller may name: a kernel, or "auto" (`resolve_sampling_method`).
 METHOD_CHOICES = ("auto", *SAMPLING_METHODS)
-# Most rows "auto" races first when a row samples. H100, Qwen3's vocabulary, device us per draw
-# (benches/sampling.py): batch 1 race_first 0.42-0.94x select's time (T=0.6 with and without top-p
-# 0.95), batch 256 1.11x (T=0.6) and 1.31x (top-p 0.95 on peaked logits): its top-p check is per row.
-RACE_FIRST_MAX_ROWS = 16
+# Where "auto" races first (`resolve_sampling_method`). H100, Qwen3's vocabulary, the draw alone at 1 to
+# 256 rows (benches/sampling.py; race_first's device time over the select's): greedy 0.52-0.88 at every
+# size; temperature alone 0.91 at 1 row, 1.13-1.33 from 4; top-p 0.95 0.42-0.74 up to 64 rows, 0.60-0.92
+# at 128, 0.61-1.31 at 256; top-p 0.5 0.42-0.76 at 1 row but up to 7.6x from 4 (a row whose four best
+# race candidates all fall outside the top-p set, probability (1 - p)^4, takes a row-wide select).
+RACE_FIRST_MAX_ROWS_TEMPERATURE = 1
+RACE_FIRST_MAX_ROWS_TOP_P = 64
+RACE_FIRST_MIN_TOP_P = 0.9
 # Fewest tokens one block of a race_first split pass takes (kRaceMinSplitTokens in the kernel header):
 # about 150 blocks for one row of Qwen3's 151,936 tokens. The draw does not depend on it.
 RACE_MIN_SPLIT_TOKENS = 1024
@@ -157,14 +161,19 @@ def check_sampling_method(method: str) -> None:
         raise ValueError(f"unknown sampling method {method!r}: one of {', '.join(METHOD_CHOICES)}")
 
 
-def resolve_sampling_method(method: str, rows: int, greedy: bool) -> str:
-    """The kernel `method` names for a draw of `rows` rows ("auto": race_first for a greedy batch, where
-    its one launch beats torch's argmax at every batch size measured, and for at most
-    `RACE_FIRST_MAX_ROWS` sampled rows; select above)."""
+def resolve_sampling_method(method: str, rows: int, greedy: bool, min_top_p: float = 1.0) -> str:
+    """The kernel `method` names for a draw of `rows` rows whose smallest top-p is `min_top_p` (1: no
+    row filters by top-p). "auto" races first for a greedy batch, for one row, and for at most
+    `RACE_FIRST_MAX_ROWS_TOP_P` top-p rows all at `RACE_FIRST_MIN_TOP_P` or more (temperature alone: at
+    most `RACE_FIRST_MAX_ROWS_TEMPERATURE` rows); it selects otherwise."""
     check_sampling_method(method)
     if method != "auto":
         return method
-    return "race_first" if greedy or rows <= RACE_FIRST_MAX_ROWS else "select"
+    if greedy or rows <= RACE_FIRST_MAX_ROWS_TEMPERATURE:
+        return "race_first"
+    if min_top_p < 1 and rows <= RACE_FIRST_MAX_ROWS_TOP_P and min_top_p >= RACE_FIRST_MIN_TOP_P:
+        return "race_first"
+    return "select"
 
 
 def sample_tokens(
@@ -176,15 +185,20 @@ def sample_tokens(
     seeds: torch.Tensor,
     method: str = "auto",
     min_split_tokens: int = RACE_MIN_SPLIT_TOKENS,
+    min_top_p: float | None = None,
 ) -> torch.Tensor:
     """One token per row of `logits [N, V]` (fp32/fp16/bf16, rows contiguous): `[N]` int64.
 
     Per-row settings: `temperature` float32 (<= 0: greedy), `top_k` int32 (<= 0: off), `top_p` float32
     (1: off), `min_p` float32 (0: off), `seeds` int64 (the row's noise: same seed, same logits, same token).
     A filter no row uses may be None. `method` picks the kernel (`SAMPLING_METHODS`: the same token
-    either way); `min_split_tokens` sizes race_first's split passes (it does not change the token).
+    either way); `min_split_tokens` sizes race_first's split passes (it does not change the token);
+    `min_top_p`, the smallest of `top_p` when the caller knows it on the host, guides "auto" (None: 1
+    without `top_p`, else taken as low).
     """
-    method = resolve_sampling_method(method, logits.shape[0], greedy=False)
+    if min_top_p is None:
+        min_top_p = 1.0 if top_p is None else 0.0
+    method = resolve_sampling_method(method, logits.shape[0], greedy=False, min_top_p=min_top_p)
     if not use_kernels(logits):
         return sample_tokens_ref(logits, temperature, top_k, top_p, min_p, seeds)
     out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)

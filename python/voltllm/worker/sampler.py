@@ -33,6 +33,7 @@ class SamplingMetadata:
     all_greedy: bool
     top_k: torch.Tensor | None = None  # [N] int (<= 0 or >= vocab: off); None when no row uses it
     top_p: torch.Tensor | None = None  # [N] float32; None when no row uses it
+    min_top_p: float | None = None  # the smallest of top_p, known on the host (None: not known)
     min_p: torch.Tensor | None = None  # [N] float32; None when no row uses it
     # [N] int64: each row's noise seed this step (the runner stages them: `SamplingStager`); may be None
     # only when every row is greedy.
@@ -121,7 +122,9 @@ class Sampler:
                 "rows that sample with a temperature need their noise seeds (SamplingMetadata.seeds)"
             )
         top_k = md.top_k.int() if md.top_k is not None else None
-        return sample_tokens(logits, md.temperature, top_k, md.top_p, md.min_p, md.seeds, self.method)
+        return sample_tokens(
+            logits, md.temperature, top_k, md.top_p, md.min_p, md.seeds, self.method, min_top_p=md.min_top_p
+        )
 
 
 def _processed(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:

@@ -38,6 +38,7 @@ class BatchSampling:
     all_greedy: bool
     uses_top_k: bool
     uses_top_p: bool
+    min_top_p: float  # the smallest top-p of the rows (1: none filters by it)
     uses_min_p: bool
     uses_penalties: bool
     seeded: np.ndarray  # positions of the seeded rows
@@ -119,6 +120,7 @@ class SamplingStager:
             all_greedy=not np.count_nonzero(floats[SamplingColumns.TEMPERATURE]),
             uses_top_k=bool(np.count_nonzero(c.top_k[rows] > 0)),
             uses_top_p=bool(np.count_nonzero(floats[SamplingColumns.TOP_P] < 1)),
+            min_top_p=float(floats[SamplingColumns.TOP_P].min(initial=1.0)),
             uses_min_p=bool(np.count_nonzero(floats[SamplingColumns.MIN_P] > 0)),
             uses_penalties=bool(
                 np.count_nonzero(floats[SamplingColumns.PRESENCE])
@@ -160,7 +162,7 @@ def build_sampling_metadata(
     if batch.uses_top_k:
         md.top_k = staged.top_k
     if batch.uses_top_p:
-        md.top_p = floats[SamplingColumns.TOP_P]
+        md.top_p, md.min_top_p = floats[SamplingColumns.TOP_P], batch.min_top_p
     if batch.uses_min_p:
         md.min_p = floats[SamplingColumns.MIN_P]
     if batch.logit_bias.size:
