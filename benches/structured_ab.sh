@@ -6,16 +6,13 @@
 #   ratio ...          JSON schema / unconstrained (target <= 1.05)
 #   exactness ...      greedy tokens of each schema workload against JSON schema-sync's (must be equal)
 #   grammar check ...  every constrained output follows its schema
-# with pool-1 and pool-4 (TokenMasks.pool_threads = 1 / 4: the accept and the fill in one llguidance call
-# each on a pool of that many threads, against one call per matcher in the mask thread: the default
-# becomes the faster if it beats "JSON schema" in every round and its exactness line says "equal"),
-# no-maxLength (the same schema, unbounded string) and JSON schema-sync (synchronous steps) beside
-# them; then (unless --no-tests: tools/gpu_run.sh runs every GPU test file itself) the GPU tests of the
+# with no-maxLength (the same schema, unbounded string) and JSON schema-sync (synchronous steps) beside
+# those two; then (unless --no-tests: tools/gpu_run.sh runs every GPU test file itself) the GPU tests of the
 # mask kernel, TokenMasks' upload and the engine's constrained steps ahead on CUDA.
 set -u
 echo "cores: $(nproc)"
 python benches/structured_step.py --steps 50 --rounds 3 \
-  --variants "unconstrained,JSON schema,pool-1,pool-4,no-maxLength,JSON schema-sync" \
+  --variants "unconstrained,JSON schema,no-maxLength,JSON schema-sync" \
   2>&1 | grep -v -i "warn\|Capturing" | tail -60
 [ "${1:-}" = "--no-tests" ] && exit 0
 python -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_structured_cuda.py \

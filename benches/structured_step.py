@@ -12,31 +12,27 @@ the forward is queued (CUDA graphs in both workloads): accept the last step's to
 masks, queue their copy to the device on a side stream; the step applies them to the logits.
 
 Where the constrained step's extra time goes: a second table splits the median step of each workload
-into the engine's own timings (`EngineStepTimings`: schedule, the runner's prepare / forward enqueue /
-sync / post, the scheduler's update, outputs) and the constrained path's parts, measured by wrappers
-this script puts around the runner's `TokenMasks`: in the mask thread, the delay from the hand-off to
-the thread's start (the GIL, the queue), the accept, the fill, the upload's host time and its device
-time (CUDA events on the copy stream); on the main thread, the wait for the thread once the logits
-exist, and the apply's host time and device time (CUDA events around it on the step's stream: a late
-upload shows here). The `mask-profile` workload also computes each step's masks on copies of the
-matchers after the step's own fill: one after another on one thread (the slowest single mask and the
-sum) and with llguidance pools of 1, 4 and its default number of threads (its step times are not
-comparable). Other workloads change one thing: `split-N` splits the masks into N runs, each computed
-one after another by its own thread (`TokenMasks(threads=N)`); `pool-N` sets the engine's
-`TokenMasks.pool_threads = N` (read per step): the accept and the fill in one llguidance call each on
-a pool of N threads, the mask thread giving up the GIL twice a step instead of once per mask
-(`pool-default`: llguidance's default size, 80% of the cores); bench-only, through the same wrappers:
-`upload-at-apply` copies the masks on the step's stream after
-the wait (before: the copy was on the critical path), `no-maxLength` uses `SCHEMA` without the string's
-`maxLength` (bounded strings are the grammar engine's expensive case), `apply-only` uploads and applies
-the last filled masks without filling new ones or accepting (the floor of the device side). Every
-workload runs with the engine's asynchronous scheduling (its CUDA default: the next step is planned
-and launched before the last one's ids reach the host; a constrained step's draw is queued by the
-mask thread once its masks are filled, and the main thread waits for that only before the next
-forward: `launch_wait`), but the `-sync` ones, which step synchronously. After each constrained
-workload (but `apply-only`) every request's tokens are fed to a fresh matcher of its schema: a token
-the grammar rejects stops the script (the masks were wrong or late); the first round's greedy outputs
-of the `SCHEMA` workloads are also compared token by token with `JSON schema-sync`'s.
+into the engine's own timings (`EngineStepTimings`: schedule, the runner's prepare / forward enqueue
+/ sync / post, the scheduler's update, outputs) and the constrained path's parts, measured by
+wrappers this script puts around the runner's `TokenMasks`: in the mask thread, the delay from the
+hand-off to the thread's start (the GIL, the queue), the accept, the fill, the upload's host time
+and its device time (CUDA events on the copy stream); on the main thread, the wait for the thread
+once the logits exist, and the apply's host time and device time (CUDA events around it on the
+step's stream: a late upload shows here). The `mask-profile` workload also computes each step's
+masks on copies of the matchers after the step's own fill, one after another on one thread: the
+slowest single mask and the sum (its step times are not comparable). Other workloads change one
+thing, bench-only, through the same wrappers: `upload-at-apply` copies the masks on the step's
+stream after the wait (before: the copy was on the critical path), `no-maxLength` uses `SCHEMA`
+without the string's `maxLength` (bounded strings are the grammar engine's expensive case),
+`apply-only` uploads and applies the last filled masks without filling new ones or accepting (the
+floor of the device side). Every workload runs with the engine's asynchronous scheduling (its CUDA
+default: the next step is planned and launched before the last one's ids reach the host; a
+constrained step's draw is queued by the mask thread once its masks are filled, and the main thread
+waits for that only before the next forward: `launch_wait`), but the `-sync` ones, which step
+synchronously. After each constrained workload (but `apply-only`) every request's tokens are fed to
+a fresh matcher of its schema: a token the grammar rejects stops the script (the masks were wrong or
+late); the first round's greedy outputs of the `SCHEMA` workloads are also compared token by token
+with `JSON schema-sync`'s.
 
 The dummy checkpoint has no tokenizer, so the grammar engine gets a synthetic vocabulary of the
 model's size (`synthetic_tokenizer`: the 256 bytes, then deterministic pseudo-words, JSON
@@ -51,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import sys
@@ -91,10 +86,6 @@ SCHEMA = {
 SCHEMA_NO_MAXLENGTH = json.loads(json.dumps(SCHEMA))
 del SCHEMA_NO_MAXLENGTH["items"]["properties"]["name"]["maxLength"]
 PROMPT_LEN = 128
-# llguidance's own default pool size (80% of the cores, at most 32).
-LLGUIDANCE_DEFAULT_THREADS = max(1, min(32, (os.cpu_count() or 1) * 80 // 100))
-# The pools `mask-profile` times on copies of the step's matchers.
-PROFILE_POOLS = tuple(sorted({1, 4, LLGUIDANCE_DEFAULT_THREADS}))
 _PIECES = ['{"', '":', '",', "},", "[{", "}]", '"', ",", ":", "{", "}", "[", "]", "true", "false", "null"]
 
 
@@ -158,8 +149,6 @@ class Variant:
 
     name: str
     constrained: bool
-    threads: int = 1  # TokenMasks(threads=...): how many threads split the masks (each in a run)
-    pool: int = 0  # TokenMasks.pool_threads: accept and fill on an llguidance pool of this many threads
     fill: bool = True
     accept: bool = True
     upload_at_apply: bool = False  # copy the masks on the step's stream after the wait
@@ -175,12 +164,6 @@ VARIANTS = {
         Variant("JSON schema", True),
         Variant("unconstrained-sync", False, async_scheduling=False),
         Variant("JSON schema-sync", True, async_scheduling=False),
-        Variant("split-2", True, threads=2),
-        Variant("split-4", True, threads=4),
-        Variant("pool-1", True, pool=1),
-        Variant("pool-2", True, pool=2),
-        Variant("pool-4", True, pool=4),
-        Variant("pool-default", True, pool=LLGUIDANCE_DEFAULT_THREADS),
         Variant("upload-at-apply", True, upload_at_apply=True),
         Variant("no-maxLength", True, schema=SCHEMA_NO_MAXLENGTH),
         Variant("apply-only", True, fill=False, accept=False),
@@ -209,7 +192,6 @@ PROBE_PARTS = (
     "apply_device_s",
     "slowest_mask_s",
     "sum_of_masks_s",
-    *(f"pool{n}_fill_s" for n in PROFILE_POOLS),
 )
 
 
@@ -222,9 +204,9 @@ class StepRecord:
 
 
 class ConstrainedPathProbe:
-    """Gives the runner a `TokenMasks` per variant and wraps its parts (start, accept, fill, upload,
-    apply) to time them and to switch them per variant. Device times come from CUDA events read after
-    the workload. The mask thread's parts are recorded in the step whose apply waits for them."""
+    """Wraps the parts of the runner's `TokenMasks` (start, accept, fill, upload, apply) to time them
+    and to switch them per variant. Device times come from CUDA events read after the workload. The
+    mask thread's parts are recorded in the step whose apply waits for them."""
 
     def __init__(self, engine: LLMEngine) -> None:
         self.runner = engine.core.runner
@@ -232,20 +214,12 @@ class ConstrainedPathProbe:
         self.variant = VARIANTS["JSON schema"]
         self.current: dict[str, float] = {}
         self._events: list[tuple[dict[str, float], str, object, object]] = []
-        self._masks: dict[int, TokenMasks] = {}
-        self._pools = {n: llguidance.LLExecutor(num_threads=n) for n in PROFILE_POOLS}
+        self._wrap(self.runner.masks)
         self._wrap_launch_wait()
 
     def use(self, variant: Variant) -> None:
-        """Time `variant` next: the runner gets the (wrapped) TokenMasks of its thread count."""
+        """Time `variant` next (the wrappers read it)."""
         self.variant = variant
-        if variant.threads not in self._masks:
-            old = self.runner.masks
-            masks = TokenMasks(old._host.shape[0], old.vocab_size, old.device, threads=variant.threads)
-            self._wrap(masks)
-            self._masks[variant.threads] = masks
-        self.runner.masks = self._masks[variant.threads]
-        self.runner.masks.pool_threads = variant.pool
 
     def _wrap(self, masks: TokenMasks) -> None:
         start, run, accept, fill = masks.start, masks._run, masks._accept, masks._fill
@@ -330,26 +304,21 @@ class ConstrainedPathProbe:
         self.runner._wait_launched = timed_wait
 
     @staticmethod
-    def _copy_matchers(matchers: list) -> dict[int, list]:
-        """Copies of the step's matchers, one set per profiled fill (0: one mask after another)."""
-        return {n: [(m.deep_copy(), i) for m, i in matchers] for n in (0, *PROFILE_POOLS)}
+    def _copy_matchers(matchers: list) -> list:
+        """Copies of the step's matchers (a matcher keeps its last mask)."""
+        return [(m.deep_copy(), i) for m, i in matchers]
 
-    def _profile(self, masks: TokenMasks, copies: dict[int, list], parts: dict[str, float]) -> None:
-        """The step's masks again on `copies`: one after another on this thread (each mask alone),
-        then in one call on each profiled llguidance pool."""
+    def _profile(self, masks: TokenMasks, copies: list, parts: dict[str, float]) -> None:
+        """The step's masks again on `copies`, one after another on this thread (each mask alone)."""
         mask_bytes = masks.num_words * 4
-        scratch = torch.empty((len(copies[0]), masks.num_words), dtype=torch.int32)
+        scratch = torch.empty((len(copies), masks.num_words), dtype=torch.int32)
         times = []
-        for copy, i in copies[0]:
+        for copy, i in copies:
             begin = time.perf_counter()
             copy.unsafe_compute_mask_ptr(scratch[i].data_ptr(), mask_bytes)
             times.append(time.perf_counter() - begin)
         parts["slowest_mask_s"] = max(times, default=0.0)
         parts["sum_of_masks_s"] = sum(times)
-        for n, pool in self._pools.items():
-            begin = time.perf_counter()
-            pool.unsafe_compute_mask_ptr(copies[n], scratch.data_ptr(), mask_bytes, scratch.shape[0])
-            parts[f"pool{n}_fill_s"] = time.perf_counter() - begin
 
     def _mark(self, stream: torch.cuda.Stream | None = None) -> object:
         if not self.cuda:

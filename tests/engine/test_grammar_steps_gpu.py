@@ -56,11 +56,8 @@ def model_dir(tmp_path_factory) -> Path:
     return path
 
 
-def run(
-    model_dir: Path, async_scheduling: bool, enforce_eager: bool, sampling: dict, pool_threads: int = 0
-) -> tuple[dict, list]:
-    """Every request's tokens, and per enqueued step (left running, a grammar in the batch);
-    `pool_threads`: `TokenMasks.pool_threads` (the grammar work on an llguidance pool)."""
+def run(model_dir: Path, async_scheduling: bool, enforce_eager: bool, sampling: dict) -> tuple[dict, list]:
+    """Every request's tokens, and per enqueued step (left running, a grammar in the batch)."""
     config = EngineConfig(
         model=ModelConfig(model=str(model_dir), dtype="float16"),
         cache=CacheConfig(num_kv_blocks=512),
@@ -73,7 +70,6 @@ def run(
     core = engine.core
     core.structured_output._tokenizer = synthetic_tokenizer(core.vocab_size, core.eos_token_ids[0])
     runner, steps = core.runner, []
-    runner.masks.pool_threads = pool_threads
     enqueue = runner.enqueue
 
     def recording_enqueue(plan):
@@ -107,13 +103,4 @@ def test_constrained_steps_run_ahead_on_cuda_with_the_synchronous_tokens(
     ahead, steps = run(model_dir, True, enforce_eager, sampling)
     assert sum(running and constrained for running, constrained in steps) > 10, "grammar steps ran ahead"
     synchronous, _ = run(model_dir, False, enforce_eager, sampling)
-    assert ahead == synchronous
-
-
-def test_grammar_work_on_an_llguidance_pool_gives_the_synchronous_tokens_on_cuda(model_dir: Path) -> None:
-    """`TokenMasks.pool_threads = 4` (the bench's `pool-4`), graphs, greedy: the same tokens as the
-    synchronous engine filling one mask after another."""
-    ahead, steps = run(model_dir, True, False, {"temperature": 0.0}, pool_threads=4)
-    assert sum(running and constrained for running, constrained in steps) > 10, "grammar steps ran ahead"
-    synchronous, _ = run(model_dir, False, False, {"temperature": 0.0})
     assert ahead == synchronous

@@ -182,29 +182,6 @@ def test_constrained_steps_run_ahead_and_equal_the_synchronous_engine(num_blocks
 
 
 @pytest.mark.parametrize(
-    ("pool_threads", "params"),
-    [(1, {"temperature": 0.0}), (3, {"temperature": 0.8, "top_k": 6, "top_p": 0.9, "seed": 3})],
-    ids=["pool-1-greedy", "pool-3-seeded"],
-)
-def test_grammar_work_on_an_llguidance_pool_gives_the_same_streams(pool_threads: int, params: dict) -> None:
-    """`TokenMasks.pool_threads` (the bench's `pool-N`): the accept and the fill in one llguidance call
-    each on a pool. Every stream equals the synchronous one-by-one engine's, with the engine stepping
-    synchronously and ahead, through preemption mid-grammar."""
-    requests = mixed_requests(2, **params)
-    expected = streams(toy_engine(False, 20), requests)
-    for async_scheduling in (False, True):
-        eng = toy_engine(async_scheduling, 20)
-        masks = eng.core.runner.masks
-        masks.pool_threads = pool_threads
-        steps = record_steps(eng)
-        assert streams(eng, requests) == expected
-        assert list(masks._pools) == [pool_threads], "the pool did the grammar work"
-        assert eng.core.scheduler.num_preemptions > 0, "the KV cache was meant to run out mid-grammar"
-        assert any(running and constrained for running, constrained in steps) == async_scheduling
-        assert_pool_whole(eng, 20)
-
-
-@pytest.mark.parametrize(
     "params",
     [
         {"temperature": 0.9, "seed": 7},

@@ -47,18 +47,15 @@ def test_masks_match_llguidance_on_a_subset_of_rows(compiler) -> None:
     assert torch.equal(logits[[0, 2]], original[[0, 2]])  # unconstrained rows untouched
 
 
-def _run_steps(
-    compiler: StructuredOutputCompiler, device: torch.device, threads: int, pool_threads: int = 0
-) -> None:
+def _run_steps(compiler: StructuredOutputCompiler, device: torch.device) -> None:
     """Three steps of two constrained requests through one TokenMasks: rows that are not the leading
     ones, then leading rows, then one request alone; each step accepts the last step's masked argmax
-    in the mask thread (on an llguidance pool with `pool_threads`), and every kept token set must be
-    llguidance's own for the advanced state (a grammar that ended allows only EOS)."""
+    in the mask thread, and every kept token set must be llguidance's own for the advanced state (a
+    grammar that ended allows only EOS)."""
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
     a = compiler.compile(StructuredOutput(kind="json", spec=json.dumps(schema)))
     b = compiler.compile(StructuredOutput(kind="choice", spec='["yes", "no", "maybe"]'))
-    masks = TokenMasks(max_rows=8, vocab_size=VOCAB, device=device, threads=threads)
-    masks.pool_threads = pool_threads
+    masks = TokenMasks(max_rows=8, vocab_size=VOCAB, device=device)
     gen = torch.Generator().manual_seed(0)
     to_accept = None
     for step_rows in ([(1, "a", a), (3, "b", b)], [(0, "a", a), (1, "b", b)], [(2, "b", b)]):
@@ -80,28 +77,14 @@ def _run_steps(
         to_accept = TokensToAccept(pending.masked.request_ids, pending.masked.grammars, sampled.tolist())
 
 
-FILLS = pytest.mark.parametrize(
-    ("threads", "pool_threads"), [(1, 0), (3, 0), (1, 2)], ids=["one-thread", "three-threads", "pool-2"]
-)
-
-
-@FILLS
-def test_consecutive_steps_mask_what_llguidance_allows(compiler, threads: int, pool_threads: int) -> None:
-    _run_steps(compiler, torch.device("cpu"), threads, pool_threads)
+def test_consecutive_steps_mask_what_llguidance_allows(compiler) -> None:
+    _run_steps(compiler, torch.device("cpu"))
 
 
 @pytest.mark.gpu
-@FILLS
-def test_consecutive_steps_mask_what_llguidance_allows_on_the_gpu(
-    compiler, threads: int, pool_threads: int
-) -> None:
+def test_consecutive_steps_mask_what_llguidance_allows_on_the_gpu(compiler) -> None:
     """The masks go up on the upload stream as soon as they are filled; the apply waits for them."""
-    _run_steps(compiler, torch.device("cuda"), threads, pool_threads)
-
-
-def test_a_mask_fill_needs_a_thread() -> None:
-    with pytest.raises(ValueError, match="at least one thread"):
-        TokenMasks(max_rows=1, vocab_size=VOCAB, device=torch.device("cpu"), threads=0)
+    _run_steps(compiler, torch.device("cuda"))
 
 
 def test_a_grammar_that_ends_is_terminated(compiler) -> None:

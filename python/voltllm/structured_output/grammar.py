@@ -46,14 +46,9 @@ def _no_grammar() -> None:
     return None
 
 
-def accept_tokens(
-    grammars: list[Grammar], token_ids: list[int], pool: llguidance.LLExecutor | None = None
-) -> list[bool]:
-    """`Grammar.accept` for many requests at once: one after another on this thread, or spread over
-    the threads of an llguidance `pool` (one call, GIL released)."""
-    if pool is None or len(grammars) == 1:
-        return [g.accept(t) for g, t in zip(grammars, token_ids, strict=True)]
-    return pool.consume_token_par([(g.matcher, t) for g, t in zip(grammars, token_ids, strict=True)])
+def accept_tokens(grammars: list[Grammar], token_ids: list[int]) -> list[bool]:
+    """`Grammar.accept` for many requests at once, one after another on this thread."""
+    return [g.accept(t) for g, t in zip(grammars, token_ids, strict=True)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,12 +73,12 @@ class TokensToAccept:
     token_ids: list[int] | None
     arrive: Callable[[], list[int]] | None = None
 
-    def accept(self, pool: llguidance.LLExecutor | None = None) -> list[EndedGrammar]:
+    def accept(self) -> list[EndedGrammar]:
         """Advance every grammar by its token (`accept_tokens`); returns those that ended or rejected
         it."""
         if self.token_ids is None:
             self.token_ids = self.arrive()
-        accepted = accept_tokens(self.grammars, self.token_ids, pool)
+        accepted = accept_tokens(self.grammars, self.token_ids)
         ended = []
         for request_id, grammar, token_id, ok in zip(
             self.request_ids, self.grammars, self.token_ids, accepted, strict=True

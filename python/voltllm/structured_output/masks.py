@@ -8,32 +8,33 @@ step's forward is queued (before an eager forward's Python launch, right after a
 so the thread's few moments under the GIL fall where the main thread only waits, and it waits for
 the thread only when the logits exist. Under asynchronous scheduling the thread goes on to queue the
 apply and the draw itself (`start(..., then=...)`, `apply_filled`) and the main thread does not wait
-for the masks at all, only for that draw to be queued before the next forward. The thread computes
-the masks one after another (each llguidance call releases the GIL): on the H200's 16-core host
-llguidance's own parallel fill of 64 masks was ~3x slower than the same masks one at a time (RESULTS
-"Structured outputs (issue 20)");
-`threads > 1` splits the batch into that many runs of masks, each computed one after another by its
-own thread. `pool_threads > 0` (read per step) instead accepts the tokens and fills the masks in one
-llguidance call each on a pool of that many threads (`LLExecutor`): the mask thread then gives up the
-GIL twice a step instead of once per mask, which matters under asynchronous scheduling, where the
-main thread plans the next step in Python while the masks are filled (the default stays 0 until the
-H100 measures it: `benches/structured_step.py`'s `pool-N` workloads). As soon as the masks are
-filled, the thread queues their copy into a device buffer allocated once on a stream of its own, so
-when the logits exist only one kernel (`voltllm.ops.structured.apply_token_bitmask`) is left: it
-reads the bits and sets the disallowed logits of the constrained rows to -inf. The logits of a
-captured CUDA graph are masked the same way, after the replay: the mask never enters the graph.
+for the masks at all, only for that draw to be queued before the next forward. The thread accepts
+the tokens and computes the masks one matcher after another (each llguidance call releases the GIL).
+As soon as the masks are filled, the thread queues their copy into a device buffer allocated once on
+a stream of its own, so when the logits exist only one kernel
+(`voltllm.ops.structured.apply_token_bitmask`) is left: it reads the bits and sets the disallowed
+logits of the constrained rows to -inf. The logits of a captured CUDA graph are masked the same way,
+after the replay: the mask never enters the graph.
 
 Advancing the grammars here, one step late, keeps llguidance's token acceptance off the path between
 "step N's tokens are known" and "step N+1 is launched". A grammar that ends with step N's token is
 then found during step N+1, whose token for that request the scheduler drops (its mask allowed only
 EOS): the request's tokens and finish reason are those it would have had (`docs/engine.md`).
+
+Tried and measured slower: llguidance's pool and several Python threads. An `LLExecutor` of N
+threads doing the accept and the fill in one call each (the GIL given up twice a step instead of once
+per mask) gained nothing: on the H100 (16 cores), Qwen3-0.6B shape, batch 64, asynchronous
+scheduling, step ms per round were unconstrained 1.837 / 1.843 / 1.849, one by one (this path)
+1.939 / 1.928 / 1.927, a pool of 1 1.929 / 1.932 / 1.932, a pool of 4 1.921 / 1.928 / 2.001 (and on
+the H200 host session 9's pool of 12 filled 64 masks ~3x slower than one by one). Splitting the
+masks into runs over 2 or 4 Python threads was slower than one thread (session 10: fill 935 / 1,476
+us against 788; steps 2.211 / 2.524 ms against 2.154). RESULTS "Structured outputs (issue 20)".
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from itertools import pairwise
 
 import llguidance
 import numpy as np
@@ -99,11 +100,7 @@ def _tokens_of(rows: list[int], sampled: np.ndarray) -> list[int]:
 class TokenMasks:
     """One runner's mask buffers (for up to `max_rows` constrained requests a step) and its thread."""
 
-    def __init__(self, max_rows: int, vocab_size: int, device: torch.device, threads: int = 1) -> None:
-        """threads: how many threads compute a step's masks (the mask thread and `threads - 1`
-        helpers, each one run of masks after another); the mask thread accepts the tokens."""
-        if threads < 1:
-            raise ValueError(f"the mask fill needs at least one thread, got {threads}")
+    def __init__(self, max_rows: int, vocab_size: int, device: torch.device) -> None:
         self.vocab_size = vocab_size
         self.device = device
         self.num_words = (vocab_size + 31) // 32
@@ -113,14 +110,7 @@ class TokenMasks:
         # Where the masks are read on the device (the host buffers themselves on the CPU).
         self._bits = torch.empty_like(self._host, device=device) if on_cuda else self._host
         self._rows = torch.empty_like(self._host_rows, device=device) if on_cuda else self._host_rows
-        self.threads = threads
-        # Read per step: 0, the accept and the fill one matcher after another in the mask thread (each
-        # fill releases the GIL, and takes it back, once per mask); N > 0, each in one call on an
-        # llguidance pool of N threads (`_pool`), the GIL released once. Same masks, same tokens.
-        self.pool_threads = 0
-        self._pools: dict[int, llguidance.LLExecutor] = {}
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="voltllm-masks")
-        self._helpers = ThreadPoolExecutor(threads - 1, "voltllm-masks-help") if threads > 1 else None
         # On a GPU: the uploads' stream, the last upload (the host buffers are free once it is done)
         # and the last apply (the device buffers are free once it is done).
         self._copy_stream = torch.cuda.Stream(device) if on_cuda else None
@@ -152,42 +142,14 @@ class TokenMasks:
             then(masked)
         return ended
 
-    def _pool(self) -> llguidance.LLExecutor | None:
-        """The llguidance pool of `pool_threads` threads (made on first use), or None (0)."""
-        num = self.pool_threads
-        if num <= 0:
-            return None
-        pool = self._pools.get(num)
-        if pool is None:
-            pool = self._pools[num] = llguidance.LLExecutor(num_threads=num)
-        return pool
-
     def _accept(self, accepts: TokensToAccept) -> list[EndedGrammar]:
-        return accepts.accept(self._pool())
+        return accepts.accept()
 
     def _fill(self, matchers: list[tuple[llguidance.LLMatcher, int]]) -> None:
+        """Compute the masks one after another into their rows of the host buffer (each llguidance
+        call releases the GIL)."""
         if self._uploaded is not None:
             self._uploaded.synchronize()  # the last upload has read the host buffers
-        pool = self._pool()
-        if pool is not None:
-            # One call, the GIL released once: the pool's threads write each mask into its row.
-            pool.unsafe_compute_mask_ptr(
-                matchers, self._host.data_ptr(), self.num_words * 4, self._host.shape[0]
-            )
-            return
-        if self._helpers is None or len(matchers) < 2:
-            self._fill_run(matchers)
-            return
-        # Contiguous runs of masks, one per thread; this thread computes the first.
-        num_runs = min(self.threads, len(matchers))
-        runs = list(pairwise(len(matchers) * k // num_runs for k in range(num_runs + 1)))
-        helped = [self._helpers.submit(self._fill_run, matchers[a:b]) for a, b in runs[1:]]
-        self._fill_run(matchers[: runs[0][1]])
-        for run in helped:
-            run.result()
-
-    def _fill_run(self, matchers: list[tuple[llguidance.LLMatcher, int]]) -> None:
-        """Compute these masks one after another into their rows of the host buffer."""
         base, mask_bytes = self._host.data_ptr(), self.num_words * 4
         for matcher, i in matchers:
             matcher.unsafe_compute_mask_ptr(base + i * mask_bytes, mask_bytes)
