@@ -19,7 +19,8 @@ steps (`--api engine`). Variants:
   (`ParallelLMHead.fp32_gemv`), so the decode graph has no cast kernel after it.
 * `fold+allticket/64+lm32`: `fold+ticket/64+lm32` with the decode kernel merging every split count
   itself (a batch-1 graph's grid holds ~33 splits, over the 16 "auto" merges in the kernel: "auto"
-  launches the merge kernel there in every layer).
+  launches the merge kernel there in every layer); `fold+allticket/128+lm32`: that with 128-token splits
+  (half the splits, so half the partials the last block merges).
 
 (Session 10's GEMV switches, whole-row L2 prefetch and a first-chunk register preload, measured no gain
 and were removed.)
@@ -70,6 +71,7 @@ VARIANTS = {
     "fold+ticket/64": (True, "auto", 64, False),
     "fold+ticket/64+lm32": (True, "auto", 64, True),
     "fold+allticket/64+lm32": (True, "ticket", 64, True),
+    "fold+allticket/128+lm32": (True, "ticket", 128, True),
 }
 
 
