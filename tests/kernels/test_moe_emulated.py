@@ -11,7 +11,7 @@ import ctypes
 
 import pytest
 import torch
-from emulator import build_emulator, needs_gxx, ptr
+from emulator import build_emulator, fresh_generator, needs_gxx, ptr
 
 from voltllm.layers.fused_moe import experts_grouped
 from voltllm.ops.moe import moe_max_tiles, topk_softmax_ref
@@ -22,11 +22,6 @@ pytestmark = needs_gxx
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     return build_emulator(tmp_path_factory.mktemp("emu"), "moe_harness.cpp")
-
-
-def _generator() -> tuple[torch.Generator, int]:
-    seed = int(torch.randint(0, 2**31, ()))
-    return torch.Generator().manual_seed(seed), seed
 
 
 def _distinct_logits(num_tokens: int, num_experts: int, gen: torch.Generator) -> torch.Tensor:
@@ -40,7 +35,7 @@ def _distinct_logits(num_tokens: int, num_experts: int, gen: torch.Generator) ->
 @pytest.mark.parametrize("num_experts,top_k", [(8, 2), (60, 4), (128, 8), (7, 1), (40, 32)])
 @pytest.mark.parametrize("renormalize", [True, False])
 def test_topk_softmax_matches_its_definition(emu, dtype, num_experts, top_k, renormalize):
-    gen, seed = _generator()
+    gen, seed = fresh_generator()
     num_tokens = 9  # 3 blocks of 4 warps, the last one partly idle
     logits = torch.zeros(num_tokens, num_experts + 8, dtype=dtype)[:, :num_experts]  # strided rows
     logits.copy_(_distinct_logits(num_tokens, num_experts, gen))
@@ -83,7 +78,7 @@ def _routings(num_tokens: int, num_experts: int, top_k: int, gen: torch.Generato
 @pytest.mark.parametrize("tile_rows", [8, 64])
 @pytest.mark.parametrize("num_tokens,num_experts,top_k", [(1, 8, 2), (37, 16, 4), (300, 128, 8)])
 def test_align_tiles_every_pair_once_by_expert(emu, tile_rows, num_tokens, num_experts, top_k):
-    gen, seed = _generator()
+    gen, seed = fresh_generator()
     for name, topk_ids in _routings(num_tokens, num_experts, top_k, gen).items():
         sorted_pair_ids, tile_experts, num_tiles, max_tiles = _align(
             emu, topk_ids, num_experts, tile_rows, seed
@@ -137,7 +132,7 @@ def _run_experts(emu, x, w13, w2, topk_weights, topk_ids, grouped_gemm: bool, se
 def test_expert_pipeline_matches_the_torch_form(emu, grouped_gemm, dtype, num_tokens, top_k):
     # hidden 96 and intermediate 48: a partial 64-wide column block in both stages, and a k of 48 that
     # ends inside a 32-wide step of the grouped GEMM's down stage.
-    gen, seed = _generator()
+    gen, seed = fresh_generator()
     num_experts, hidden, inter = 6, 96, 48
     x = torch.randn(num_tokens, hidden, generator=gen).to(dtype)
     w13 = (torch.randn(num_experts, 2 * inter, hidden, generator=gen) / hidden**0.5).to(dtype)
@@ -180,7 +175,7 @@ def _run_pair_experts(emu, x, w13, w2, topk_weights, topk_ids, seed: int) -> tor
 def test_pair_path_matches_the_torch_form(emu, dtype, num_tokens, top_k):
     # hidden 1048 = 4 * 256 + 24: the gated stage's row ends inside a 4-chunk step, the down stage's k of
     # 40 inside its first chunk; top-k of 5 leaves a partial round of the down stage's 4 pairs in flight.
-    gen, seed = _generator()
+    gen, seed = fresh_generator()
     num_experts, hidden, inter = 10, 1048, 40
     x = torch.randn(num_tokens, hidden, generator=gen).to(dtype)
     w13 = (torch.randn(num_experts, 2 * inter, hidden, generator=gen) / hidden**0.5).to(dtype)
@@ -208,7 +203,7 @@ def test_pair_path_matches_the_torch_form(emu, dtype, num_tokens, top_k):
 def test_pair_down_stage_matches_its_definition(emu, down_chunks, dtype, num_tokens, top_k, inter):
     """Both down-stage kernels: out[t] = sum_j weight_j * (act[t * top_k + j] @ w2[e_j].T) in fp32, rounded
     once. n = 20 output features leaves the staged kernel's last block with 4 warps past n."""
-    gen, seed = _generator()
+    gen, seed = fresh_generator()
     num_experts, hidden = 12, 20
     act = torch.randn(num_tokens * top_k, inter, generator=gen).to(dtype)
     w2 = (torch.randn(num_experts, hidden, inter, generator=gen) / inter**0.5).to(dtype)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from emulator import fresh_generator
 from quant_cases import CASES, QuantCase, make_weight
 
 from voltllm.layers.fused_moe import experts_grouped
@@ -28,11 +29,6 @@ pytestmark = pytest.mark.gpu
 
 def _cases(*names: str) -> list[QuantCase]:
     return [c for c in CASES if c.name in names]
-
-
-def _seeded() -> tuple[torch.Generator, int]:
-    seed = int(torch.randint(0, 2**31, ()))
-    return torch.Generator().manual_seed(seed), seed
 
 
 def _experts(case: QuantCase, num_experts: int, hidden: int, inter: int, gen: torch.Generator):
@@ -89,7 +85,7 @@ SIZES = [
 @pytest.fixture(scope="module", params=CASES, ids=lambda c: c.name)
 def experts(request):
     """Each case's experts, drawn once per run (fresh every run)."""
-    gen, seed = _seeded()
+    gen, seed = fresh_generator()
     return (*_experts(request.param, NUM_EXPERTS, HIDDEN, INTER, gen), seed)
 
 
@@ -110,7 +106,7 @@ def test_fused_moe_quantized_matches_dequantize_then_the_torch_form(experts, num
 def test_quantized_experts_on_the_qwen3_30b_a3b_expert_shape(case, num_tokens):
     """Experts of 2048 -> 768 -> 2048, top-8 (16 of them: drawing 128 takes long on the host), by the
     path `quantized_path` picks: pairs at 1 and 64 tokens, dequantized at 2,048."""
-    gen, seed = _seeded()
+    gen, seed = fresh_generator()
     w13, w2, dense13, dense2 = _experts(case, 16, 2048, 768, gen)
     x = _inputs(num_tokens, dense13, gen)
     _check(x, w13, w2, dense13, dense2, _logits("random", num_tokens, 16, gen), 8, None, seed)
@@ -118,7 +114,7 @@ def test_quantized_experts_on_the_qwen3_30b_a3b_expert_shape(case, num_tokens):
 
 @pytest.mark.parametrize("case", _cases("int4-g128", "int4-g128-actorder"), ids=lambda c: c.name)
 def test_dequantize_experts_is_the_definition(case):
-    gen, _ = _seeded()
+    gen, _ = fresh_generator()
     weights = [make_weight(case, 96, 256, gen, "cuda") for _ in range(3)]
     dense = dequantize_experts(pack_experts(weights))
     assert torch.equal(dense, torch.stack([dequantize(w, torch.float16) for w in weights]))
@@ -130,7 +126,7 @@ def test_quantized_path_follows_the_threshold():
 
 
 def test_fused_moe_quantized_refuses_what_it_does_not_take():
-    gen, _ = _seeded()
+    gen, _ = fresh_generator()
     w13, w2, _, _ = _experts(CASES[0], 4, 64, 64, gen)
     x = torch.randn(2, 64, generator=gen).cuda()
     assert not fused_moe_quantized_applies(x.bfloat16(), w13, w2, 2)  # fp16 activations only
@@ -146,7 +142,7 @@ def test_fused_moe_quantized_refuses_what_it_does_not_take():
 @pytest.mark.parametrize("case", _cases("int4-g128", "int4-g128-actorder"), ids=lambda c: c.name)
 @pytest.mark.parametrize("num_tokens", [1, 64, 512])  # pairs, pairs, dequantized
 def test_fused_moe_quantized_captures_in_a_cuda_graph(case, num_tokens):
-    gen, seed = _seeded()
+    gen, seed = fresh_generator()
     num_experts, hidden = 32, 256
     w13, w2, dense13, dense2 = _experts(case, num_experts, hidden, 128, gen)
     x = torch.randn(num_tokens, hidden, generator=gen).half().cuda()

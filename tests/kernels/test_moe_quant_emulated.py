@@ -12,7 +12,7 @@ import ctypes
 import pytest
 import torch
 import torch.nn.functional as F
-from emulator import build_emulator, needs_gxx, ptr
+from emulator import build_emulator, fresh_generator, needs_gxx, ptr
 from quant_cases import (
     CASES,
     FP16_EPS,
@@ -39,11 +39,6 @@ WHOLE_PATH_CASES = ("int4-g128", "int4-g32-sym-actorder", "fp8-g128")
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     return build_emulator(tmp_path_factory.mktemp("emu"), "moe_harness.cpp")
-
-
-def _generator() -> tuple[torch.Generator, int]:
-    seed = int(torch.randint(0, 2**31, ()))
-    return torch.Generator().manual_seed(seed), seed
 
 
 def _experts(case: QuantCase, rows: int, k: int, gen: torch.Generator):
@@ -115,7 +110,7 @@ def _stage_id(param: tuple[QuantCase, str, int]) -> str:
 
 @pytest.mark.parametrize("case,routing,top_k", STAGE_CASES, ids=[_stage_id(p) for p in STAGE_CASES])
 def test_gated_stage_matches_dequantize_then_matmul(emu, case: QuantCase, routing: str, top_k: int):
-    gen, seed = _generator()
+    gen, seed = fresh_generator()
     num_tokens = 2
     weights, experts = _experts(case, 2 * INTER, HIDDEN, gen)
     x = torch.randn(num_tokens, HIDDEN, generator=gen).to(torch.float16)
@@ -134,7 +129,7 @@ def test_gated_stage_matches_dequantize_then_matmul(emu, case: QuantCase, routin
 
 @pytest.mark.parametrize("case,routing,top_k", STAGE_CASES, ids=[_stage_id(p) for p in STAGE_CASES])
 def test_down_stage_matches_dequantize_then_weighted_sum(emu, case: QuantCase, routing: str, top_k: int):
-    gen, seed = _generator()
+    gen, seed = fresh_generator()
     num_tokens = 2
     weights, experts = _experts(case, HIDDEN, INTER, gen)
     act = torch.randn(num_tokens * top_k, INTER, generator=gen).to(torch.float16)
@@ -155,7 +150,7 @@ def test_down_stage_matches_dequantize_then_weighted_sum(emu, case: QuantCase, r
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.name in WHOLE_PATH_CASES], ids=lambda c: c.name)
 def test_pair_path_matches_the_experts_on_dequantized_weights(emu, case: QuantCase):
-    gen, seed = _generator()
+    gen, seed = fresh_generator()
     num_tokens, top_k = 2, 4
     w13, w13_packed = _experts(case, 2 * INTER, HIDDEN, gen)
     w2, w2_packed = _experts(case, HIDDEN, INTER, gen)
