@@ -37,7 +37,6 @@ class BatchSampling:
     rows: np.ndarray  # the request-array rows it describes (compared by identity)
     all_greedy: bool
     uses_top_k: bool
-    uses_top_p: bool
     min_top_p: float  # the smallest top-p of the rows (1: none filters by it)
     uses_min_p: bool
     uses_penalties: bool
@@ -49,6 +48,11 @@ class BatchSampling:
     num_logprobs: list[int | None]  # per row; empty: no row wants logprobs
     # (position, token ids, bias) per logit-bias row, from the request states on first use.
     bias_entries: list[tuple[int, torch.Tensor, torch.Tensor]] | None = None
+
+    @property
+    def uses_top_p(self) -> bool:
+        """Some row filters by top-p."""
+        return self.min_top_p < 1
 
 
 @dataclass(slots=True)
@@ -119,7 +123,6 @@ class SamplingStager:
             rows=rows,
             all_greedy=not np.count_nonzero(floats[SamplingColumns.TEMPERATURE]),
             uses_top_k=bool(np.count_nonzero(c.top_k[rows] > 0)),
-            uses_top_p=bool(np.count_nonzero(floats[SamplingColumns.TOP_P] < 1)),
             min_top_p=float(floats[SamplingColumns.TOP_P].min(initial=1.0)),
             uses_min_p=bool(np.count_nonzero(floats[SamplingColumns.MIN_P] > 0)),
             uses_penalties=bool(
