@@ -443,6 +443,16 @@ def pair_stage_split(
     return row
 
 
+def random_expert_stacks(config: dict, seed: int) -> tuple[torch.Generator, torch.Tensor, torch.Tensor]:
+    """A CUDA generator seeded with `seed` and one layer's fp16 expert stacks drawn from it (`w13 [E, 2I,
+    H]`, `w2 [E, H, I]`, scaled as trained weights are); the generator goes on to draw the inputs."""
+    experts, hidden, inter = config["num_experts"], config["hidden_size"], config["moe_intermediate_size"]
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    w13 = (torch.randn(experts, 2 * inter, hidden, device="cuda", generator=gen) * 0.02).half()
+    w2 = (torch.randn(experts, hidden, inter, device="cuda", generator=gen) * 0.02).half()
+    return gen, w13, w2
+
+
 DOWN_VARIANTS = (0, *PAIR_DOWN_STAGED_CHUNKS)  # the pair path's down-stage kernels (voltllm.ops.moe)
 
 
@@ -452,11 +462,8 @@ def bench_pair_down(config: dict, args: argparse.Namespace) -> list[dict]:
     gated stage, down stage) from a CUDA graph, the down stage by difference, and the whole layer, for
     each of DOWN_VARIANTS at each of `--pair-down-tokens` (fresh routings per size; past PAIRS_MAX_TOKENS
     the pair path is not the one dispatched, shown for the trend)."""
-    experts, top_k = config["num_experts"], config["num_experts_per_tok"]
-    hidden, inter = config["hidden_size"], config["moe_intermediate_size"]
-    gen = torch.Generator(device="cuda").manual_seed(args.seed)
-    w13 = (torch.randn(experts, 2 * inter, hidden, device="cuda", generator=gen) * 0.02).half()
-    w2 = (torch.randn(experts, hidden, inter, device="cuda", generator=gen) * 0.02).half()
+    experts, top_k, hidden = config["num_experts"], config["num_experts_per_tok"], config["hidden_size"]
+    gen, w13, w2 = random_expert_stacks(config, args.seed)
     rows = []
     print(
         "pair path, one layer from a graph: down stage us by difference (TB/s of its bytes, speed-up over "
@@ -483,11 +490,8 @@ def bench_pair_down(config: dict, args: argparse.Namespace) -> list[dict]:
 @torch.inference_mode()
 def bench_kernels(config: dict, args: argparse.Namespace) -> list[dict]:
     """One layer's experts on the model's expert shape (random weights, fresh routings per size)."""
-    experts, top_k = config["num_experts"], config["num_experts_per_tok"]
-    hidden, inter = config["hidden_size"], config["moe_intermediate_size"]
-    gen = torch.Generator(device="cuda").manual_seed(args.seed)
-    w13 = (torch.randn(experts, 2 * inter, hidden, device="cuda", generator=gen) * 0.02).half()
-    w2 = (torch.randn(experts, hidden, inter, device="cuda", generator=gen) * 0.02).half()
+    experts, top_k, hidden = config["num_experts"], config["num_experts_per_tok"], config["hidden_size"]
+    gen, w13, w2 = random_expert_stacks(config, args.seed)
     rows = []
     for tokens in args.kernel_tokens:
         x = torch.randn(tokens, hidden, device="cuda", generator=gen).half()
