@@ -17,10 +17,10 @@ steps (`--api engine`). Variants:
   warp one KV block; the default since call 3 of session 10: `DECODE_MIN_SPLIT`);
 * `fold+ticket/64+lm32`: that, with the lm_head's GEMV storing the fp32 logits itself
   (`ParallelLMHead.fp32_gemv`), so the decode graph has no cast kernel after it.
-* `fold+allticket/64+lm32`: `fold+ticket/64+lm32` with the decode kernel merging every split count
-  itself (a batch-1 graph's grid holds ~33 splits, over the 16 "auto" merges in the kernel: "auto"
-  launches the merge kernel there in every layer); `fold+allticket/128+lm32`: that with 128-token splits
-  (half the splits, so half the partials the last block merges).
+
+(Session 14 measured the decode kernel merging every split count itself at batch 1, with 64- and
+128-token splits: 1.016x and 1.039x the step of `fold+ticket/64+lm32`, so "auto" keeps the merge
+kernel past `TICKET_MERGE_MAX_SPLITS`; those variants were removed.)
 
 (Session 10's GEMV switches, whole-row L2 prefetch and a first-chunk register preload, measured no gain
 and were removed.)
@@ -70,8 +70,6 @@ VARIANTS = {
     "fold+ticket/512": (True, "auto", 512, False),
     "fold+ticket/64": (True, "auto", 64, False),
     "fold+ticket/64+lm32": (True, "auto", 64, True),
-    "fold+allticket/64+lm32": (True, "ticket", 64, True),
-    "fold+allticket/128+lm32": (True, "ticket", 128, True),
 }
 
 

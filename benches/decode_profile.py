@@ -13,6 +13,7 @@ what the step would lose without it, and a breakdown that adds up to the span of
     python benches/decode_profile.py --model qwen3-0.6b --batch 1
     python benches/decode_profile.py --model qwen3-0.6b --batch 1 --context 256 --graphs
     python benches/decode_profile.py --model llama-3-8b --quantization awq --graphs   # dummy AWQ weights
+    python benches/decode_profile.py --model qwen3-30b-a3b --batch 1 --context 256 --graphs  # the MoE step
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decode_latency import MODELS  # noqa: E402
+from decode_latency import MODELS as DENSE_MODELS  # noqa: E402
+from model_shapes import QWEN3_30B_A3B  # noqa: E402
+
+MODELS = {**DENSE_MODELS, "qwen3-30b-a3b": QWEN3_30B_A3B}  # the MoE step too (issue 17)
 
 # The quantization_config benches/quantization.py gives its AWQ models.
 AWQ_CONFIG = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}

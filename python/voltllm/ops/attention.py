@@ -37,7 +37,9 @@ PREFILL_BLOCK_M = {
 DECODE_MERGES = ("auto", "ticket", "kernel")
 # With few splits the merge is a few partials' worth of reads: cheaper in the last block than a launch.
 # Many splits (long contexts at small batches) are merged faster by the merge kernel, which spreads each
-# head over blocks (benches/RESULTS.md, "Batch-1 decode (issue 21)").
+# head over blocks (benches/RESULTS.md, "Batch-1 decode (issue 21)"). Merging every split count in the
+# kernel measured slower, also at batch 1 where the graph's grid holds ~33 splits and the merge kernel
+# runs in every layer: 1.016x the step, and 1x32k decode 0.034 against 0.028 ms (RESULTS, session 14).
 TICKET_MERGE_MAX_SPLITS = 16
 # Tokens a decode split covers at least (one KV block a warp): a sequence splits by its own length
 # (`decode_split` in csrc/attention/paged_decode_common.cuh) into as many splits as the grid's one wave
