@@ -2,7 +2,11 @@
 # One device call: builds the kernels, runs every GPU test file, then the measurement requests, each
 # under its own time limit inside the call's budget, and prints a table of what ran last.
 #
-#   bash tools/gpu_run.sh [--budget SECONDS] [--no-tests] [REQUEST ...]
+#   bash tools/gpu_run.sh [--budget SECONDS] [--no-tests] [--only-on GPU] [REQUEST ...]
+#
+# `--only-on H200` runs nothing (exit 3, the GPU's name printed) unless the GPU's name contains it: a call
+# made for an issue's H200 figures then costs seconds when the device tool lends an H100 instead, and
+# `... --only-on H200 A B || bash tools/gpu_run.sh C` spends such a call on other work.
 #
 # A request is a bash script (default: every tools/gpu_requests/*.sh, in name order) run from the repo
 # root; its first line may say `# timeout: N` (seconds). Each gets min(N, what is left of the budget over
@@ -18,19 +22,25 @@ set -u
 export PYTHONUNBUFFERED=1
 budget=540
 tests=1
+only_on=
 requests=()
 while [ $# -gt 0 ]; do
   case $1 in
     --budget) budget=$2; shift 2 ;;
     --no-tests) tests=0; shift ;;
+    --only-on) only_on=$2; shift 2 ;;
     *) requests+=("$1"); shift ;;
   esac
 done
 [ ${#requests[@]} -eq 0 ] && requests=(tools/gpu_requests/*.sh)
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+if [ -n "$only_on" ] && [[ "$gpu" != *"$only_on"* ]]; then
+  echo "this call's GPU is $gpu, not $only_on: nothing run"
+  exit 3
+fi
 out=${OUT:-/tmp/gpu_run}
 mkdir -p "$out"
 source "$(dirname "$0")/gpu_wheels.sh"
-install_carried_wheels || exit 1
 export PYTHONPATH=/tmp/site:$PWD/python:$PWD/tests/engine
 export VOLTLLM_KERNEL_CACHE=$PWD/.carry/kernels  # the prebuilt library, or where this call builds it
 t0=$(date +%s)
@@ -39,6 +49,8 @@ summary=()
 record() {  # record NAME RC SECONDS LOG
   summary+=("$(printf '| %s | %s | %s | %s |' "$1" "$2" "$3" "$(grep -v '^\s*$' "$4" | tail -1 | cut -c1-90)")")
 }
+# A warm machine has them already: pip's "already exists" warnings are left out.
+install_carried_wheels 2>"$out/wheels.log" || { cat "$out/wheels.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 start=$(elapsed)
 python -m voltllm.ops >"$out/build.log" 2>&1
