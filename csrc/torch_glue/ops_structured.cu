@@ -41,8 +41,7 @@ void apply_token_bitmask(at::Tensor& logits, const at::Tensor& bitmask, const st
   p.words = static_cast<int>(bitmask.size(1));
   p.vocab = static_cast<int>(vocab);
   p.num_rows = static_cast<int>(logits.size(0));
-  const dim3 grid(static_cast<unsigned>((vocab + kBitmaskThreads - 1) / kBitmaskThreads),
-                  static_cast<unsigned>(num_masks));
+  const dim3 grid(static_cast<unsigned>(apply_token_bitmask_blocks(p.vocab)), static_cast<unsigned>(num_masks));
   const auto stream = at::cuda::getCurrentCUDAStream();
   auto run = [&](auto t) {
     using T = decltype(t);

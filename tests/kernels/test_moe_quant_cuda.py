@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from cuda_graphs import capture
 from emulator import fresh_generator
 from quant_cases import CASES, QuantCase, make_weight
 
@@ -153,14 +154,7 @@ def test_fused_moe_quantized_captures_in_a_cuda_graph(case, num_tokens):
         return fused_moe_quantized(x, w13, w2, weights, ids)
 
     with torch.inference_mode():
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            step()  # warm-up outside the capture
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):  # a host sync inside would raise here
-            out = step()
+        graph, out = capture(step)
         for _ in range(2):  # fresh inputs and routings replay into the same buffers
             x.copy_(torch.randn(num_tokens, hidden, generator=gen))
             logits.copy_(torch.randn(num_tokens, num_experts, generator=gen))

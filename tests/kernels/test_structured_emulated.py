@@ -31,7 +31,7 @@ def run_kernel(emu, logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Ten
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("rows", [None, [3, 0, 5]], ids=["leading-rows", "row-subset"])
-@pytest.mark.parametrize("vocab", [31, 300, 513])
+@pytest.mark.parametrize("vocab", [31, 300, 513, 8292])  # 8292: three blocks, each warp three rounds
 def test_kernel_masks_exactly_the_disallowed_tokens(emu, dtype, rows, vocab) -> None:
     gen = torch.Generator().manual_seed(vocab + len(rows or []))
     padded = torch.randn(6, vocab + 5, generator=gen).to(dtype)  # rows 5 elements longer than vocab

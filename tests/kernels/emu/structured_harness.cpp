@@ -12,7 +12,7 @@ extern "C" {
 void emu_apply_token_bitmask(int dtype, void* logits, long long logits_stride, int num_rows, const int* bitmask,
                              const int* rows, int num_masks, int words, int vocab, unsigned seed) {
   voltllm::TokenBitmaskParams p{logits, logits_stride, bitmask, rows, words, vocab, num_rows};
-  const dim3 grid((vocab + voltllm::kBitmaskThreads - 1) / voltllm::kBitmaskThreads, num_masks);
+  const dim3 grid(voltllm::apply_token_bitmask_blocks(vocab), num_masks);
   auto run = [&](auto t) {
     using T = decltype(t);
     emu::launch(grid, dim3(voltllm::kBitmaskThreads), 0, [&] { voltllm::apply_token_bitmask_kernel<T>(p); }, seed);
