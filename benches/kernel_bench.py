@@ -77,7 +77,7 @@ def _diff(out: torch.Tensor, base: torch.Tensor) -> float:
     return float((out.double() - base.double()).norm() / base.double().norm())
 
 
-def decode_case(batch: int, ctx: int, copy_bw: float, merge: str = "auto") -> list[dict]:
+def decode_case(batch: int, ctx: int, copy_bw: float) -> list[dict]:
     num_heads, num_kv_heads, head = 32, 4, 128
     blocks_per_seq = ctx // 16
     kv_bytes = 2 * batch * ctx * num_kv_heads * head * 2
@@ -97,9 +97,7 @@ def decode_case(batch: int, ctx: int, copy_bw: float, merge: str = "auto") -> li
     scale = 1 / math.sqrt(head)
 
     def run(i: int) -> None:
-        ops.paged_decode_attention(
-            query, kv_cache, tables[i % sets], seq_lens, seq_lens_cpu, scale, out=out, merge=merge
-        )
+        ops.paged_decode_attention(query, kv_cache, tables[i % sets], seq_lens, seq_lens_cpu, scale, out=out)
 
     eager_ms = time_ms(run, iters=8 * sets)
     # Decode steps run as CUDA graphs in the engine; replaying one measures the GPU, not Python.
@@ -111,7 +109,7 @@ def decode_case(batch: int, ctx: int, copy_bw: float, merge: str = "auto") -> li
     bw = kv_bytes / (ms * 1e-3)
     row = {
         "case": f"decode {batch}x{ctx}",
-        "variant": f"{DECODE_KERNEL} merge={merge}",
+        "variant": DECODE_KERNEL,
         "ms": ms,
         "eager ms": eager_ms,
         "GB/s": bw / 1e9,
@@ -269,11 +267,8 @@ def main() -> None:
     copy_bw = copy_bandwidth()
     rows: list[dict] = []
     if args.only in (None, "attention", "decode"):
-        # Each shape with the default split merge ("auto": in the kernel up to TICKET_MERGE_MAX_SPLITS
-        # splits) and with the kernel merging every split count ("ticket").
-        for b, c in ((1, 32768), (1, 2048), (16, 8192), (64, 4096), (256, 1024)):
-            for merge in ("auto", "ticket"):
-                rows += decode_case(b, c, copy_bw, merge)
+        for b, c in ((1, 32768), (16, 8192), (64, 4096), (256, 1024)):
+            rows += decode_case(b, c, copy_bw)
     if args.only in (None, "attention", "prefill"):
         rows += prefill_case(8, 2048) + prefill_case(1, 16384)
     if args.only in (None, "fused"):
