@@ -16,7 +16,13 @@ steps (`--api engine`). Variants:
   under 512 tokens is never split); `fold+ticket/64`: splits of 64 tokens (more blocks at batch 1, each
   warp one KV block; the default since call 3 of session 10: `DECODE_MIN_SPLIT`);
 * `fold+ticket/64+lm32`: that, with the lm_head's GEMV storing the fp32 logits itself
-  (`ParallelLMHead.fp32_gemv`), so the decode graph has no cast kernel after it.
+  (`ParallelLMHead.fp32_gemv`), so the decode graph has no cast kernel after it (main);
+* `fold+ticket/64+lm32+l2`: that, with the decode kernel asking L2 for the layer's next weights (o_proj
+  and the MLP's first projection, or the MoE router) while it attends (`l2_prefetch_max_seqs` 8), so
+  the GEMVs after it read them from L2.
+
+`--models qwen3-30b-a3b` times the MoE step too; its floor counts the experts a token is routed to
+(`benches/moe.py`'s `touched_bytes`), the dense models' every weight.
 
 (Session 14 measured the decode kernel merging every split count itself at batch 1, with 64- and
 128-token splits: 1.016x and 1.039x the step of `fold+ticket/64+lm32`, so "auto" keeps the merge
@@ -49,27 +55,30 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_latency import (  # noqa: E402
-    MODELS,
+    SHAPES,
     api_step_time,
     copy_bandwidth,
     decode_steps,
     dummy_model_config,
     weight_bytes,
 )
+from moe import touched_bytes  # noqa: E402
 
 from voltllm import LLM  # noqa: E402
+from voltllm.layers.fused_moe import FusedMoE  # noqa: E402
 from voltllm.ops.sampling import METHOD_CHOICES  # noqa: E402
 
-# name -> the SM70AttentionBackend switches (fold_prologue, decode_merge, decode_min_split) and
-# ParallelLMHead.fp32_gemv
+# name -> the SM70AttentionBackend switches (fold_prologue, decode_merge, decode_min_split,
+# l2_prefetch_max_seqs) and ParallelLMHead.fp32_gemv
 VARIANTS = {
-    "unfused": (False, "kernel", 256, False),
-    "fold": (True, "kernel", 256, False),
-    "fold+ticket": (True, "auto", 256, False),
-    "fold/512": (True, "kernel", 512, False),
-    "fold+ticket/512": (True, "auto", 512, False),
-    "fold+ticket/64": (True, "auto", 64, False),
-    "fold+ticket/64+lm32": (True, "auto", 64, True),
+    "unfused": (False, "kernel", 256, 0, False),
+    "fold": (True, "kernel", 256, 0, False),
+    "fold+ticket": (True, "auto", 256, 0, False),
+    "fold/512": (True, "kernel", 512, 0, False),
+    "fold+ticket/512": (True, "auto", 512, 0, False),
+    "fold+ticket/64": (True, "auto", 64, 0, False),
+    "fold+ticket/64+lm32": (True, "auto", 64, 0, True),
+    "fold+ticket/64+lm32+l2": (True, "auto", 64, 8, True),
 }
 
 
@@ -84,10 +93,18 @@ def set_variant(llm: LLM, variant: str) -> None:
     """The variant's switches on the attention backend and the lm_head; graphs captured again."""
     runner = llm.engine.core.runner
     backend = runner.model.attn_backend
-    fold, merge, min_split, lm32 = VARIANTS[variant]
+    fold, merge, min_split, l2_seqs, lm32 = VARIANTS[variant]
     backend.fold_prologue, backend.decode_merge, backend.decode_min_split = fold, merge, min_split
+    backend.l2_prefetch_max_seqs = l2_seqs
     runner.model.lm_head.fp32_gemv = lm32
     runner.capture_cuda_graphs()
+
+
+def floor_bytes(model: torch.nn.Module) -> int:
+    """The weight bytes of a batch-1 step: every weight, or on a MoE model those a token touches."""
+    if any(isinstance(m, FusedMoE) for m in model.modules()):
+        return touched_bytes(model)
+    return weight_bytes(model)
 
 
 def step_seconds(llm: LLM, args: argparse.Namespace) -> float:
@@ -124,7 +141,7 @@ def sampling_namespace(args: argparse.Namespace, spec: str) -> argparse.Namespac
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--models", nargs="+", default=["qwen3-0.6b"], choices=list(MODELS))
+    p.add_argument("--models", nargs="+", default=["qwen3-0.6b"], choices=list(SHAPES))
     p.add_argument(
         "--variants", nargs="+", default=["unfused", "fold", "fold+ticket"], choices=list(VARIANTS)
     )
@@ -163,7 +180,7 @@ def main() -> None:
         llm = build_llm(name, async_scheduling)
         print(f"{name}: async scheduling {llm.engine.core.async_scheduling}", flush=True)
         sampler = llm.engine.core.runner.sampler
-        floor = weight_bytes(llm.engine.core.runner.model) / bandwidth
+        floor = floor_bytes(llm.engine.core.runner.model) / bandwidth
         times = {(c, s): [] for c in configs for s in args.sampling}
         replays: dict[str, list[float]] = {v: [] for v in args.variants}
         for _ in range(args.rounds):

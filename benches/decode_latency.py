@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from model_shapes import LLAMA3_8B, QWEN3_0_6B, write_dummy_tokenizer  # noqa: E402
+from model_shapes import LLAMA3_8B, QWEN3_0_6B, QWEN3_30B_A3B, write_dummy_tokenizer  # noqa: E402
 
 from voltllm import LLM, SamplingParams  # noqa: E402
 from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
@@ -38,6 +38,8 @@ from voltllm.engine.llm_engine import LLMEngine  # noqa: E402
 from voltllm.protocol import EngineCoreRequest, EngineSamplingParams  # noqa: E402
 
 MODELS = {"qwen3-0.6b": QWEN3_0_6B, "llama-3-8b": LLAMA3_8B}
+# Every shape the batch-1 benches build engines of (`dummy_model_config`): these rows' and the MoE step's.
+SHAPES = {**MODELS, "qwen3-30b-a3b": QWEN3_30B_A3B}
 
 
 def copy_bandwidth() -> float:
@@ -108,9 +110,9 @@ def dummy_model_config(
 ) -> EngineConfig:
     """The batch-1 benches' engine: model `name`'s shape written to `tmp` (with a dummy tokenizer for
     `LLM`), dummy fp16 weights on CUDA; `async_scheduling` None lets the engine choose."""
-    (Path(tmp) / "config.json").write_text(json.dumps(MODELS[name]))
+    (Path(tmp) / "config.json").write_text(json.dumps(SHAPES[name]))
     if tokenizer:
-        write_dummy_tokenizer(tmp, MODELS[name]["vocab_size"])
+        write_dummy_tokenizer(tmp, SHAPES[name]["vocab_size"])
     return EngineConfig(
         model=ModelConfig(model=tmp, load_format="dummy", dtype="float16", max_model_len=4096),
         cache=CacheConfig(num_kv_blocks=2048),

@@ -29,10 +29,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decode_latency import MODELS as DENSE_MODELS  # noqa: E402
-from model_shapes import QWEN3_30B_A3B  # noqa: E402
-
-MODELS = {**DENSE_MODELS, "qwen3-30b-a3b": QWEN3_30B_A3B}  # the MoE step too (issue 17)
+from decode_latency import SHAPES as MODELS  # noqa: E402  (the MoE step's too: issue 17)
 
 # The quantization_config benches/quantization.py gives its AWQ models.
 AWQ_CONFIG = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}

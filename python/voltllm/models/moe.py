@@ -139,6 +139,12 @@ class SparseMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._with_shared_expert(x, self.experts(x, self.gate(x)))
 
+    def first_weights(self) -> tuple[torch.Tensor, ...]:
+        """What a forward streams first whatever the routing: the router's weights (the experts' depend
+        on it), then the shared expert's first ones."""
+        shared = self.shared_expert.first_weights() if self.shared_expert is not None else ()
+        return (*self.gate.streamed_weights(), *shared)
+
     def _with_shared_expert(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
