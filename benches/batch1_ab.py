@@ -18,7 +18,7 @@ steps (`--api engine`). Variants:
 * `fold+ticket/64+lm32`: that, with the lm_head's GEMV storing the fp32 logits itself
   (`ParallelLMHead.fp32_gemv`), so the decode graph has no cast kernel after it (main);
 * `fold+ticket/64+lm32+l2`: that, with the decode kernel asking L2 for the layer's next weights (o_proj
-  and the MLP's first projection, or the MoE router) while it attends (`l2_prefetch_max_seqs` 8), so
+  and the dense MLP's weights, or the MoE router) while it attends (`l2_prefetch_max_seqs` 8), so
   the GEMVs after it read them from L2.
 
 `--models qwen3-30b-a3b` times the MoE step too; its floor counts the experts a token is routed to

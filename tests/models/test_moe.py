@@ -199,8 +199,9 @@ class _RecordingBackend(TorchAttentionBackend):
 
 
 def test_attention_is_told_the_weights_read_after_it() -> None:
-    """Each layer hands its backend o_proj's weight, then its MLP's first: gate/up on a dense layer, the
-    router (and the shared expert's gate/up) on a sparse one; the output is the reference's."""
+    """Each layer hands its backend o_proj's weight, then its MLP's leading ones: gate/up and down on a
+    dense layer, the router on a sparse one (the experts and then the shared expert depend on it); the
+    output is the reference's."""
     config = moe_config("qwen2_moe-e6-top2-shared")  # layer 0 sparse with a shared expert, ...
     config.decoder_sparse_step, config.mlp_only_layers = 1, [1]  # ... layer 1 dense
     backend = _RecordingBackend()
@@ -217,10 +218,9 @@ def test_attention_is_told_the_weights_read_after_it() -> None:
     assert torch.equal(out, expected)
     sparse, dense = model.model.layers
     assert isinstance(sparse.mlp, SparseMoeBlock) and not isinstance(dense.mlp, SparseMoeBlock)
-    shared_gate_up = sparse.mlp.shared_expert.gate_up_proj.weight
     wanted = [
-        (sparse.self_attn.o_proj.weight, sparse.mlp.gate.weight, shared_gate_up),
-        (dense.self_attn.o_proj.weight, dense.mlp.gate_up_proj.weight),
+        (sparse.self_attn.o_proj.weight, sparse.mlp.gate.weight),
+        (dense.self_attn.o_proj.weight, dense.mlp.gate_up_proj.weight, dense.mlp.down_proj.weight),
     ]
     assert len(backend.next_weights) == 2
     for got, want in zip(backend.next_weights, wanted, strict=True):

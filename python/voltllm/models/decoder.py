@@ -209,7 +209,7 @@ class DecoderAttention(nn.Module):
         mlp_weights: Sequence[torch.Tensor] = (),
     ) -> torch.Tensor:
         """Everything after the qkv projection (which a decoder layer may fuse with its input norm).
-        `mlp_weights`: the MLP's first weights, which attention may bring into cache beside o_proj's."""
+        `mlp_weights`: the MLP's leading weights, which attention may bring into cache after o_proj's."""
         next_weights = (*self.o_proj.streamed_weights(), *mlp_weights)
         return self.o_proj(self.attn(positions, qkv, kv_cache, metadata, next_weights))
 
@@ -248,9 +248,10 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.gate_up_proj(x))
 
-    def first_weights(self) -> tuple[torch.Tensor, ...]:
-        """What a forward streams first: the gate/up projection's weights."""
-        return self.gate_up_proj.streamed_weights()
+    def leading_weights(self) -> tuple[torch.Tensor, ...]:
+        """The weights a forward reads, in order, before any read that depends on its input: all of
+        them (gate/up, then down)."""
+        return (*self.gate_up_proj.streamed_weights(), *self.down_proj.streamed_weights())
 
     def add_norm_forward(
         self, hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
@@ -329,7 +330,7 @@ class DecoderLayer(nn.Module):
             qkv = attn.qkv_proj(self.input_layernorm(hidden))
         else:
             qkv, residual = attn.qkv_proj.add_norm_forward(hidden, residual, self.input_layernorm)
-        hidden = attn.attend(positions, qkv, kv_cache, metadata, self.mlp.first_weights())
+        hidden = attn.attend(positions, qkv, kv_cache, metadata, self.mlp.leading_weights())
         return self.mlp.add_norm_forward(hidden, residual, self.post_attention_layernorm)
 
 

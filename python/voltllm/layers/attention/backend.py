@@ -133,8 +133,8 @@ class AttentionBackend(ABC):
         """Apply `prologue` to the q and k heads of `qkv`, then `forward`. Backends with a fused
         prologue override this.
 
-        `next_weights` are the weights the layer reads right after attention (its o_proj, the MLP's
-        first projection): a backend may bring them into the GPU's cache while it attends (the CUDA
+        `next_weights` are the weights the layer reads right after attention, in order (its o_proj,
+        then the MLP's until one depends on the input): a backend may bring them into the GPU's cache while it attends (the CUDA
         backend does at small decode batches, where attention leaves the memory idle). A hint only:
         the result never depends on it, and this reference form ignores it."""
         query, key, value = split_qkv(spec, qkv)

@@ -28,8 +28,8 @@ from voltllm.ops.variants import HEAD_SIZES
 
 SUPPORTED_HEAD_SIZES = HEAD_SIZES  # what the kernels are built for
 # Decode batches up to this many sequences have the decode kernel ask L2 for the layer's next weights
-# (o_proj, the MLP's first projection) while it attends: there attention is latency-bound and the memory
-# idle, so the GEMVs after it read those weights from L2. Larger batches stream K/V at bandwidth: no.
+# (o_proj, then the MLP's leading weights) while it attends: there attention is latency-bound and the
+# memory idle, so the GEMVs after it read those weights from L2. Larger batches stream K/V at bandwidth.
 # 0 until the A/B (`benches/batch1_ab.py`, variant `+l2`) has measured it on a GPU.
 L2_PREFETCH_MAX_SEQS = 0
 
