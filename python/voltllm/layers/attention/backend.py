@@ -134,9 +134,9 @@ class AttentionBackend(ABC):
         prologue override this.
 
         `next_weights` are the weights the layer reads right after attention, in order (its o_proj,
-        then the MLP's until one depends on the input): a backend may bring them into the GPU's cache while it attends (the CUDA
-        backend does at small decode batches, where attention leaves the memory idle). A hint only:
-        the result never depends on it, and this reference form ignores it."""
+        then the MLP's until one depends on the input): a backend may bring them into the GPU's cache
+        while it attends (the CUDA backend does at small decode batches, where attention leaves the
+        memory idle). A hint only: the result never depends on it, and this reference form ignores it."""
         query, key, value = split_qkv(spec, qkv)
         query, key = prologue(positions, query, key)
         return self.forward(spec, query, key, value, kv_cache, metadata)
