@@ -19,7 +19,9 @@ steps (`--api engine`). Variants:
   (`ParallelLMHead.fp32_gemv`), so the decode graph has no cast kernel after it (main);
 * `fold+ticket/64+lm32+l2`: that, with the decode kernel asking L2 for the layer's next weights (o_proj
   and the dense MLP's weights, or the MoE router) while it attends (`l2_prefetch_max_seqs` 8), so
-  the GEMVs after it read them from L2.
+  the GEMVs after it read them from L2;
+* `fold+ticket/64+lm32/norm-apart`: main with a MoE block's add + RMSNorm as its own kernel before the
+  router's GEMV (`SparseMoeBlock.fold_norm_into_router` off; every other variant folds it in).
 
 `--models qwen3-30b-a3b` times the MoE step too; its floor counts the experts a token is routed to
 (`benches/moe.py`'s `touched_bytes`), the dense models' every weight.
@@ -66,19 +68,21 @@ from moe import touched_bytes  # noqa: E402
 
 from voltllm import LLM  # noqa: E402
 from voltllm.layers.fused_moe import FusedMoE  # noqa: E402
+from voltllm.models.moe import SparseMoeBlock  # noqa: E402
 from voltllm.ops.sampling import METHOD_CHOICES  # noqa: E402
 
 # name -> the SM70AttentionBackend switches (fold_prologue, decode_merge, decode_min_split,
-# l2_prefetch_max_seqs) and ParallelLMHead.fp32_gemv
+# l2_prefetch_max_seqs), ParallelLMHead.fp32_gemv and SparseMoeBlock.fold_norm_into_router
 VARIANTS = {
-    "unfused": (False, "kernel", 256, 0, False),
-    "fold": (True, "kernel", 256, 0, False),
-    "fold+ticket": (True, "auto", 256, 0, False),
-    "fold/512": (True, "kernel", 512, 0, False),
-    "fold+ticket/512": (True, "auto", 512, 0, False),
-    "fold+ticket/64": (True, "auto", 64, 0, False),
-    "fold+ticket/64+lm32": (True, "auto", 64, 0, True),
-    "fold+ticket/64+lm32+l2": (True, "auto", 64, 8, True),
+    "unfused": (False, "kernel", 256, 0, False, True),
+    "fold": (True, "kernel", 256, 0, False, True),
+    "fold+ticket": (True, "auto", 256, 0, False, True),
+    "fold/512": (True, "kernel", 512, 0, False, True),
+    "fold+ticket/512": (True, "auto", 512, 0, False, True),
+    "fold+ticket/64": (True, "auto", 64, 0, False, True),
+    "fold+ticket/64+lm32": (True, "auto", 64, 0, True, True),
+    "fold+ticket/64+lm32+l2": (True, "auto", 64, 8, True, True),
+    "fold+ticket/64+lm32/norm-apart": (True, "auto", 64, 0, True, False),
 }
 
 
@@ -93,9 +97,10 @@ def set_variant(llm: LLM, variant: str) -> None:
     """The variant's switches on the attention backend and the lm_head; graphs captured again."""
     runner = llm.engine.core.runner
     backend = runner.model.attn_backend
-    fold, merge, min_split, l2_seqs, lm32 = VARIANTS[variant]
+    fold, merge, min_split, l2_seqs, lm32, router_norm = VARIANTS[variant]
     backend.fold_prologue, backend.decode_merge, backend.decode_min_split = fold, merge, min_split
     backend.l2_prefetch_max_seqs = l2_seqs
+    SparseMoeBlock.fold_norm_into_router = router_norm
     runner.model.lm_head.fp32_gemv = lm32
     runner.capture_cuda_graphs()
 

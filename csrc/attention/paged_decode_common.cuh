@@ -62,8 +62,9 @@ struct DecodeParams {
   // merges the splits and sets its counter back to 0. nullptr: the split merge kernel merges.
   int* merge_tickets;
   DecodePrologue prologue;
-  // The layer's next weights (o_proj, the MLP's first projection), asked of L2 by every block once the
-  // kernel before has finished: at small batches this kernel is latency-bound and the memory idle.
+  // The layer's next weights (o_proj, then the MLP's up to its first input-dependent read), asked of L2
+  // by every block once the kernel before has finished: at small batches this kernel is latency-bound
+  // and the memory idle.
   L2Prefetch l2_prefetch;
   long long query_stride;       // elements between sequences of query
   long long out_stride;         // elements between sequences of out

@@ -46,7 +46,8 @@ void gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const 
           bool swiglu);
 void add_rms_norm_gemv(at::Tensor& out, at::Tensor& residual_out, const at::Tensor& hidden,
                        const at::Tensor& residual, const at::Tensor& norm_weight, double eps,
-                       const at::Tensor& weight, const std::optional<at::Tensor>& bias, bool swiglu);
+                       const at::Tensor& weight, const std::optional<at::Tensor>& bias, bool swiglu,
+                       const std::optional<at::Tensor>& normed_out);
 void qk_norm_rope_kv_write(at::Tensor& qkv, const at::Tensor& positions, const at::Tensor& cos_sin_cache,
                            const std::optional<at::Tensor>& q_weight, const std::optional<at::Tensor>& k_weight,
                            double eps, int64_t num_heads, at::Tensor& kv_cache, const at::Tensor& slot_mapping);
@@ -107,7 +108,7 @@ TORCH_LIBRARY(voltllm_C, m) {
       "gemv(Tensor(a!) out, Tensor x, Tensor weight, Tensor? bias, bool swiglu) -> ()");
   m.def(
       "add_rms_norm_gemv(Tensor(a!) out, Tensor(b!) residual_out, Tensor hidden, Tensor residual, "
-      "Tensor norm_weight, float eps, Tensor weight, Tensor? bias, bool swiglu) -> ()");
+      "Tensor norm_weight, float eps, Tensor weight, Tensor? bias, bool swiglu, Tensor(c!)? normed_out) -> ()");
   m.def(
       "qk_norm_rope_kv_write(Tensor(a!) qkv, Tensor positions, Tensor cos_sin_cache, Tensor? q_weight, "
       "Tensor? k_weight, float eps, int num_heads, Tensor(b!) kv_cache, Tensor slot_mapping) -> ()");

@@ -145,6 +145,14 @@ class ReplicatedLinear(LinearBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear_method.apply(self, x, self.bias)
 
+    def add_norm_forward_keeping_normed(
+        self, hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`(self(normed), new_residual, normed)` for `normed = norm(hidden + residual)`, the add and
+        norm folded into the projection where the method can (an MoE router, whose experts read
+        `normed` too). `hidden` and `residual` may be consumed."""
+        return self.linear_method.apply_add_rms_norm_keeping_normed(self, hidden, residual, norm, self.bias)
+
 
 class ColumnParallelLinear(LinearBase):
     """Output features sharded over the ranks: `x [T, in] -> [T, out / tp_size]` (or `[T, out]` with

@@ -81,6 +81,20 @@ class LinearMethodBase(ABC):
         apply = self.apply_swiglu if swiglu else self.apply
         return apply(layer, normed, bias), residual
 
+    def apply_add_rms_norm_keeping_normed(
+        self,
+        layer: nn.Module,
+        hidden: torch.Tensor,
+        residual: torch.Tensor,
+        norm: RMSNorm,
+        bias: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`apply_add_rms_norm` (no SwiGLU) that also returns the normalized rows, for a layer that
+        reads them besides this projection (a MoE block's experts after its router):
+        `(out, new_residual, normed)`."""
+        normed, residual = norm(hidden, residual)
+        return self.apply(layer, normed, bias), residual, normed
+
     def process_weights_after_loading(self, layer: nn.Module) -> None:  # noqa: B027 - optional hook
         """Called once after every checkpoint tensor is in place."""
 
@@ -143,3 +157,20 @@ class UnquantizedLinearMethod(LinearMethodBase):
         if self.fold_norm and add_rms_norm_gemv_applies(hidden, residual, norm.weight, layer.weight):
             return add_rms_norm_gemv(hidden, residual, norm.weight, norm.eps, layer.weight, bias, swiglu)
         return super().apply_add_rms_norm(layer, hidden, residual, norm, bias, swiglu)
+
+    def apply_add_rms_norm_keeping_normed(
+        self,
+        layer: nn.Module,
+        hidden: torch.Tensor,
+        residual: torch.Tensor,
+        norm: RMSNorm,
+        bias: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        # Decode rows on a GPU: the GEMV's prologue stores the normalized rows it computes (block 0).
+        if self.fold_norm and add_rms_norm_gemv_applies(hidden, residual, norm.weight, layer.weight):
+            normed = torch.empty_like(hidden, memory_format=torch.contiguous_format)
+            out, residual = add_rms_norm_gemv(
+                hidden, residual, norm.weight, norm.eps, layer.weight, bias, normed_out=normed
+            )
+            return out, residual, normed
+        return super().apply_add_rms_norm_keeping_normed(layer, hidden, residual, norm, bias)

@@ -101,7 +101,11 @@ class SparseMoeBlock(nn.Module):
 
     `shared_expert` is built by the caller (a dense MLP whose output is left unreduced); the experts'
     and the shared expert's partial sums are added, then reduced over the ranks once.
+    `fold_norm_into_router` (on; off for A/B timing) runs the pre-norm block's add + RMSNorm inside the
+    router's projection where its method can.
     """
+
+    fold_norm_into_router: bool = True
 
     def __init__(
         self,
@@ -152,6 +156,11 @@ class SparseMoeBlock(nn.Module):
     def add_norm_forward(
         self, hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`self(norm(hidden + residual))` and the new residual (the decoder layer's MLP interface)."""
-        normed, residual = norm(hidden, residual)
-        return self(normed), residual
+        """`self(norm(hidden + residual))` and the new residual (the decoder layer's MLP interface).
+        The add and norm fold into the router's projection where its method can (decode rows on a
+        GPU: one launch fewer a layer), which hands the normalized rows on to the experts."""
+        if not self.fold_norm_into_router:
+            normed, residual = norm(hidden, residual)
+            return self(normed), residual
+        logits, residual, normed = self.gate.add_norm_forward_keeping_normed(hidden, residual, norm)
+        return self._with_shared_expert(normed, self.experts(normed, logits)), residual
