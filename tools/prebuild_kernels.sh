@@ -45,11 +45,14 @@ export VOLTLLM_KERNEL_CACHE=$home/kernels MAX_JOBS=${MAX_JOBS:-2}
 # sources or headers changed (one edited unit: ~1 min instead of ~18). ninja goes by modification times,
 # and a file can differ from the seed's yet be older than its objects (a snapshot unpacked with the
 # commit's times): every file whose content differs from the seed's record (sources.sha256, written
-# after each build) is touched first. A seed without that record is not used.
+# after each build) is touched first. Only finished builds seed (they have that record): a build that was
+# stopped halfway is passed over for the newest finished one.
 key_dir=$("$venv/bin/python" -c "from voltllm.ops import build; print(build.cache_dir('$arch'))")
 if [ ! -e "$key_dir/build.ninja" ]; then
-  seed=$(ls -td "$(dirname "$key_dir")"/*/ 2>/dev/null | grep -v "^$key_dir/\?$" | head -1 || true)
-  if [ -n "$seed" ] && [ -e "$seed/sources.sha256" ] && [ -e "$seed/.ninja_log" ]; then
+  seed=$(ls -td "$(dirname "$key_dir")"/*/ 2>/dev/null | grep -v "^$key_dir/\?$" |
+    while read -r dir; do [ -e "$dir/sources.sha256" ] && [ -e "$dir/.ninja_log" ] && echo "$dir"; done |
+    head -1 || true)
+  if [ -n "$seed" ]; then
     mkdir -p "$key_dir"
     cp -a "$seed"/*.o "$seed"/.ninja_log "$seed"/.ninja_deps "$seed"/build.ninja "$key_dir/"
     (sha256sum -c "$seed/sources.sha256" 2>/dev/null || true) | sed -n 's/: FAILED$//p' | xargs -r touch
