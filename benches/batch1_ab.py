@@ -24,7 +24,8 @@ steps (`--api engine`). Variants:
   router's GEMV (`SparseMoeBlock.fold_norm_into_router` off; every other variant folds it in).
 
 `--models qwen3-30b-a3b` times the MoE step too; its floor counts the experts a token is routed to
-(`benches/moe.py`'s `touched_bytes`), the dense models' every weight.
+(`benches/moe.py`'s `touched_bytes`), `llama-3-8b-awq` (dummy AWQ weights, issue 16) the packed weights
+and one embedding row, the dense models' every weight.
 
 (Session 14 measured the decode kernel merging every split count itself at batch 1, with 64- and
 128-token splits: 1.016x and 1.039x the step of `fold+ticket/64+lm32`, so "auto" keeps the merge
@@ -65,6 +66,7 @@ from decode_latency import (  # noqa: E402
     weight_bytes,
 )
 from moe import touched_bytes  # noqa: E402
+from quantization import bytes_per_token  # noqa: E402
 
 from voltllm import LLM  # noqa: E402
 from voltllm.layers.fused_moe import FusedMoE  # noqa: E402
@@ -106,9 +108,12 @@ def set_variant(llm: LLM, variant: str) -> None:
 
 
 def floor_bytes(model: torch.nn.Module) -> int:
-    """The weight bytes of a batch-1 step: every weight, or on a MoE model those a token touches."""
+    """The weight bytes of a batch-1 step: every weight; on a MoE model those a token touches; on a
+    quantized one the packed weights and one embedding row (`benches/quantization.py`'s count)."""
     if any(isinstance(m, FusedMoE) for m in model.modules()):
         return touched_bytes(model)
+    if any(hasattr(m, "quantized_matmul") for m in model.modules()):
+        return bytes_per_token(model)[1]
     return weight_bytes(model)
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from model_shapes import LLAMA3_8B, QWEN3_0_6B, QWEN3_30B_A3B, write_dummy_tokenizer  # noqa: E402
+from model_shapes import AWQ_CONFIG, LLAMA3_8B, QWEN3_0_6B, QWEN3_30B_A3B, write_dummy_tokenizer  # noqa: E402
 
 from voltllm import LLM, SamplingParams  # noqa: E402
 from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
@@ -38,8 +38,13 @@ from voltllm.engine.llm_engine import LLMEngine  # noqa: E402
 from voltllm.protocol import EngineCoreRequest, EngineSamplingParams  # noqa: E402
 
 MODELS = {"qwen3-0.6b": QWEN3_0_6B, "llama-3-8b": LLAMA3_8B}
-# Every shape the batch-1 benches build engines of (`dummy_model_config`): these rows' and the MoE step's.
-SHAPES = {**MODELS, "qwen3-30b-a3b": QWEN3_30B_A3B}
+# Every shape the batch-1 benches build engines of (`dummy_model_config`): these rows', the MoE step's and
+# Llama-3-8B with dummy AWQ weights (issue 16's end-to-end shape).
+SHAPES = {
+    **MODELS,
+    "qwen3-30b-a3b": QWEN3_30B_A3B,
+    "llama-3-8b-awq": {**LLAMA3_8B, "quantization_config": AWQ_CONFIG},
+}
 
 
 def copy_bandwidth() -> float:

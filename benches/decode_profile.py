@@ -30,9 +30,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_latency import SHAPES as MODELS  # noqa: E402  (the MoE step's too: issue 17)
-
-# The quantization_config benches/quantization.py gives its AWQ models.
-AWQ_CONFIG = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}
+from model_shapes import AWQ_CONFIG  # noqa: E402
 
 from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
 from voltllm.engine.llm_engine import LLMEngine  # noqa: E402

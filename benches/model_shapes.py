@@ -141,3 +141,7 @@ def write_dummy_tokenizer(model_dir, vocab_size: int, seed: int = 0) -> None:
     tokenizer.decoder = decoders.ByteLevel()
     Path(model_dir, "tokenizer.json").write_text(tokenizer.to_str())
     Path(model_dir, "tokenizer_config.json").write_text(json.dumps({"eos_token": None, "bos_token": None}))
+
+
+# The dummy AWQ checkpoints' quantization_config: 4-bit, group 128, zero points, AutoAWQ's GEMM layout.
+AWQ_CONFIG = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}

@@ -57,8 +57,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decode_profile import AWQ_CONFIG  # noqa: E402
-from model_shapes import QWEN3_30B_A3B, TINY_QWEN3_MOE  # noqa: E402
+from model_shapes import AWQ_CONFIG, QWEN3_30B_A3B, TINY_QWEN3_MOE  # noqa: E402
 from offline_throughput import make_workload, time_offline_run  # noqa: E402
 
 from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402

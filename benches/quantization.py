@@ -39,8 +39,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_latency import copy_bandwidth  # noqa: E402
-from decode_profile import AWQ_CONFIG  # noqa: E402
 from graph_timing import copies_for, graph_time_us  # noqa: E402
+from model_shapes import AWQ_CONFIG  # noqa: E402
 
 from voltllm.layers.quantization.quantized_weight import QuantizedWeight  # noqa: E402
 from voltllm.ops import quantized_linear as ql  # noqa: E402
