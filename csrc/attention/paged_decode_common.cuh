@@ -6,32 +6,6 @@
 
 namespace voltllm {
 
-// Weights a kernel asks L2 for on behalf of the kernels after it (up to kMaxRanges byte ranges, in whole
-// 128-byte lines). A latency-bound kernel that leaves the memory idle (decode attention at small batches)
-// brings the layer's next weights into L2 that way, so the GEMVs that read them stream from L2 instead of
-// memory. Weights are never written by a kernel, so asking early is always safe. count 0: nothing.
-struct L2Prefetch {
-  static constexpr int kMaxRanges = 4;
-  static constexpr int kLineBytes = 128;
-  const char* base[kMaxRanges];
-  long long lines[kMaxRanges];
-  int count;
-};
-
-// This thread's share of `pf`: the grid's threads take the lines of each range in turn, so every line is
-// asked for once, by consecutive threads (one instruction a line, nothing waited for).
-__device__ __forceinline__ void prefetch_l2_ranges(const L2Prefetch& pf) {
-  if (pf.count == 0) return;
-  const long long threads = static_cast<long long>(gridDim.x) * gridDim.y * gridDim.z * blockDim.x;
-  const long long block = (static_cast<long long>(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-  const long long first = block * blockDim.x + threadIdx.x;
-  for (int r = 0; r < L2Prefetch::kMaxRanges && r < pf.count; ++r) {
-    for (long long line = first; line < pf.lines[r]; line += threads) {
-      prefetch_l2(pf.base[r] + line * L2Prefetch::kLineBytes);
-    }
-  }
-}
-
 // The attention prologue folded into the decode kernel (positions != nullptr): `query` then points at the
 // layer's qkv projection rows [q heads | k heads | v heads], before q/k norm and rotary; each block
 // normalises and rotates its query heads while staging them, and the block whose split holds the newest
@@ -62,10 +36,6 @@ struct DecodeParams {
   // merges the splits and sets its counter back to 0. nullptr: the split merge kernel merges.
   int* merge_tickets;
   DecodePrologue prologue;
-  // The layer's next weights (o_proj, then the MLP's up to its first input-dependent read), asked of L2
-  // by every block once the kernel before has finished: at small batches this kernel is latency-bound
-  // and the memory idle.
-  L2Prefetch l2_prefetch;
   long long query_stride;       // elements between sequences of query
   long long out_stride;         // elements between sequences of out
   int num_heads;                // query heads

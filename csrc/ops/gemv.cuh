@@ -199,12 +199,8 @@ struct GemvNormParams {
   const void* norm_weight;  // [k]
   const void* weight;       // [n, k] ([2n, k] for SWIGLU), contiguous
   const void* bias;         // [n] ([2n] for SWIGLU) or nullptr
-  // [rows, k], rows normed_out_stride apart, or nullptr: block 0 also stores the normalized rows, for a
-  // layer that reads them besides this projection (a MoE block's experts, after its router)
-  void* normed_out;
   long long out_stride;
   long long residual_out_stride;
-  long long normed_out_stride;
   long long hidden_stride;
   long long residual_in_stride;
   float eps;  // added to the mean square
@@ -231,8 +227,7 @@ __host__ __device__ constexpr int gemv_norm_smem_bytes(int rows, int k) {
 // x_s[r] = round(rms_norm(round(hidden[r] + residual_in[r])) * norm_weight) for every row, exactly as
 // fused_add_rms_norm_kernel<T, 8> computes it: row r is threads [256 r, 256 r + 256), thread t sums the
 // squares of elements 8 t + 2048 i in order, the warp sums are added in warp order. Block 0 also stores
-// the rounded sums to residual_out, and the normalized rows to normed_out where given. Ends before the
-// barrier that publishes x_s.
+// the rounded sums to residual_out. Ends before the barrier that publishes x_s.
 template <typename T, int ROWS>
 __device__ __forceinline__ void add_rms_norm_to_smem(const GemvNormParams& p, T* x_s, float* scratch) {
   static_assert(ROWS * kNormThreads <= 32 * kGemvNormWarps, "one 256-thread group per row");
@@ -261,8 +256,6 @@ __device__ __forceinline__ void add_rms_norm_to_smem(const GemvNormParams& p, T*
   const float inv_rms = rsqrtf(total / p.k + p.eps);
   // Each thread rescales only the elements it staged itself: no barrier needed in between.
   const T* norm_weight = static_cast<const T*>(p.norm_weight);
-  T* normed_row =
-      blockIdx.x == 0 && p.normed_out != nullptr ? static_cast<T*>(p.normed_out) + row * p.normed_out_stride : nullptr;
   for (int i = t * 8; i < p.k; i += kNormThreads * 8) {
     float r[8], wv[8];
     load_floats(row_s + i, r);
@@ -270,7 +263,6 @@ __device__ __forceinline__ void add_rms_norm_to_smem(const GemvNormParams& p, T*
 #pragma unroll
     for (int j = 0; j < 8; ++j) r[j] = r[j] * inv_rms * wv[j];
     store_floats(row_s + i, r);
-    if (normed_row != nullptr) store_floats(normed_row + i, r);
   }
 }
 

@@ -106,8 +106,7 @@ void gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const 
 
 void add_rms_norm_gemv(at::Tensor& out, at::Tensor& residual_out, const at::Tensor& hidden,
                        const at::Tensor& residual, const at::Tensor& norm_weight, double eps,
-                       const at::Tensor& weight, const std::optional<at::Tensor>& bias, bool swiglu,
-                       const std::optional<at::Tensor>& normed_out) {
+                       const at::Tensor& weight, const std::optional<at::Tensor>& bias, bool swiglu) {
   const char* op = "add_rms_norm_gemv";
   const GemvShape shape = check_gemv(out, hidden, weight, bias, swiglu, op);
   const int64_t rows = shape.rows, n = shape.n, k = shape.k;
@@ -130,16 +129,6 @@ void add_rms_norm_gemv(at::Tensor& out, at::Tensor& residual_out, const at::Tens
   TORCH_CHECK(!rows_overlap(residual_out, residual) && !rows_overlap(residual_out, hidden) &&
                   !rows_overlap(out, residual) && !rows_overlap(out, hidden) && !rows_overlap(out, residual_out),
               op, ": out and residual_out must not overlap each other, hidden or residual");
-  if (normed_out) {
-    check_cuda(*normed_out, "normed_out");
-    check_same_dtype(hidden, *normed_out, op);
-    TORCH_CHECK(normed_out->sizes() == hidden.sizes() && normed_out->stride(1) == 1 && vec8_ok(*normed_out, k), op,
-                ": normed_out must have the shape of hidden, with contiguous 16-byte aligned rows");
-    // Block 0 writes it while the other blocks still read hidden and residual.
-    TORCH_CHECK(!rows_overlap(*normed_out, residual) && !rows_overlap(*normed_out, hidden) &&
-                    !rows_overlap(*normed_out, residual_out) && !rows_overlap(*normed_out, out),
-                op, ": normed_out must not overlap out, residual_out, hidden or residual");
-  }
   const at::cuda::OptionalCUDAGuard guard(hidden.device());
   GemvNormParams p{};
   p.out = out.data_ptr();
@@ -149,10 +138,8 @@ void add_rms_norm_gemv(at::Tensor& out, at::Tensor& residual_out, const at::Tens
   p.norm_weight = norm_weight.data_ptr();
   p.weight = weight.data_ptr();
   p.bias = bias ? bias->data_ptr() : nullptr;
-  p.normed_out = normed_out ? normed_out->data_ptr() : nullptr;
   p.out_stride = out.stride(0);
   p.residual_out_stride = residual_out.stride(0);
-  p.normed_out_stride = normed_out ? normed_out->stride(0) : 0;
   p.hidden_stride = hidden.stride(0);
   p.residual_in_stride = residual.stride(0);
   p.eps = static_cast<float>(eps);

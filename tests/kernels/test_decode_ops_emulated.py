@@ -101,8 +101,7 @@ def test_gemv_matches_fp32_product(emu, rows, swiglu, n, k, dtype):
 @pytest.mark.parametrize("rows", [1, 2])
 @pytest.mark.parametrize("swiglu", [False, True])
 @pytest.mark.parametrize("with_bias", [False, True])
-@pytest.mark.parametrize("keep_normed", [False, True])
-def test_add_rms_norm_gemv_matches_unfused_sequence(emu, dtype, rows, swiglu, with_bias, keep_normed):
+def test_add_rms_norm_gemv_matches_unfused_sequence(emu, dtype, rows, swiglu, with_bias):
     # k = 1032 is no multiple of any chunk (1024 or 2048 elements) and leaves most of the 256 norm
     # threads of a row with one 8-element slice and a few with two; 2 blocks of 16 warps for 37
     # features make warps loop over a second feature.
@@ -116,18 +115,14 @@ def test_add_rms_norm_gemv_matches_unfused_sequence(emu, dtype, rows, swiglu, wi
     out = torch.full((rows, n), float("nan")).to(dtype)
     residual_out = torch.full((rows, k), float("nan")).to(dtype)
     hidden_before, residual_before = hidden.clone(), residual.clone()
-    normed_out = torch.full((rows, k + 24), float("nan")).to(dtype)[:, :k] if keep_normed else None
     emu.emu_add_rms_norm_gemv(
         ctypes.c_int(int(dtype == torch.bfloat16)), ptr(out), ptr(residual_out), ptr(hidden), ptr(residual),
         ptr(norm_weight), ptr(weight), ptr(bias), ctypes.c_longlong(out.stride(0)),
         ctypes.c_longlong(residual_out.stride(0)), ctypes.c_longlong(hidden.stride(0)),
         ctypes.c_longlong(residual.stride(0)), ctypes.c_float(eps), ctypes.c_int(rows), ctypes.c_int(n),
-        ctypes.c_int(k), ctypes.c_int(int(swiglu)), ctypes.c_int(blocks), ctypes.c_uint(7), ptr(normed_out),
-        ctypes.c_longlong(normed_out.stride(0) if keep_normed else 0),
+        ctypes.c_int(k), ctypes.c_int(int(swiglu)), ctypes.c_int(blocks), ctypes.c_uint(7),
     )  # fmt: skip
     normed, summed = fused_add_rms_norm_ref(hidden, residual, norm_weight, eps)
-    if keep_normed:  # the rows the GEMV multiplied, as the norm kernel rounds them
-        assert torch.equal(normed_out, normed)
     ref = F.linear(normed.float(), weight.float(), None if bias is None else bias.float())
     if swiglu:  # the unfused projection is stored in dtype before the activation
         gate, up = ref.to(dtype).float().chunk(2, dim=-1)

@@ -13,15 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from quant_cases import CASES, QuantCase, make_weight
-from torch import nn
 
-from voltllm.layers.quantization.awq import AWQLinearMethod
-from voltllm.layers.quantization.quantized_weight import (
-    QuantizedWeight,
-    TorchQuantizedMatmul,
-    dequantize,
-    quantized_matmul_for,
-)
+from voltllm.layers.quantization.quantized_weight import QuantizedWeight, dequantize, quantized_matmul_for
 from voltllm.ops import quantized_linear as ql
 
 cuda = pytest.mark.gpu
@@ -191,20 +184,6 @@ def test_cuda_graph_replays_fresh_inputs(rows: int):
         static_x.copy_(fresh)
         graph.replay()
         _close(static_out, _reference(weight, fresh, bias))
-
-
-@cuda
-def test_linear_method_names_the_packed_tensors_it_streams():
-    """`streamed_weights` (what the decode kernel may ask L2 for ahead of the layer): the packed codes and
-    group parameters the kernels read; nothing on the torch fallback."""
-    weight, _, _ = _inputs(QuantCase("int", 4, 128), 1, 512, 1024, "streamed")
-    layer = nn.Module()
-    layer.quantized_matmul = quantized_matmul_for(weight)
-    packed = layer.quantized_matmul.weight
-    streamed = AWQLinearMethod(128).streamed_weights(layer)
-    assert len(streamed) == 2 and streamed[0] is packed.packed and streamed[1] is packed.group_params
-    layer.quantized_matmul = TorchQuantizedMatmul(weight)
-    assert AWQLinearMethod(128).streamed_weights(layer) == ()
 
 
 @cuda

@@ -12,12 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from paged_batch import PagedBatch
 from test_decoder_parity import check_against_transformers
-from tiny_models import MOE_CONFIGS, moe_config, randomize_, save_moe_model
+from tiny_models import MOE_CONFIGS, moe_config, save_moe_model
 
 from voltllm.config import ModelConfig
-from voltllm.layers.attention import TorchAttentionBackend, get_attention_backend
+from voltllm.layers.attention import get_attention_backend
 from voltllm.layers.fused_moe import (
     FusedMoE,
     experts_dense,
@@ -184,44 +183,3 @@ def test_fused_moe_layer_loads_both_layouts() -> None:
             torch.testing.assert_close(layer(x, logits).double(), expected, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="checkpoint shape"):
         per_expert.w13_weight.weight_loader(per_expert.w13_weight, torch.zeros(33, 64), (0, "w1"))
-
-
-class _RecordingBackend(TorchAttentionBackend):
-    """The reference backend, keeping each call's `next_weights`."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.next_weights: list[tuple[torch.Tensor, ...]] = []
-
-    def forward_qkv(self, spec, prologue, positions, qkv, kv_cache, metadata, next_weights=()):
-        self.next_weights.append(tuple(next_weights))
-        return super().forward_qkv(spec, prologue, positions, qkv, kv_cache, metadata, next_weights)
-
-
-def test_attention_is_told_the_weights_read_after_it() -> None:
-    """Each layer hands its backend o_proj's weight, then its MLP's leading ones: gate/up and down on a
-    dense layer, the router on a sparse one (the experts and then the shared expert depend on it); the
-    output is the reference's."""
-    config = moe_config("qwen2_moe-e6-top2-shared")  # layer 0 sparse with a shared expert, ...
-    config.decoder_sparse_step, config.mlp_only_layers = 1, [1]  # ... layer 1 dense
-    backend = _RecordingBackend()
-    model = DecoderForCausalLM(config, backend)
-    randomize_(model, seed=1)
-    metadata = PagedBatch(1, 4, 16).step([3])
-    kv_caches = [torch.zeros(model.kv_cache_shape_per_layer(4, 16)) for _ in range(model.num_layers)]
-    input_ids, positions = torch.tensor([5, 6, 7]), torch.arange(3)
-    with torch.no_grad():
-        out = model(input_ids, positions, metadata, kv_caches)
-        reference = DecoderForCausalLM(config, TorchAttentionBackend())
-        reference.load_state_dict(model.state_dict())
-        expected = reference(input_ids, positions, metadata, [torch.zeros_like(c) for c in kv_caches])
-    assert torch.equal(out, expected)
-    sparse, dense = model.model.layers
-    assert isinstance(sparse.mlp, SparseMoeBlock) and not isinstance(dense.mlp, SparseMoeBlock)
-    wanted = [
-        (sparse.self_attn.o_proj.weight, sparse.mlp.gate.weight),
-        (dense.self_attn.o_proj.weight, dense.mlp.gate_up_proj.weight, dense.mlp.down_proj.weight),
-    ]
-    assert len(backend.next_weights) == 2
-    for got, want in zip(backend.next_weights, wanted, strict=True):
-        assert len(got) == len(want) and all(g is w for g, w in zip(got, want, strict=True))

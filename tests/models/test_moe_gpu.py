@@ -17,7 +17,6 @@ from tiny_models import moe_config
 from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from voltllm.engine.llm_engine import LLMEngine
 from voltllm.layers.fused_moe import FusedMoE, experts_grouped, select_experts
-from voltllm.models.moe import SparseMoeBlock
 from voltllm.protocol import EngineCoreRequest, EngineSamplingParams
 
 pytestmark = pytest.mark.gpu
@@ -68,53 +67,38 @@ def test_gpu_forms_match_the_definition() -> None:
         torch.testing.assert_close(got.double().cpu(), expected[:rows], atol=1e-4, rtol=1e-4)
 
 
-def _save_moe(name: str, tmp_path) -> None:
-    config = moe_config(name, plain=True)
-    config.hidden_size, config.head_dim = 256, 64  # the kernels take head sizes 64 / 128 / 256
-    torch.manual_seed(0)
-    transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(tmp_path)
-
-
-def _greedy_tokens(model_dir, eager: bool, max_num_seqs: int = 16) -> dict[str, list[int]]:
-    """Each of 12 seeded requests' greedy tokens from an fp16 engine on `model_dir`."""
-    engine = LLMEngine(
-        EngineConfig(
-            model=ModelConfig(model=str(model_dir), dtype="float16"),
-            cache=CacheConfig(num_kv_blocks=512),
-            scheduler=SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=max_num_seqs),
-            device="cuda",
-            enforce_eager=eager,
-        )
-    )
-    gen = torch.Generator().manual_seed(2)
-    requests = [
-        EngineCoreRequest(
-            str(i),
-            torch.randint(3, 320, (int(torch.randint(5, 90, (), generator=gen)),), generator=gen).tolist(),
-            EngineSamplingParams(temperature=0.0, max_tokens=8 + 3 * i, ignore_eos=True),
-            0.0,
-        )
-        for i in range(12)
-    ]
-    out = engine.generate_token_ids(requests)
-    del engine
-    return {rid: o.new_token_ids for rid, o in out.items()}
-
-
 @pytest.mark.parametrize(
     "name", ["qwen3_moe-e16-top8-mlp_only", "qwen2_moe-e6-top2-shared", "mixtral-e4-top2"]
 )
 def test_cuda_graphs_match_eager(name: str, tmp_path) -> None:
-    _save_moe(name, tmp_path)
-    assert _greedy_tokens(tmp_path, eager=True) == _greedy_tokens(tmp_path, eager=False)
-
-
-@pytest.mark.parametrize("name", ["qwen3_moe-e16-top8-mlp_only", "qwen2_moe-e6-top2-shared"])
-def test_router_with_the_norm_folded_in_matches_the_norm_apart(name: str, tmp_path, monkeypatch) -> None:
-    """Decode steps of one or two rows run the MoE block's add + RMSNorm inside the router's GEMV, which
-    hands the normalized rows to the experts (and the shared expert): the same tokens as the norm kernel
-    before the router."""
-    _save_moe(name, tmp_path)
-    folded = _greedy_tokens(tmp_path, eager=True, max_num_seqs=2)
-    monkeypatch.setattr(SparseMoeBlock, "fold_norm_into_router", False)
-    assert folded == _greedy_tokens(tmp_path, eager=True, max_num_seqs=2)
+    config = moe_config(name, plain=True)
+    config.hidden_size, config.head_dim = 256, 64  # the kernels take head sizes 64 / 128 / 256
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(tmp_path)
+    outputs = []
+    for eager in (True, False):
+        engine = LLMEngine(
+            EngineConfig(
+                model=ModelConfig(model=str(tmp_path), dtype="float16"),
+                cache=CacheConfig(num_kv_blocks=512),
+                scheduler=SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=16),
+                device="cuda",
+                enforce_eager=eager,
+            )
+        )
+        gen = torch.Generator().manual_seed(2)
+        requests = [
+            EngineCoreRequest(
+                str(i),
+                torch.randint(
+                    3, 320, (int(torch.randint(5, 90, (), generator=gen)),), generator=gen
+                ).tolist(),
+                EngineSamplingParams(temperature=0.0, max_tokens=8 + 3 * i, ignore_eos=True),
+                0.0,
+            )
+            for i in range(12)
+        ]
+        out = engine.generate_token_ids(requests)
+        outputs.append({rid: o.new_token_ids for rid, o in out.items()})
+        del engine
+    assert outputs[0] == outputs[1]

@@ -117,10 +117,6 @@ class LinearBase(nn.Module):
         dst = param.data.narrow(dim, packed_units(param, dim, offset), packed_units(param, dim, size))
         copy_checked(dst, rank_slice(loaded_weight, dim, index, num_parts, dst.shape[dim]))
 
-    def streamed_weights(self) -> tuple[torch.Tensor, ...]:
-        """The tensors a forward of this layer streams from memory (`LinearMethodBase.streamed_weights`)."""
-        return self.linear_method.streamed_weights(self)
-
     def extra_repr(self) -> str:
         return (
             f"in={self.input_size_per_partition}, out={self.output_size_per_partition}, "
@@ -144,14 +140,6 @@ class ReplicatedLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear_method.apply(self, x, self.bias)
-
-    def add_norm_forward_keeping_normed(
-        self, hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`(self(normed), new_residual, normed)` for `normed = norm(hidden + residual)`, the add and
-        norm folded into the projection where the method can (an MoE router, whose experts read
-        `normed` too). `hidden` and `residual` may be consumed."""
-        return self.linear_method.apply_add_rms_norm_keeping_normed(self, hidden, residual, norm, self.bias)
 
 
 class ColumnParallelLinear(LinearBase):

@@ -81,28 +81,8 @@ class LinearMethodBase(ABC):
         apply = self.apply_swiglu if swiglu else self.apply
         return apply(layer, normed, bias), residual
 
-    def apply_add_rms_norm_keeping_normed(
-        self,
-        layer: nn.Module,
-        hidden: torch.Tensor,
-        residual: torch.Tensor,
-        norm: RMSNorm,
-        bias: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`apply_add_rms_norm` (no SwiGLU) that also returns the normalized rows, for a layer that
-        reads them besides this projection (a MoE block's experts after its router):
-        `(out, new_residual, normed)`."""
-        normed, residual = norm(hidden, residual)
-        return self.apply(layer, normed, bias), residual, normed
-
     def process_weights_after_loading(self, layer: nn.Module) -> None:  # noqa: B027 - optional hook
         """Called once after every checkpoint tensor is in place."""
-
-    def streamed_weights(self, layer: nn.Module) -> tuple[torch.Tensor, ...]:
-        """The tensors `apply` streams from memory, largest first: what a kernel running just before
-        the layer may ask the GPU's L2 to hold for it (`AttentionBackend.forward_qkv`'s `next_weights`).
-        None by default: a method names its own."""
-        return ()
 
 
 class UnquantizedLinearMethod(LinearMethodBase):
@@ -132,9 +112,6 @@ class UnquantizedLinearMethod(LinearMethodBase):
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return linear(x, layer.weight, bias)
 
-    def streamed_weights(self, layer: nn.Module) -> tuple[torch.Tensor, ...]:
-        return (layer.weight,)
-
     def apply_swiglu(
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
@@ -157,20 +134,3 @@ class UnquantizedLinearMethod(LinearMethodBase):
         if self.fold_norm and add_rms_norm_gemv_applies(hidden, residual, norm.weight, layer.weight):
             return add_rms_norm_gemv(hidden, residual, norm.weight, norm.eps, layer.weight, bias, swiglu)
         return super().apply_add_rms_norm(layer, hidden, residual, norm, bias, swiglu)
-
-    def apply_add_rms_norm_keeping_normed(
-        self,
-        layer: nn.Module,
-        hidden: torch.Tensor,
-        residual: torch.Tensor,
-        norm: RMSNorm,
-        bias: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        # Decode rows on a GPU: the GEMV's prologue stores the normalized rows it computes (block 0).
-        if self.fold_norm and add_rms_norm_gemv_applies(hidden, residual, norm.weight, layer.weight):
-            normed = torch.empty_like(hidden, memory_format=torch.contiguous_format)
-            out, residual = add_rms_norm_gemv(
-                hidden, residual, norm.weight, norm.eps, layer.weight, bias, normed_out=normed
-            )
-            return out, residual, normed
-        return super().apply_add_rms_norm_keeping_normed(layer, hidden, residual, norm, bias)

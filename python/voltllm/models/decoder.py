@@ -20,7 +20,7 @@ Forward contract (what the model runner calls):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -206,12 +206,9 @@ class DecoderAttention(nn.Module):
         qkv: torch.Tensor,  # [T, q_size + 2 * kv_size]: the qkv projection of the normed hidden rows
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
-        mlp_weights: Sequence[torch.Tensor] = (),
     ) -> torch.Tensor:
-        """Everything after the qkv projection (which a decoder layer may fuse with its input norm).
-        `mlp_weights`: the MLP's leading weights, which attention may bring into cache after o_proj's."""
-        next_weights = (*self.o_proj.streamed_weights(), *mlp_weights)
-        return self.o_proj(self.attn(positions, qkv, kv_cache, metadata, next_weights))
+        """Everything after the qkv projection (which a decoder layer may fuse with its input norm)."""
+        return self.o_proj(self.attn(positions, qkv, kv_cache, metadata))
 
 
 class GatedMLP(nn.Module):
@@ -247,11 +244,6 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.gate_up_proj(x))
-
-    def leading_weights(self) -> tuple[torch.Tensor, ...]:
-        """The weights a forward reads, in order, before any read that depends on its input: all of
-        them (gate/up, then down)."""
-        return (*self.gate_up_proj.streamed_weights(), *self.down_proj.streamed_weights())
 
     def add_norm_forward(
         self, hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
@@ -330,7 +322,7 @@ class DecoderLayer(nn.Module):
             qkv = attn.qkv_proj(self.input_layernorm(hidden))
         else:
             qkv, residual = attn.qkv_proj.add_norm_forward(hidden, residual, self.input_layernorm)
-        hidden = attn.attend(positions, qkv, kv_cache, metadata, self.mlp.leading_weights())
+        hidden = attn.attend(positions, qkv, kv_cache, metadata)
         return self.mlp.add_norm_forward(hidden, residual, self.post_attention_layernorm)
 
 

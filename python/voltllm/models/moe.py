@@ -101,11 +101,7 @@ class SparseMoeBlock(nn.Module):
 
     `shared_expert` is built by the caller (a dense MLP whose output is left unreduced); the experts'
     and the shared expert's partial sums are added, then reduced over the ranks once.
-    `fold_norm_into_router` (on; off for A/B timing) runs the pre-norm block's add + RMSNorm inside the
-    router's projection where its method can.
     """
-
-    fold_norm_into_router: bool = True
 
     def __init__(
         self,
@@ -143,11 +139,6 @@ class SparseMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._with_shared_expert(x, self.experts(x, self.gate(x)))
 
-    def leading_weights(self) -> tuple[torch.Tensor, ...]:
-        """The weights a forward reads, in order, before any read that depends on its input: the
-        router's (which experts are read depends on it; the shared expert comes after them)."""
-        return self.gate.streamed_weights()
-
     def _with_shared_expert(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
@@ -156,11 +147,6 @@ class SparseMoeBlock(nn.Module):
     def add_norm_forward(
         self, hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`self(norm(hidden + residual))` and the new residual (the decoder layer's MLP interface).
-        The add and norm fold into the router's projection where its method can (decode rows on a
-        GPU: one launch fewer a layer), which hands the normalized rows on to the experts."""
-        if not self.fold_norm_into_router:
-            normed, residual = norm(hidden, residual)
-            return self(normed), residual
-        logits, residual, normed = self.gate.add_norm_forward_keeping_normed(hidden, residual, norm)
-        return self._with_shared_expert(normed, self.experts(normed, logits)), residual
+        """`self(norm(hidden + residual))` and the new residual (the decoder layer's MLP interface)."""
+        normed, residual = norm(hidden, residual)
+        return self(normed), residual

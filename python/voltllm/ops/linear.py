@@ -117,25 +117,20 @@ def add_rms_norm_gemv(
     weight: torch.Tensor,  # [n, k] ([2n, k] with swiglu)
     bias: torch.Tensor | None = None,
     swiglu: bool = False,
-    normed_out: torch.Tensor | None = None,  # [rows, k]: also receives rms_norm(hidden + residual)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`residual + hidden`, RMSNorm of it, then `gemv` of the result, in one kernel on CUDA (check
-    `add_rms_norm_gemv_applies` first). Returns `(out, new_residual)`; the normalized rows go to
-    `normed_out` too where given (a layer that reads them besides this projection: a MoE block's
-    experts after its router).
+    `add_rms_norm_gemv_applies` first). Returns `(out, new_residual)`.
 
     The kernel's result equals `fused_add_rms_norm` followed by `gemv` (bit for bit, barring float
     contraction differences), but the new residual is a fresh tensor and `hidden` and `residual` are
     left as they were: every thread block re-reads them while one block writes the sum.
     """
     if not use_kernels(hidden):
-        if normed_out is not None:
-            normed_out.copy_(fused_add_rms_norm_ref(hidden, residual, norm_weight, eps)[0])
         return add_rms_norm_gemv_ref(hidden, residual, norm_weight, eps, weight, bias, swiglu)
     width = weight.shape[0] // 2 if swiglu else weight.shape[0]
     out = torch.empty(hidden.shape[0], width, dtype=hidden.dtype, device=hidden.device)
     residual_out = torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device)
     kernel_ops().add_rms_norm_gemv(
-        out, residual_out, hidden, residual, norm_weight, eps, weight, bias, swiglu, normed_out
+        out, residual_out, hidden, residual, norm_weight, eps, weight, bias, swiglu
     )
     return out, residual_out

@@ -57,12 +57,9 @@ extern "C" {
 void emu_add_rms_norm_gemv(int bf16, void* out, void* residual_out, const void* hidden, const void* residual_in,
                            const void* norm_weight, const void* weight, const void* bias, long long out_stride,
                            long long residual_out_stride, long long hidden_stride, long long residual_in_stride,
-                           float eps, int rows, int n, int k, int swiglu, int blocks, unsigned seed,
-                           void* normed_out, long long normed_out_stride) {
+                           float eps, int rows, int n, int k, int swiglu, int blocks, unsigned seed) {
   voltllm::GemvNormParams p{};
   p.out = out;
-  p.normed_out = normed_out;
-  p.normed_out_stride = normed_out_stride;
   p.residual_out = residual_out;
   p.hidden = hidden;
   p.residual_in = residual_in;
