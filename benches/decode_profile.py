@@ -12,7 +12,7 @@ what the step would lose without it, and a breakdown that adds up to the span of
 
     python benches/decode_profile.py --model qwen3-0.6b --batch 1
     python benches/decode_profile.py --model qwen3-0.6b --batch 1 --context 256 --graphs
-    python benches/decode_profile.py --model llama-3-8b --quantization awq --graphs   # dummy AWQ weights
+    python benches/decode_profile.py --model llama-3-8b-awq --graphs   # dummy AWQ weights
     python benches/decode_profile.py --model qwen3-30b-a3b --batch 1 --context 256 --graphs  # the MoE step
 """
 
@@ -29,8 +29,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decode_latency import SHAPES as MODELS  # noqa: E402  (the MoE step's too: issue 17)
-from model_shapes import AWQ_CONFIG  # noqa: E402
+from decode_latency import SHAPES as MODELS  # noqa: E402  (the MoE step and AWQ Llama too: 17, 16)
 
 from voltllm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
 from voltllm.engine.llm_engine import LLMEngine  # noqa: E402
@@ -44,13 +43,8 @@ def main() -> None:
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--graphs", action="store_true", help="profile CUDA-graph replays, not eager steps")
-    p.add_argument(
-        "--quantization", choices=["awq"], help="dummy quantized weights (AWQ: 4-bit, group 128, zero points)"
-    )
     args = p.parse_args()
-    config = dict(MODELS[args.model])
-    if args.quantization == "awq":
-        config["quantization_config"] = AWQ_CONFIG
+    config = MODELS[args.model]
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "config.json").write_text(json.dumps(config))
         engine = LLMEngine(

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decode_latency import copy_bandwidth  # noqa: E402
+from decode_latency import SHAPES, copy_bandwidth  # noqa: E402
 from graph_timing import copies_for, graph_time_us  # noqa: E402
 from model_shapes import AWQ_CONFIG  # noqa: E402
 
@@ -340,8 +340,7 @@ def engine_table(bandwidth: float) -> None:
     print("| model | weights (GB) | load (s) | step (ms) | tok/s | floor (ms) | floor / step |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     fp16 = decode_row("Llama-3-8B fp16", LLAMA3_8B, bandwidth)
-    awq_config = {**LLAMA3_8B, "quantization_config": AWQ_CONFIG}
-    awq = decode_row("Llama-3-8B AWQ", awq_config, bandwidth)
+    awq = decode_row("Llama-3-8B AWQ", SHAPES["llama-3-8b-awq"], bandwidth)
     print(f"AWQ / fp16 tokens/s: **{awq['tok_s'] / fp16['tok_s']:.2f}x**", flush=True)
     if "--skip-32b" not in sys.argv:
         decode_row("Qwen3-32B AWQ", {**QWEN3_32B, "quantization_config": AWQ_CONFIG}, bandwidth)
