@@ -11,14 +11,16 @@ Tables (every ratio from numbers measured in this run):
    GEMM as dispatched and at each weight fragment count, the tiled WMMA GEMM, dequantize + cuBLAS)
    against cuBLAS fp16;
 4. rows 2048 (prefill): the dequantize + cuBLAS path against cuBLAS fp16, as throughput
-   (`sweep`: the streaming GEMM's k split; `row_blocks`: 64 rows at 16, 32 or 64 rows per block);
+   (`mma`: the SM80 register-dequantizing GEMM at 16-128 rows and each row-fragment count, against
+   the streaming GEMM and cuBLAS; `sweep`: the streaming GEMM's k split; `row_blocks`: 64 rows at 16,
+   32 or 64 rows per block);
 5. (`--engine`) end to end, dummy AWQ weights (4-bit, group 128, zero points): Llama-3-8B batch-1
    decode against the fp16 model and against its own floor (bytes a token reads / copy bandwidth), and a
    Qwen3-32B-shape model's weight memory and batch-1 decode.
 Calls are timed as CUDA-graph replays over enough weight copies to exceed the L2 cache (as
 `benches/gemv.py`), so every call reads its weight from memory.
 
-    python benches/quantization.py [--only gemv,shapes,rows,gemm,sweep,row_blocks,engine] [--formats "..."]
+    python benches/quantization.py [--only gemv,shapes,rows,gemm,mma,sweep,row_blocks,engine] [--formats F]
     # default: gemv, rows, gemm; --engine / --engine-only / --sweep as before add or pick tables;
     # --skip-32b: the engine table without the Qwen3-32B model
 """
@@ -239,6 +241,33 @@ def gemm_table() -> None:
             print(f"| {name} | {rows} | {times} | {label} | **{c_us / chosen:.2f}x** |", flush=True)
 
 
+def mma_table() -> None:
+    """The SM80 register-dequantizing GEMM (`quant_gemm_mma`) against the streaming WMMA GEMM and cuBLAS
+    fp16 at 16-128 rows, at each row-fragment count per block (k split chosen by the glue)."""
+    print(f"\n### 3b. {W4A16}: register-dequantizing mma.sync GEMM, streaming WMMA GEMM, cuBLAS fp16 (us)")
+    print("| layer | rows | cuBLAS fp16 | streaming (auto) | mma (auto) | mma m_frags 1 | 2 | 3 | 4 | "
+          "streaming speed-up | mma speed-up |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    totals: dict[int, list[float]] = {}
+    for name, (n, k) in LLAMA_SHAPES.items():
+        weights, dense = packed_copies(W4A16, n, k), fp16_copies(n, k)
+        for rows in (16, 32, 64, 128):
+            x = torch.randn(rows, k, device="cuda").half()
+            c_us = graph_time_us(lambda i: F.linear(x, dense[i]), len(dense))  # noqa: B023
+            s_us = graph_time_us(lambda i: ql.quant_gemm_stream(weights[i], x), len(weights))  # noqa: B023
+            m_us = graph_time_us(lambda i: ql.quant_gemm_mma(weights[i], x), len(weights))  # noqa: B023
+            by_frags = [
+                graph_time_us(lambda i: ql.quant_gemm_mma(weights[i], x, m_frags=mf), len(weights))  # noqa: B023
+                for mf in (1, 2, 3, 4)
+            ]
+            totals.setdefault(rows, []).append(c_us / m_us)
+            times = " | ".join(f"{t:.1f}" for t in (c_us, s_us, m_us, *by_frags))
+            print(f"| {name} | {rows} | {times} | {c_us / s_us:.2f}x | **{c_us / m_us:.2f}x** |", flush=True)
+    for rows, ratios in totals.items():
+        print(f"mma (auto) over cuBLAS fp16 at {rows} rows, geometric mean of the four projections: "
+              f"**{statistics.geometric_mean(ratios):.2f}x**", flush=True)  # fmt: skip
+
+
 def row_fragment_table() -> None:
     """64 rows as 4 row blocks of 16, 2 of 32 or 1 of 64 per block (the weights re-read through L2 by
     the extra row blocks, against fewer k-chunks in flight per warp at more accumulators)."""
@@ -372,6 +401,7 @@ def main() -> None:
         "shapes": lambda: gemv_shapes_table(bandwidth),
         "rows": few_rows_table,
         "gemm": gemm_table,
+        "mma": mma_table,
         "sweep": split_sweep,
         "row_blocks": row_fragment_table,
         "engine": lambda: engine_table(bandwidth),

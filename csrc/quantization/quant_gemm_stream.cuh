@@ -206,6 +206,27 @@ __device__ __forceinline__ void reduce_split_tiles(const QuantStreamParams& p, i
   }
 }
 
+// After a block of a k split has stored its partial tile (every thread of the block calls this: it has
+// barriers): the last split of the tile to finish sums the partial tiles into out (reduce_split_tiles)
+// and resets the tile's counter. The partial stores are made visible before the count (fence, then the
+// barrier that orders every thread's stores before thread 0's increment). `flag`: 4 bytes of shared
+// memory no thread reads any more.
+template <typename Tr>
+__device__ __forceinline__ void reduce_if_last_split(const QuantStreamParams& p, int* flag, int m0, int block_f0) {
+  const int tile_index = blockIdx.y * gridDim.x + blockIdx.x;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned done = atomicAdd(p.split_counters + tile_index, 1u);
+    *flag = done == gridDim.z - 1;
+  }
+  __syncthreads();
+  if (!*flag) return;
+  __threadfence();
+  reduce_split_tiles<Tr>(p, tile_index, gridDim.x * gridDim.y, m0, block_f0);
+  if (threadIdx.x == 0) p.split_counters[tile_index] = 0;  // ready for the next call (or graph replay)
+}
+
 // The first x window staged and the second's loads issued, then the barrier before the k loop.
 template <typename Tr>
 __device__ __forceinline__ void begin_x_windows(const QuantStreamParams& p, int m0, int kt_begin, int num_chunks,
@@ -279,20 +300,7 @@ __device__ __forceinline__ void finish_stream_tile(const QuantStreamParams& p, c
         __syncwarp();
       }
   }
-  if (!split) return;
-  // The last split of this tile to finish reduces it: the partial stores are made visible before the
-  // count (fence, then the barrier that orders every thread's stores before thread 0's increment).
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const unsigned done = atomicAdd(p.split_counters + tile_index, 1u);
-    *flag = done == gridDim.z - 1;
-  }
-  __syncthreads();
-  if (!*flag) return;
-  __threadfence();
-  reduce_split_tiles<Tr>(p, tile_index, tiles, m0, block_f0);
-  if (threadIdx.x == 0) p.split_counters[tile_index] = 0;  // ready for the next call (or graph replay)
+  if (split) reduce_if_last_split<Tr>(p, flag, m0, block_f0);
 }
 
 // Blocks the kernel is compiled to fit per SM: two from SM80 (128 registers per thread: the ring of

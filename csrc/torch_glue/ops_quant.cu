@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "torch_glue/torch_glue.h"
+#include "quantization/quant_gemm_mma_sm80.cuh"
 #include "quantization/quant_gemm_stream.cuh"
 #include "quantization/quant_gemm_wmma.cuh"
 #include "quantization/quant_gemv.cuh"
@@ -405,6 +406,29 @@ void quant_gemm_stream(at::Tensor& out, const at::Tensor& x, const at::Tensor& w
                                             splits, Tr::kSmemBytes, op);
       });
     });
+  });
+}
+
+void quant_gemm_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& group_params,
+                    const std::optional<at::Tensor>& bias, at::Tensor& split_counters, int64_t kind,
+                    int64_t group_size, int64_t m_frags, int64_t splits) {
+  const char* op = "quant_gemm_mma";
+  const PackedShape shape = check_packed(weight, group_params, kind, group_size, op);
+  TORCH_CHECK(kind == kQuantInt4, op, ": 4-bit weights only (kind 0), got kind ", num(kind));
+  TORCH_CHECK(shape.k % QuantMmaTiles<1>::kBlockK == 0, op, ": in_features ", num(shape.k),
+              " is not a multiple of ", num(QuantMmaTiles<1>::kBlockK));
+  stream_gemm::check_stream_args(out, x, bias, split_counters, shape.k, shape.n, m_frags, 1, splits, op);
+  const at::cuda::OptionalCUDAGuard guard(x.device());
+  TORCH_CHECK(at::cuda::getCurrentDeviceProperties()->major >= 8, op,
+              ": needs SM80 or newer (mma.sync m16n8k16); Volta runs quant_gemm_stream");
+  if (m_frags == 0) m_frags = stream_gemm::default_m_frags(x.size(0));
+  QuantStreamParams p{};
+  set_packed_fields(p, weight, group_params, shape);
+  dispatch_built<1, 2, 3, 4>(m_frags, op, "m_frags", [&](auto mf_c) {
+    constexpr int MF = decltype(mf_c)::value;
+    using Tr = QuantMmaTiles<MF>;
+    stream_gemm::launch_stream_gemm<Tr>(quant_gemm_mma_sm80_kernel<MF>, p, p, out, x, bias, split_counters, splits,
+                                        Tr::kSmemBytes, op);
   });
 }
 

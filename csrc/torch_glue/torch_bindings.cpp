@@ -56,6 +56,9 @@ void quant_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, 
 void quant_gemm_stream(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& group_params,
                        const std::optional<at::Tensor>& bias, at::Tensor& split_counters, int64_t kind,
                        int64_t group_size, int64_t m_frags, int64_t n_frags, int64_t splits);
+void quant_gemm_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& group_params,
+                    const std::optional<at::Tensor>& bias, at::Tensor& split_counters, int64_t kind,
+                    int64_t group_size, int64_t m_frags, int64_t splits);
 void quant_dequantize(at::Tensor& out, const at::Tensor& weight, const at::Tensor& group_params, int64_t kind,
                       int64_t group_size);
 void moe_topk_softmax(at::Tensor& topk_weights, at::Tensor& topk_ids, const at::Tensor& router_logits,
@@ -119,6 +122,9 @@ TORCH_LIBRARY(voltllm_C, m) {
       "quant_gemm_stream(Tensor(a!) out, Tensor x, Tensor weight, Tensor group_params, Tensor? bias, "
       "Tensor(b!) split_counters, int kind, int group_size, int m_frags, int n_frags, int splits) -> ()");
   m.def(
+      "quant_gemm_mma(Tensor(a!) out, Tensor x, Tensor weight, Tensor group_params, Tensor? bias, "
+      "Tensor(b!) split_counters, int kind, int group_size, int m_frags, int splits) -> ()");
+  m.def(
       "quant_dequantize(Tensor(a!) out, Tensor weight, Tensor group_params, int kind, int group_size) -> ()");
   m.def("moe_topk_softmax(Tensor(a!) topk_weights, Tensor(b!) topk_ids, Tensor router_logits, bool renormalize) -> ()");
   m.def(
@@ -150,6 +156,7 @@ TORCH_LIBRARY_IMPL(voltllm_C, CUDA, m) {
   m.impl("quant_gemv", &voltllm::quant_gemv);
   m.impl("quant_gemm", &voltllm::quant_gemm);
   m.impl("quant_gemm_stream", &voltllm::quant_gemm_stream);
+  m.impl("quant_gemm_mma", &voltllm::quant_gemm_mma);
   m.impl("quant_dequantize", &voltllm::quant_dequantize);
   m.impl("moe_topk_softmax", &voltllm::moe_topk_softmax);
   m.impl("moe_align", &voltllm::moe_align);

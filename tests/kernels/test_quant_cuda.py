@@ -1,8 +1,8 @@
 """The quantized kernels on a GPU against `dequantize` then an fp32 product: every kind, bit width, group
 size and act-order, the GEMV at 1..8 rows (plain and SwiGLU), the WMMA GEMM at every row tile with and
-without split k, the weight-streaming GEMM at every fragment count, the dense path, the row-count
-dispatch of `CudaQuantizedMatmul`, CUDA-graph capture, the packed memory size and the errors. Inputs
-are fresh random draws every run (the seed is printed)."""
+without split k, the weight-streaming GEMM at every fragment count, the SM80 register-dequantizing
+4-bit GEMM, the dense path, the row-count dispatch of `CudaQuantizedMatmul`, CUDA-graph capture, the
+packed memory size and the errors. Inputs are fresh random draws every run (the seed is printed)."""
 
 from __future__ import annotations
 
@@ -135,6 +135,61 @@ def test_stream_gemm_takes_a_16_byte_aligned_x():
     shifted.copy_(x)
     assert shifted.data_ptr() % 32 == 16
     _close(ql.quant_gemm_stream(ql.pack(weight), shifted, bias), _reference(weight, x, bias))
+
+
+sm80 = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 8, reason="mma.sync needs SM80+"
+)
+
+
+@cuda
+@sm80
+@pytest.mark.parametrize("case", [c for c in CASES if c.kind == "int" and c.bits == 4], ids=lambda c: c.name)
+@pytest.mark.parametrize("rows", [4, 9, 16, 20, 33, 64, 100, 128])
+def test_mma_gemm_every_4bit_case_and_fragment_count(case: QuantCase, rows: int):
+    # n: a partial n-tile, warp and block of features; k: 12 stretches of 128 columns
+    weight, x, bias = _inputs(case, rows, 392, 1536, "mma")
+    packed = ql.pack(weight)
+    ref = _reference(weight, x, bias)
+    for m_frags in (0, 1, 2, 3, 4):
+        # one split, the size-based choice, an uneven split of 12 stretches, splits of one stretch
+        for splits in (1, 0, 5, 12):
+            _close(ql.quant_gemm_mma(packed, x, bias, m_frags=m_frags, splits=splits), ref)
+            assert not packed.split_counters.any(), "the last split leaves its tile counter at zero"
+
+
+@cuda
+@sm80
+def test_mma_gemm_refuses_what_it_cannot_run():
+    weight, x, _ = _inputs(QuantCase("int", 8, 128), 16, 256, 512, "mma-refusals")
+    with pytest.raises(RuntimeError, match="4-bit weights only"):
+        ql.quant_gemm_mma(ql.pack(weight), x)
+    weight, x, _ = _inputs(QuantCase("int", 4, 64), 16, 256, 576, "mma-refusals")
+    packed = ql.pack(weight)
+    assert not ql.mma_gemm_applies(packed, x.device)
+    with pytest.raises(RuntimeError, match="not a multiple of 128"):
+        ql.quant_gemm_mma(packed, x)
+
+
+@cuda
+@sm80
+@pytest.mark.parametrize("rows", [16, 64])
+def test_mma_gemm_dispatch_and_graph_replay(rows: int, monkeypatch: pytest.MonkeyPatch):
+    """With GEMM_KERNEL "mma" the matmul runs it, and a CUDA graph of it replays fresh inputs."""
+    monkeypatch.setattr(ql, "GEMM_KERNEL", "mma")
+    weight, x, bias = _inputs(QuantCase("int", 4, 128), rows, 4096, 4096, "mma-graph")
+    matmul = quantized_matmul_for(weight)
+    assert matmul.mma
+    static_x = x.clone()
+    matmul(static_x, bias)  # warm-up outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = matmul(static_x, bias)
+    for draw in range(3):
+        fresh = torch.randn(x.shape, generator=_generator("mma-graph", rows, draw)).half().cuda()
+        static_x.copy_(fresh)
+        graph.replay()
+        _close(static_out, _reference(weight, fresh, bias))
 
 
 @cuda

@@ -1,8 +1,8 @@
 """The quantized kernels (csrc/quantization/) on the CPU emulator (tests/kernels/emu): the GEMV (plain and
 with the SwiGLU epilogue), the WMMA GEMM (every row tile, with and without split k), the streaming
-GEMM and the dequantize kernel against `dequantize` then an fp32 product, for every kind, bit width,
-group size and act-order, with weights packed by `voltllm.ops.quantized_linear.pack` (the layout the GPU
-reads)."""
+GEMM, the SM80 register-dequantizing 4-bit GEMM and the dequantize kernel against `dequantize` then an
+fp32 product, for every kind, bit width, group size and act-order, with weights packed by
+`voltllm.ops.quantized_linear.pack` (the layout the GPU reads)."""
 
 from __future__ import annotations
 
@@ -160,6 +160,43 @@ def test_stream_gemm_matches_dequantize_then_matmul(emu, case: QuantCase):
             ctypes.c_int(n), ctypes.c_int(k), *_group_args(packed), ctypes.c_uint(splits + 7 * m_frags),
         )  # fmt: skip
         shape = f"m_frags {m_frags} n_frags {n_frags} splits {splits}"
+        torch.testing.assert_close(out.float(), ref, atol=_tolerance(ref), rtol=0, msg=shape)
+        assert not counters.any(), f"{shape}: split counters left at {counters.tolist()}"
+
+
+INT4_CASES = [case for case in CASES if case.kind == "int" and case.bits == 4]
+# (m_frags, splits): 10 stretches of 128 columns in 3 splits of 4, 4, 2 (past the ring's depth and the x
+# window, so that both refill), one split, splits of one stretch; every built m_frags.
+_MMA_SHAPES = [(1, 3), (2, 1), (3, 10), (4, 3)]
+
+
+@pytest.mark.parametrize("case", INT4_CASES, ids=lambda c: c.name)
+def test_mma_gemm_matches_dequantize_then_matmul(emu, case: QuantCase):
+    """The SM80 register-dequantizing GEMM (its permuted k order, the lanes' rotated words): every 4-bit
+    case, every row-fragment count, ragged rows and features, the split reduction and its counters."""
+    gen = torch.Generator().manual_seed(_case_seed(case.name) + 3)
+    # m: a ragged last row fragment; n: a partial n-tile, warp and block (two blocks of 256 features);
+    # 10 stretches of 128 columns.
+    m, n, k = 20, 268, 1280
+    weight = make_weight(case, n, k, gen)
+    packed = pack(weight)
+    x = torch.randn(m, k, generator=gen).to(torch.float16)
+    bias = torch.randn(n, generator=gen).to(torch.float16)
+    ref = _reference(weight, x, bias)
+    xg = _gathered(packed, x)
+    counters = torch.zeros(16, dtype=torch.int32)
+    for m_frags, splits in _MMA_SHAPES:
+        tiles = -(-m // (16 * m_frags)) * -(-n // 256)
+        tile_floats = emu.emu_quant_gemm_mma_tile_floats(ctypes.c_int(m_frags))
+        out = torch.full((m, n), float("nan"), dtype=torch.float16)
+        partial = torch.full((splits * tiles * tile_floats,), float("nan"))
+        emu.emu_quant_gemm_mma(
+            ctypes.c_int(m_frags), ctypes.c_int(splits), ptr(out), ptr(partial), ptr(counters), ptr(xg),
+            ptr(packed.packed), ptr(packed.group_params), ptr(bias), ctypes.c_longlong(out.stride(0)),
+            ctypes.c_longlong(xg.stride(0)), ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k),
+            *_group_args(packed), ctypes.c_uint(splits + 7 * m_frags),
+        )  # fmt: skip
+        shape = f"m_frags {m_frags} splits {splits}"
         torch.testing.assert_close(out.float(), ref, atol=_tolerance(ref), rtol=0, msg=shape)
         assert not counters.any(), f"{shape}: split counters left at {counters.tolist()}"
 

@@ -11,8 +11,10 @@ A call with `rows` rows of x runs
 - `rows <= GEMV_DISPATCH_MAX_ROWS`: the GEMV (dequantize in registers, one pass over the packed weight);
 - `rows < DENSE_MIN_ROWS`: the weight-streaming WMMA GEMM (each warp streams its features' packed rows
   through registers and dequantizes them into its own shared-memory tile, x staged per block in windows,
-  fp32 accumulation, k split over blocks whose last one sums the splits; a register-dequantizing
-  variant was measured and removed: docs/quantization.md);
+  fp32 accumulation, k split over blocks whose last one sums the splits; session 11's
+  register-dequantizing WMMA variant, which needed a second copy of the weight, was measured and
+  removed: docs/quantization.md), or with `GEMM_KERNEL = "mma"` on SM80+ 4-bit weights the
+  register-dequantizing mma.sync GEMM, which reads the same packed rows;
 - larger: the whole weight dequantized to fp16 into a transient buffer, then torch's GEMM: at prefill
   sizes the GEMM is compute bound, so one extra pass over the weight costs little
   (`benches/quantization.py` measures all three).
@@ -59,6 +61,13 @@ STREAM_BLOCK_FEATURES = 128
 DENSE_MIN_ROWS = STREAM_MAX_ROWS + 1
 # Columns of one k-tile of the GEMM: `in_features` must be a multiple of it.
 K_ALIGN = 64
+# Columns of one stretch of the register-dequantizing GEMM (`quant_gemm_mma`): its `in_features` must be
+# a multiple of it.
+MMA_K_ALIGN = 128
+# Which GEMM `CudaQuantizedMatmul` runs between the GEMV and the dense path: "stream" (the streaming
+# WMMA GEMM, every GPU) or "mma" (the register-dequantizing mma.sync GEMM where `mma_gemm_applies`,
+# the streaming one elsewhere). "stream" until benches/quantization.py has timed both on a GPU.
+GEMM_KERNEL = "stream"
 
 
 def _kind_of(weight: QuantizedWeight) -> int | None:
@@ -254,6 +263,39 @@ def quant_gemm_stream(
     return out
 
 
+def mma_gemm_applies(weight: PackedQuantWeight, device: torch.device) -> bool:
+    """Whether `quant_gemm_mma` runs this weight on `device`: 4-bit codes, `in_features` a multiple of
+    MMA_K_ALIGN, an SM80 or newer GPU (mma.sync m16n8k16)."""
+    return (
+        weight.kind == KIND_INT4
+        and weight.shape[1] % MMA_K_ALIGN == 0
+        and device.type == "cuda"
+        and torch.cuda.get_device_capability(device)[0] >= 8
+    )
+
+
+def quant_gemm_mma(
+    weight: PackedQuantWeight,
+    x: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    m_frags: int = 0,
+    splits: int = 0,
+) -> torch.Tensor:
+    """`x @ W^T + bias` on the register-dequantizing 4-bit GEMM (SM80+, `mma_gemm_applies`) for up to
+    STREAM_MAX_ROWS rows: each lane dequantizes the packed codes it loaded straight into its MMA operand
+    (`quant_gemm_mma_sm80.cuh`); `m_frags` (1-4 fragments of 16 rows of x per block) and `splits` of
+    k, 0 = chosen by size."""
+    if x.shape[0] > STREAM_MAX_ROWS:
+        raise ValueError(f"quant_gemm_mma takes at most {STREAM_MAX_ROWS} rows, got {x.shape[0]}")
+    x = _gather_columns(x, weight.column_order)
+    out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float16, device=x.device)
+    kernel_ops().quant_gemm_mma(
+        out, x, weight.packed, weight.group_params, bias, weight.split_counters, weight.kind,
+        weight.group_size, m_frags, splits,
+    )  # fmt: skip
+    return out
+
+
 def dequantize_packed(weight: PackedQuantWeight) -> torch.Tensor:
     """The dense fp16 `[out, in]` weight, columns in the packed order (the reference's values)."""
     out = torch.empty(weight.shape, dtype=torch.float16, device=weight.packed.device)
@@ -278,6 +320,7 @@ class CudaQuantizedMatmul:
             raise ValueError("CudaQuantizedMatmul needs a weight on a CUDA device")
         load()  # the kernels, built on first use
         self.weight = pack(weight)
+        self.mma = mma_gemm_applies(self.weight, weight.codes.device)
 
     def _check(self, x: torch.Tensor) -> None:
         if x.dtype != torch.float16:
@@ -291,6 +334,8 @@ class CudaQuantizedMatmul:
         if rows <= GEMV_DISPATCH_MAX_ROWS:
             return quant_gemv(self.weight, x, bias)
         if rows < DENSE_MIN_ROWS:
+            if GEMM_KERNEL == "mma" and self.mma:
+                return quant_gemm_mma(self.weight, x, bias)
             return quant_gemm_stream(self.weight, x, bias)
         return quant_dense(self.weight, x, bias)
 

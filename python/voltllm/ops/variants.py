@@ -12,7 +12,8 @@ Architectures:
     V100 build of the extension cannot break.
   * sm_70 also: the expert kernels (`moe/`), the grouped GEMM in fp16.
   * sm_80: the bf16 WMMA attention kernels and the bf16 grouped expert GEMM (bf16 tensor-core math
-    needs SM80), and every `_mma_sm80` attention kernel (mma.sync m16n8k16, ldmatrix, cp.async).
+    needs SM80), and every `_mma_sm80` kernel (mma.sync m16n8k16, ldmatrix, cp.async): attention and
+    the register-dequantizing 4-bit GEMM (a trap on sm_70 too, where the streaming WMMA GEMM runs).
   * sm_90: everything, as the H200 build compiles it.
 """
 
@@ -142,6 +143,20 @@ def _quantization() -> dict[str, list[str]]:
     }
 
 
+# The register-dequantizing 4-bit GEMM's fragments of 16 rows of x per block (its template argument,
+# csrc/quantization/quant_gemm_mma_sm80.cuh).
+QUANT_MMA_M_FRAGS = (1, 2, 3, 4)
+
+
+def _quant_mma_sm80() -> dict[str, list[str]]:
+    """The SM80+ 4-bit GEMM (mma.sync m16n8k16): fp16 only, a trap on sm_70."""
+    return {
+        "quantization/quant_gemm_mma_sm80.cuh": [
+            f"voltllm::quant_gemm_mma_sm80_kernel<{mf}>" for mf in QUANT_MMA_M_FRAGS
+        ]
+    }
+
+
 def _attention_wmma(dtype: str) -> dict[str, list[str]]:
     return {
         "attention/paged_decode_wmma.cuh": [
@@ -247,6 +262,9 @@ def dynamic_smem_probes() -> dict[str, str]:
                 args = f"<{_stream_args(kind, mf, nf)}>"
                 probe = f"voltllm::quant_gemm_stream_smem_bytes_probe{args}"
                 probes[f"voltllm::quant_gemm_stream_kernel{args}"] = probe
+    for mf in QUANT_MMA_M_FRAGS:
+        probe = f"voltllm::quant_gemm_mma_smem_bytes_probe<{mf}>"
+        probes[f"voltllm::quant_gemm_mma_sm80_kernel<{mf}>"] = probe
     probes["voltllm::moe_align_kernel"] = "voltllm::moe_align_max_smem_bytes"
     for dtype in DTYPES:
         for chunks in MOE_PAIR_DOWN_STAGED_CHUNKS:
@@ -262,6 +280,7 @@ def sm70_variants() -> dict[str, list[str]]:
         _quantization(),
         _attention_wmma(FP16),
         _attention_mma_sm80(FP16),
+        _quant_mma_sm80(),
         _moe(),
         _moe_gemm_wmma(FP16),
     )
@@ -274,8 +293,9 @@ def sm80_bf16_variants() -> dict[str, list[str]]:
 
 
 def sm80_variants() -> dict[str, list[str]]:
-    """The `_mma_sm80` attention variants (both dtypes), whose real bodies exist from SM80 on."""
-    return _merge(_attention_mma_sm80(FP16), _attention_mma_sm80(BF16))
+    """The `_mma_sm80` variants (attention in both dtypes, the 4-bit GEMM), whose real bodies exist
+    from SM80 on."""
+    return _merge(_attention_mma_sm80(FP16), _attention_mma_sm80(BF16), _quant_mma_sm80())
 
 
 def sm90_variants() -> dict[str, list[str]]:

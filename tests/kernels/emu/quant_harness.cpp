@@ -1,10 +1,12 @@
 // C entry points that run the weight-only quantized kernels (csrc/quantization/: the GEMV, the WMMA
-// GEMM with its split-k finalize, the streaming GEMM, the dequantize kernel) on the CPU emulator, for
+// GEMM with its split-k finalize, the streaming GEMM, the SM80 register-dequantizing GEMM, the
+// dequantize kernel) on the CPU emulator, for
 // tests/kernels/test_quant_emulated.py (loaded with ctypes; pointers are CPU torch tensors).
 #include "cuda_emu.h"
 // The kernel headers come after the emulator, which stands in for the CUDA toolchain.
 #include <type_traits>
 
+#include "quantization/quant_gemm_mma_sm80.cuh"
 #include "quantization/quant_gemm_stream.cuh"
 #include "quantization/quant_gemm_wmma.cuh"
 #include "quantization/quant_gemv.cuh"
@@ -183,6 +185,49 @@ void emu_quant_gemm_stream(int kind, int m_frags, int n_frags, int splits, void*
 // Floats of one output tile of the streaming GEMM at (m_frags, n_frags): the harness caller sizes
 // `partial` with it.
 int emu_quant_gemm_stream_tile_floats(int m_frags, int n_frags) { return 16 * m_frags * 128 * n_frags; }
+
+// The SM80 register-dequantizing 4-bit GEMM at m_frags (1-4) with `splits` splits of k (k a multiple of
+// 128); `partial` and `split_counters` as for emu_quant_gemm_stream.
+void emu_quant_gemm_mma(int m_frags, int splits, void* out, float* partial, unsigned* split_counters, const void* x,
+                        const void* weight, const void* group_params, const void* bias, long long out_stride,
+                        long long x_stride, int m, int n, int k, int num_groups, int chunk_group_shift,
+                        unsigned seed) {
+  const int stretches = k / 128;
+  const int per_split = (stretches + splits - 1) / splits;
+  splits = (stretches + per_split - 1) / per_split;
+  voltllm::QuantStreamParams p{};
+  p.out = out;
+  p.partial = partial;
+  p.split_counters = split_counters;
+  p.x = x;
+  p.weight = static_cast<const uint4*>(weight);
+  p.group_params = static_cast<const unsigned*>(group_params);
+  p.bias = bias;
+  p.out_stride = out_stride;
+  p.x_stride = x_stride;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.num_groups = num_groups;
+  p.chunk_group_shift = chunk_group_shift;
+  p.chunks_per_split = per_split;
+  auto run = [&](auto mf_c) {
+    constexpr int MF = decltype(mf_c)::value;
+    using Tr = voltllm::QuantMmaTiles<MF>;
+    const dim3 grid((m + Tr::kXRows - 1) / Tr::kXRows, (n + Tr::kBlockFeatures - 1) / Tr::kBlockFeatures, splits);
+    emu::launch(grid, dim3(256), Tr::kSmemBytes, [&] { voltllm::quant_gemm_mma_sm80_kernel<MF>(p); }, seed);
+  };
+  switch (m_frags) {
+    case 1: return run(std::integral_constant<int, 1>{});
+    case 2: return run(std::integral_constant<int, 2>{});
+    case 3: return run(std::integral_constant<int, 3>{});
+    case 4: return run(std::integral_constant<int, 4>{});
+    default: emu::fail("mma m_frags");
+  }
+}
+
+// Floats of one output tile of the register-dequantizing GEMM at m_frags.
+int emu_quant_gemm_mma_tile_floats(int m_frags) { return 16 * m_frags * 256; }
 
 void emu_quant_dequantize(int kind, void* out, const void* weight, const void* group_params, int n, int k,
                           int num_groups, int chunk_group_shift, unsigned seed) {
