@@ -90,9 +90,7 @@ class AWQLinearMethod(QuantizedLinearMethod):
                 f"{layer.prefix}: {input_size_per_partition} input features per rank are not a multiple "
                 f"of the AWQ group size {group}"
             )
-        for size in output_partition_sizes:
-            if size % PACK_FACTOR:
-                raise ValueError(f"{layer.prefix}: {size} output features do not pack into int32 words of 8")
+        self.check_packs(layer, output_partition_sizes, PACK_FACTOR, "output features")
         rows, groups = sum(output_partition_sizes), input_size_per_partition // group
         packed = {"input_dim": 0, "output_dim": 1, "packed_dim": 1, "pack_factor": PACK_FACTOR}
         words = rows // PACK_FACTOR

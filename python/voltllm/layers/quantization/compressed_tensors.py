@@ -189,10 +189,7 @@ class PackedIntLinearMethod(QuantizedLinearMethod):
         params_dtype: torch.dtype,
     ) -> None:
         scheme, pack = self.scheme, self.pack_factor
-        if input_size_per_partition % pack:
-            raise ValueError(
-                f"{layer.prefix}: {input_size_per_partition} input features do not pack into words of {pack}"
-            )
+        self.check_packs(layer, [input_size_per_partition], pack, "input features")
         grouped = scheme.strategy == "group"
         self.group_size = scheme.group_size if grouped else input_size_per_partition
         sharded_input = input_size_per_partition != input_size
@@ -216,11 +213,7 @@ class PackedIntLinearMethod(QuantizedLinearMethod):
             layer, "weight_scale", torch.empty(rows, groups, dtype=torch.float32), output_dim=0, **group_dim
         )
         if not scheme.symmetric:
-            for size in output_partition_sizes:
-                if size % pack:
-                    raise ValueError(
-                        f"{layer.prefix}: {size} output features do not pack zero points into words of {pack}"
-                    )
+            self.check_packs(layer, output_partition_sizes, pack, "output features (zero points)")
             self.register(
                 layer,
                 "weight_zero_point",

@@ -118,13 +118,8 @@ class GPTQLinearMethod(QuantizedLinearMethod):
     ) -> None:
         config, pack = self.config, self.pack_factor
         group = config.group_size if config.group_size != -1 else input_size
-        if input_size_per_partition % pack:
-            raise ValueError(
-                f"{layer.prefix}: {input_size_per_partition} input features do not pack into words of {pack}"
-            )
-        for size in output_partition_sizes:
-            if size % pack:
-                raise ValueError(f"{layer.prefix}: {size} output features do not pack into words of {pack}")
+        self.check_packs(layer, [input_size_per_partition], pack, "input features")
+        self.check_packs(layer, output_partition_sizes, pack, "output features")
         sharded_input = input_size_per_partition != input_size
         # Groups follow the rank's input rows only for contiguous groups that tile them.
         shard_groups = sharded_input and not config.desc_act and config.group_size != -1

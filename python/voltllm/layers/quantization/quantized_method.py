@@ -46,6 +46,14 @@ class QuantizedLinearMethod(LinearMethodBase):
         self.checkpoint_params.append(name)
         return param
 
+    @staticmethod
+    def check_packs(layer: nn.Module, sizes: list[int], pack: int, what: str) -> None:
+        """Refuse a layer whose `sizes` (features per rank, or per q/k/v or gate/up shard) do not fill
+        whole int32 words of `pack` codes: `what` names them in the message ("input features", ...)."""
+        for size in sizes:
+            if size % pack:
+                raise ValueError(f"{layer.prefix}: {size} {what} do not pack into int32 words of {pack}")
+
     @abstractmethod
     def to_quantized_weight(self, layer: nn.Module) -> QuantizedWeight:
         """The loaded checkpoint tensors of `layer` as one `QuantizedWeight` (unpacked codes `[out, in]`)."""
