@@ -87,8 +87,7 @@ def main() -> None:
     path = sum(t for _, _, t in per_kernel.values()) / args.steps
     calls = sum(c for c, _, _ in per_kernel.values()) / args.steps
     mode = "graphs" if args.graphs else "eager"
-    quant = f" {args.quantization}" if args.quantization else ""
-    shape = f"{args.model}{quant} batch {args.batch} ctx {args.context} ({mode})"
+    shape = f"{args.model} batch {args.batch} ctx {args.context} ({mode})"
     print(f"{shape}: {calls:.0f} kernels, {total:.1f} us device time, {path:.1f} us critical path per step")
     print(f"{'path us':>9} {'device us':>9} {'calls':>6}  kernel")
     for name, (count, us, critical) in rows[:25]:

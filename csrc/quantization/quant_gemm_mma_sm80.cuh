@@ -33,9 +33,13 @@ namespace voltllm {
 
 // The register-dequantizing GEMM's tiling, in the streaming GEMM's terms (so that its x windows, split
 // planning and split reduction serve it): a k-chunk (kBlockK) here is a 128-column stretch.
-template <int MF>
+template <int MF, bool ASYNC = false>
 struct QuantMmaTiles {
   static_assert(MF >= 1 && MF <= 4, "1-4 fragments of 16 rows of x per block");
+  // x staging: ASYNC, cp.async straight into a ring of kXBuffers windows (no registers, issued two
+  // windows ahead); else the streaming GEMM's register double buffer.
+  static constexpr bool kAsync = ASYNC;
+  static constexpr int kXBuffers = ASYNC ? 3 : 2;
   static constexpr int kMFrags = MF;
   static constexpr int kNTiles = 4;                     // 8-feature n-tiles per warp
   static constexpr int kWarps = 8;
@@ -54,21 +58,21 @@ struct QuantMmaTiles {
   static constexpr int kXBufHalves = kXRows * kXLd;
   static constexpr int kXVectors = kXRows * kXWindow * kBlockK / 8;  // 16-byte vectors per window
   static constexpr int kXLoads = (kXVectors + kThreads - 1) / kThreads;
-  static constexpr int kSmemBytes = 2 * kXBufHalves * 2;
+  static constexpr int kSmemBytes = kXBuffers * kXBufHalves * 2;
   static constexpr int kTileFloats = kXRows * kBlockFeatures;       // one block's fp32 partial tile
   static_assert(kXLd % 64 == 32, "conflict-free A loads");
   static_assert(kSmemBytes <= 96 * 1024, "shared memory");
 };
 
-template <int MF>
+template <int MF, bool ASYNC>
 __host__ __device__ constexpr int quant_gemm_mma_smem_bytes() {
-  return QuantMmaTiles<MF>::kSmemBytes;
+  return QuantMmaTiles<MF, ASYNC>::kSmemBytes;
 }
 
 #ifdef __CUDACC_RTC__
 // The dynamic shared memory each variant launches with, for the sm70 gate (ptxas sees only static).
-template <int MF>
-__device__ const int quant_gemm_mma_smem_bytes_probe = QuantMmaTiles<MF>::kSmemBytes;
+template <int MF, bool ASYNC>
+__device__ const int quant_gemm_mma_smem_bytes_probe = QuantMmaTiles<MF, ASYNC>::kSmemBytes;
 #endif
 
 #ifdef VOLTLLM_SM80_PATH
@@ -112,10 +116,9 @@ __device__ __forceinline__ void rotate_words(const uint4& raw, int q, unsigned (
 
 // acc[i][j] += one stretch: 8 k-steps over the MF row fragments of x (its [kXRows][kBlockK] window
 // slice `xs`, rows kXLd apart) and the warp's 4 n-tiles of dequantized weights.
-template <int MF>
+template <typename Tr, int MF>
 __device__ __forceinline__ void mma_stretch(const QuantMmaRegs& regs, const __half* xs, int lane,
                                             float (&acc)[MF][4][4]) {
-  using Tr = QuantMmaTiles<MF>;
   const int g = lane >> 2, q = lane & 3;
   unsigned words[4][4];
   GroupParams<kQuantInt4> params[4];
@@ -135,13 +138,14 @@ __device__ __forceinline__ void mma_stretch(const QuantMmaRegs& regs, const __ha
     for (int i = 0; i < MF; ++i) {
       const uint4 lo = *reinterpret_cast<const uint4*>(xs + (16 * i + g) * Tr::kXLd + col);
       const uint4 hi = *reinterpret_cast<const uint4*>(xs + (16 * i + g + 8) * Tr::kXLd + col);
-      const unsigned a0[4] = {lo.x, hi.x, lo.y, hi.y};
-      const unsigned a1[4] = {lo.z, hi.z, lo.w, hi.w};
+      const unsigned a[2][4] = {{lo.x, hi.x, lo.y, hi.y}, {lo.z, hi.z, lo.w, hi.w}};
+      // Step 2s over the 4 n-tiles, then step 2s + 1, so that an MMA never waits for the one issued just
+      // before it (the asm is volatile: this order is the issue order).
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        sm80::mma<__half>(acc[i][j], a0, bits_of_half2(b[j][0]), bits_of_half2(b[j][1]));
-        sm80::mma<__half>(acc[i][j], a1, bits_of_half2(b[j][2]), bits_of_half2(b[j][3]));
-      }
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          sm80::mma<__half>(acc[i][j], a[h], bits_of_half2(b[j][2 * h]), bits_of_half2(b[j][2 * h + 1]));
     }
   }
 }
@@ -149,10 +153,9 @@ __device__ __forceinline__ void mma_stretch(const QuantMmaRegs& regs, const __ha
 // After the k loop, every thread of the block: the warp's accumulators go to out (one split) or to its
 // split's partial tile, then the last split of the tile sums the partials (reduce_if_last_split).
 // Accumulator (i, j) holds rows 16 i + g, 16 i + g + 8 and features 8 j + 2q, 8 j + 2q + 1 of the warp's.
-template <int MF>
+template <typename Tr, int MF>
 __device__ __forceinline__ void finish_mma_tile(const QuantStreamParams& p, const float (&acc)[MF][4][4], int* flag,
                                                 int m0, int block_f0, bool active) {
-  using Tr = QuantMmaTiles<MF>;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
   const bool split = gridDim.z > 1;
   const int tile_index = blockIdx.y * gridDim.x + blockIdx.x;
@@ -182,9 +185,47 @@ __device__ __forceinline__ void finish_mma_tile(const QuantStreamParams& p, cons
   if (split) reduce_if_last_split<Tr>(p, flag, m0, block_f0);
 }
 
-template <int MF>
+// Window `window` of the block's x (rows [m0, m0 + kXRows) over the window's stretches of the split) by
+// cp.async into `buffer`, as one commit group (empty past the split's last window, so that every thread
+// commits a group per window and the waits count alike). Rows past m copy row m - 1: their products are
+// never stored.
+template <typename Tr>
+__device__ __forceinline__ void issue_x_window_async(const QuantStreamParams& p, int m0, int st_begin, int num_st,
+                                                     int window, __half* buffer) {
+  constexpr int kRowVectors = Tr::kXWindow * Tr::kBlockK / 8;
+  const int first = window * Tr::kXWindow;
+  if (first < num_st) {
+    const int width = min(Tr::kXWindow, num_st - first) * (Tr::kBlockK / 8);  // vectors per row copied
+    const __half* x = static_cast<const __half*>(p.x) + static_cast<long long>(st_begin + first) * Tr::kBlockK;
+#pragma unroll
+    for (int i = 0; i < Tr::kXLoads; ++i) {
+      const int idx = threadIdx.x + i * Tr::kThreads;
+      const int row = idx / kRowVectors, v = idx % kRowVectors;
+      if (idx < Tr::kXVectors && v < width) {
+        const long long src_row = min(m0 + row, p.m - 1);
+        sm80::cp_async16(buffer + row * Tr::kXLd + 8 * v, x + src_row * p.x_stride + 8 * v);
+      }
+    }
+  }
+  sm80::cp_async_commit();
+}
+
+// Before stretch t (block-uniform, as advance_x_window): at the start of window w, wait for its copies
+// (window w + 1's may still fly), meet the barrier (after which every warp is done with window w - 1's
+// buffer) and issue window w + 2 into that buffer.
+template <typename Tr>
+__device__ __forceinline__ void advance_x_window_async(const QuantStreamParams& p, int t, int m0, int st_begin,
+                                                       int num_st, __half* x_buffers) {
+  if (t % Tr::kXWindow != 0) return;
+  const int w = t / Tr::kXWindow;
+  sm80::cp_async_wait<1>();
+  __syncthreads();
+  issue_x_window_async<Tr>(p, m0, st_begin, num_st, w + 2, x_buffers + ((w + 2) % 3) * Tr::kXBufHalves);
+}
+
+template <int MF, bool ASYNC>
 __device__ __forceinline__ void quant_gemm_mma_block(const QuantStreamParams& p) {
-  using Tr = QuantMmaTiles<MF>;
+  using Tr = QuantMmaTiles<MF, ASYNC>;
   constexpr int kDepth = Tr::kDepth;
   VOLTLLM_DYNAMIC_SMEM(smem);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -202,8 +243,13 @@ __device__ __forceinline__ void quant_gemm_mma_block(const QuantStreamParams& p)
       if (d < num_st) load_mma_stretch(p, f0, st_begin + d, lane, ring[d]);
   }
   begin_dependent_grid();  // x is the previous kernel's output, and the counters its last writes
-  uint4 x_regs[Tr::kXLoads];
-  begin_x_windows<Tr>(p, m0, st_begin, num_st, x_buffers, x_regs);
+  uint4 x_regs[ASYNC ? 1 : Tr::kXLoads];
+  if constexpr (ASYNC) {
+    issue_x_window_async<Tr>(p, m0, st_begin, num_st, 0, x_buffers);
+    issue_x_window_async<Tr>(p, m0, st_begin, num_st, 1, x_buffers + Tr::kXBufHalves);
+  } else {
+    begin_x_windows<Tr>(p, m0, st_begin, num_st, x_buffers, x_regs);
+  }
   float acc[MF][4][4];
 #pragma unroll
   for (int i = 0; i < MF; ++i)
@@ -216,27 +262,35 @@ __device__ __forceinline__ void quant_gemm_mma_block(const QuantStreamParams& p)
     for (int d = 0; d < kDepth; ++d) {
       const int t = t0 + d;  // block-uniform: every warp, active or not, meets the same barriers
       if (t >= num_st) break;
-      advance_x_window<Tr>(p, t, m0, st_begin, num_st, x_buffers, x_regs);
+      if constexpr (ASYNC) {
+        advance_x_window_async<Tr>(p, t, m0, st_begin, num_st, x_buffers);
+      } else {
+        advance_x_window<Tr>(p, t, m0, st_begin, num_st, x_buffers, x_regs);
+      }
       if (!active) continue;
       const QuantMmaRegs regs = ring[d];
       if (t + kDepth < num_st) load_mma_stretch(p, f0, st_begin + t + kDepth, lane, ring[d]);
-      mma_stretch<MF>(regs, x_window_chunk<Tr>(x_buffers, t), lane, acc);
+      const __half* xs = ASYNC ? x_buffers + ((t / Tr::kXWindow) % 3) * Tr::kXBufHalves + (t % Tr::kXWindow) * Tr::kBlockK
+                               : x_window_chunk<Tr>(x_buffers, t);
+      mma_stretch<Tr, MF>(regs, xs, lane, acc);
     }
   }
+  if constexpr (ASYNC) sm80::cp_async_wait<0>();  // the trailing (empty) groups, before the smem is reused
   // x is no longer read once every warp has passed the epilogue's first barrier: its buffer holds the
   // last-split flag.
-  finish_mma_tile<MF>(p, acc, reinterpret_cast<int*>(x_buffers), m0, block_f0, active);
+  finish_mma_tile<Tr, MF>(p, acc, reinterpret_cast<int*>(x_buffers), m0, block_f0, active);
 }
 
 #endif  // VOLTLLM_SM80_PATH
 
 // grid: (ceil(m / (16 MF)), ceil(n / 256), splits), block: 256, dynamic shared memory
-// quant_gemm_mma_smem_bytes<MF>(); 4-bit weights, k a multiple of 128. Row blocks vary fastest, so that
-// the blocks reading the same weights run side by side (the second read hits L2).
-template <int MF>
+// quant_gemm_mma_smem_bytes<MF, ASYNC>(); 4-bit weights, k a multiple of 128. Row blocks vary fastest,
+// so that the blocks reading the same weights run side by side (the second read hits L2). ASYNC: x
+// staged by cp.async (QuantMmaTiles).
+template <int MF, bool ASYNC>
 __global__ void __launch_bounds__(256, 1) quant_gemm_mma_sm80_kernel(QuantStreamParams p) {
 #ifdef VOLTLLM_SM80_PATH
-  quant_gemm_mma_block<MF>(p);
+  quant_gemm_mma_block<MF, ASYNC>(p);
 #else
   begin_dependent_grid();
   __trap();  // SM80+ only: the Python layer runs the streaming WMMA GEMM on older GPUs

@@ -411,7 +411,7 @@ void quant_gemm_stream(at::Tensor& out, const at::Tensor& x, const at::Tensor& w
 
 void quant_gemm_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& group_params,
                     const std::optional<at::Tensor>& bias, at::Tensor& split_counters, int64_t kind,
-                    int64_t group_size, int64_t m_frags, int64_t splits) {
+                    int64_t group_size, int64_t m_frags, int64_t splits, bool async_x) {
   const char* op = "quant_gemm_mma";
   const PackedShape shape = check_packed(weight, group_params, kind, group_size, op);
   TORCH_CHECK(kind == kQuantInt4, op, ": 4-bit weights only (kind 0), got kind ", num(kind));
@@ -425,10 +425,13 @@ void quant_gemm_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& weig
   QuantStreamParams p{};
   set_packed_fields(p, weight, group_params, shape);
   dispatch_built<1, 2, 3, 4>(m_frags, op, "m_frags", [&](auto mf_c) {
-    constexpr int MF = decltype(mf_c)::value;
-    using Tr = QuantMmaTiles<MF>;
-    stream_gemm::launch_stream_gemm<Tr>(quant_gemm_mma_sm80_kernel<MF>, p, p, out, x, bias, split_counters, splits,
-                                        Tr::kSmemBytes, op);
+    dispatch_built<0, 1>(async_x ? 1 : 0, op, "async_x", [&](auto async_c) {
+      constexpr int MF = decltype(mf_c)::value;
+      constexpr bool ASYNC = decltype(async_c)::value == 1;
+      using Tr = QuantMmaTiles<MF, ASYNC>;
+      stream_gemm::launch_stream_gemm<Tr>(quant_gemm_mma_sm80_kernel<MF, ASYNC>, p, p, out, x, bias, split_counters,
+                                          splits, Tr::kSmemBytes, op);
+    });
   });
 }
 

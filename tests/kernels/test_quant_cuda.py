@@ -154,8 +154,10 @@ def test_mma_gemm_every_4bit_case_and_fragment_count(case: QuantCase, rows: int)
     for m_frags in (0, 1, 2, 3, 4):
         # one split, the size-based choice, an uneven split of 12 stretches, splits of one stretch
         for splits in (1, 0, 5, 12):
-            _close(ql.quant_gemm_mma(packed, x, bias, m_frags=m_frags, splits=splits), ref)
-            assert not packed.split_counters.any(), "the last split leaves its tile counter at zero"
+            for async_x in (False, True):
+                out = ql.quant_gemm_mma(packed, x, bias, m_frags=m_frags, splits=splits, async_x=async_x)
+                _close(out, ref)
+                assert not packed.split_counters.any(), "the last split leaves its tile counter at zero"
 
 
 @cuda

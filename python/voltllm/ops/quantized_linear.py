@@ -68,6 +68,9 @@ MMA_K_ALIGN = 128
 # WMMA GEMM, every GPU) or "mma" (the register-dequantizing mma.sync GEMM where `mma_gemm_applies`,
 # the streaming one elsewhere). "stream" until benches/quantization.py has timed both on a GPU.
 GEMM_KERNEL = "stream"
+# How `quant_gemm_mma` stages x by default: False, through registers (the streaming GEMM's double
+# buffer); True, by cp.async into a ring of three windows. Not yet timed against each other.
+MMA_ASYNC_X = False
 
 
 def _kind_of(weight: QuantizedWeight) -> int | None:
@@ -280,18 +283,19 @@ def quant_gemm_mma(
     bias: torch.Tensor | None = None,
     m_frags: int = 0,
     splits: int = 0,
+    async_x: bool = MMA_ASYNC_X,
 ) -> torch.Tensor:
     """`x @ W^T + bias` on the register-dequantizing 4-bit GEMM (SM80+, `mma_gemm_applies`) for up to
     STREAM_MAX_ROWS rows: each lane dequantizes the packed codes it loaded straight into its MMA operand
     (`quant_gemm_mma_sm80.cuh`); `m_frags` (1-4 fragments of 16 rows of x per block) and `splits` of
-    k, 0 = chosen by size."""
+    k, 0 = chosen by size; `async_x`: x staged by cp.async instead of through registers."""
     if x.shape[0] > STREAM_MAX_ROWS:
         raise ValueError(f"quant_gemm_mma takes at most {STREAM_MAX_ROWS} rows, got {x.shape[0]}")
     x = _gather_columns(x, weight.column_order)
     out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float16, device=x.device)
     kernel_ops().quant_gemm_mma(
         out, x, weight.packed, weight.group_params, bias, weight.split_counters, weight.kind,
-        weight.group_size, m_frags, splits,
+        weight.group_size, m_frags, splits, async_x,
     )  # fmt: skip
     return out
 

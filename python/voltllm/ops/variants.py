@@ -143,8 +143,8 @@ def _quantization() -> dict[str, list[str]]:
     }
 
 
-# The register-dequantizing 4-bit GEMM's fragments of 16 rows of x per block (its template argument,
-# csrc/quantization/quant_gemm_mma_sm80.cuh).
+# The register-dequantizing 4-bit GEMM's fragments of 16 rows of x per block (its first template argument,
+# csrc/quantization/quant_gemm_mma_sm80.cuh; the second says whether x is staged by cp.async).
 QUANT_MMA_M_FRAGS = (1, 2, 3, 4)
 
 
@@ -152,7 +152,9 @@ def _quant_mma_sm80() -> dict[str, list[str]]:
     """The SM80+ 4-bit GEMM (mma.sync m16n8k16): fp16 only, a trap on sm_70."""
     return {
         "quantization/quant_gemm_mma_sm80.cuh": [
-            f"voltllm::quant_gemm_mma_sm80_kernel<{mf}>" for mf in QUANT_MMA_M_FRAGS
+            f"voltllm::quant_gemm_mma_sm80_kernel<{mf}, {async_x}>"
+            for mf in QUANT_MMA_M_FRAGS
+            for async_x in ("false", "true")
         ]
     }
 
@@ -263,8 +265,9 @@ def dynamic_smem_probes() -> dict[str, str]:
                 probe = f"voltllm::quant_gemm_stream_smem_bytes_probe{args}"
                 probes[f"voltllm::quant_gemm_stream_kernel{args}"] = probe
     for mf in QUANT_MMA_M_FRAGS:
-        probe = f"voltllm::quant_gemm_mma_smem_bytes_probe<{mf}>"
-        probes[f"voltllm::quant_gemm_mma_sm80_kernel<{mf}>"] = probe
+        for async_x in ("false", "true"):
+            probe = f"voltllm::quant_gemm_mma_smem_bytes_probe<{mf}, {async_x}>"
+            probes[f"voltllm::quant_gemm_mma_sm80_kernel<{mf}, {async_x}>"] = probe
     probes["voltllm::moe_align_kernel"] = "voltllm::moe_align_max_smem_bytes"
     for dtype in DTYPES:
         for chunks in MOE_PAIR_DOWN_STAGED_CHUNKS:

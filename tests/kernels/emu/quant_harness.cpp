@@ -186,9 +186,9 @@ void emu_quant_gemm_stream(int kind, int m_frags, int n_frags, int splits, void*
 // `partial` with it.
 int emu_quant_gemm_stream_tile_floats(int m_frags, int n_frags) { return 16 * m_frags * 128 * n_frags; }
 
-// The SM80 register-dequantizing 4-bit GEMM at m_frags (1-4) with `splits` splits of k (k a multiple of
-// 128); `partial` and `split_counters` as for emu_quant_gemm_stream.
-void emu_quant_gemm_mma(int m_frags, int splits, void* out, float* partial, unsigned* split_counters, const void* x,
+// The SM80 register-dequantizing 4-bit GEMM at m_frags (1-4), x staged by cp.async if async_x, with
+// `splits` splits of k (k a multiple of 128); `partial` and `split_counters` as for emu_quant_gemm_stream.
+void emu_quant_gemm_mma(int m_frags, int async_x, int splits, void* out, float* partial, unsigned* split_counters, const void* x,
                         const void* weight, const void* group_params, const void* bias, long long out_stride,
                         long long x_stride, int m, int n, int k, int num_groups, int chunk_group_shift,
                         unsigned seed) {
@@ -211,19 +211,24 @@ void emu_quant_gemm_mma(int m_frags, int splits, void* out, float* partial, unsi
   p.num_groups = num_groups;
   p.chunk_group_shift = chunk_group_shift;
   p.chunks_per_split = per_split;
-  auto run = [&](auto mf_c) {
+  auto run = [&](auto mf_c, auto async_c) {
     constexpr int MF = decltype(mf_c)::value;
-    using Tr = voltllm::QuantMmaTiles<MF>;
+    constexpr bool ASYNC = decltype(async_c)::value;
+    using Tr = voltllm::QuantMmaTiles<MF, ASYNC>;
     const dim3 grid((m + Tr::kXRows - 1) / Tr::kXRows, (n + Tr::kBlockFeatures - 1) / Tr::kBlockFeatures, splits);
-    emu::launch(grid, dim3(256), Tr::kSmemBytes, [&] { voltllm::quant_gemm_mma_sm80_kernel<MF>(p); }, seed);
+    emu::launch(grid, dim3(256), Tr::kSmemBytes, [&] { voltllm::quant_gemm_mma_sm80_kernel<MF, ASYNC>(p); }, seed);
   };
-  switch (m_frags) {
-    case 1: return run(std::integral_constant<int, 1>{});
-    case 2: return run(std::integral_constant<int, 2>{});
-    case 3: return run(std::integral_constant<int, 3>{});
-    case 4: return run(std::integral_constant<int, 4>{});
-    default: emu::fail("mma m_frags");
-  }
+  auto with_mf = [&](auto async_c) {
+    switch (m_frags) {
+      case 1: return run(std::integral_constant<int, 1>{}, async_c);
+      case 2: return run(std::integral_constant<int, 2>{}, async_c);
+      case 3: return run(std::integral_constant<int, 3>{}, async_c);
+      case 4: return run(std::integral_constant<int, 4>{}, async_c);
+      default: emu::fail("mma m_frags");
+    }
+  };
+  if (async_x) return with_mf(std::true_type{});
+  with_mf(std::false_type{});
 }
 
 // Floats of one output tile of the register-dequantizing GEMM at m_frags.
