@@ -41,6 +41,35 @@ void dispatch_block_m(int block_m, Fn&& fn) {
   }
 }
 
+// The streaming and mma GEMMs' parameters, k cut into `splits` splits of whole `block_k`-column chunks
+// (as the glue cuts it: no empty split, so `splits` may shrink).
+voltllm::QuantStreamParams split_gemm_params(int block_k, int& splits, void* out, float* partial,
+                                             unsigned* split_counters, const void* x, const void* weight,
+                                             const void* group_params, const void* bias, long long out_stride,
+                                             long long x_stride, int m, int n, int k, int num_groups,
+                                             int chunk_group_shift) {
+  const int chunks = k / block_k;
+  const int per_split = (chunks + splits - 1) / splits;
+  splits = (chunks + per_split - 1) / per_split;
+  voltllm::QuantStreamParams p{};
+  p.out = out;
+  p.partial = partial;
+  p.split_counters = split_counters;
+  p.x = x;
+  p.weight = static_cast<const uint4*>(weight);
+  p.group_params = static_cast<const unsigned*>(group_params);
+  p.bias = bias;
+  p.out_stride = out_stride;
+  p.x_stride = x_stride;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.num_groups = num_groups;
+  p.chunk_group_shift = chunk_group_shift;
+  p.chunks_per_split = per_split;
+  return p;
+}
+
 }  // namespace
 
 extern "C" {
@@ -142,25 +171,9 @@ void emu_quant_gemm_stream(int kind, int m_frags, int n_frags, int splits, void*
                            unsigned* split_counters, const void* x, const void* weight, const void* group_params,
                            const void* bias, long long out_stride, long long x_stride, int m, int n, int k,
                            int num_groups, int chunk_group_shift, unsigned seed) {
-  const int k_chunks = k / 64;
-  const int per_split = (k_chunks + splits - 1) / splits;
-  splits = (k_chunks + per_split - 1) / per_split;
-  voltllm::QuantStreamParams p{};
-  p.out = out;
-  p.partial = partial;
-  p.split_counters = split_counters;
-  p.x = x;
-  p.weight = static_cast<const uint4*>(weight);
-  p.group_params = static_cast<const unsigned*>(group_params);
-  p.bias = bias;
-  p.out_stride = out_stride;
-  p.x_stride = x_stride;
-  p.m = m;
-  p.n = n;
-  p.k = k;
-  p.num_groups = num_groups;
-  p.chunk_group_shift = chunk_group_shift;
-  p.chunks_per_split = per_split;
+  const voltllm::QuantStreamParams p = split_gemm_params(64, splits, out, partial, split_counters, x, weight,
+                                                        group_params, bias, out_stride, x_stride, m, n, k, num_groups,
+                                                        chunk_group_shift);
   auto run = [&](auto kind_c, auto mf_c, auto nf_c) {
     constexpr int K = decltype(kind_c)::value, MF = decltype(mf_c)::value, NF = decltype(nf_c)::value;
     using Tr = voltllm::QuantStreamTraits<K, MF, NF>;
@@ -192,25 +205,9 @@ void emu_quant_gemm_mma(int m_frags, int async_x, int splits, void* out, float* 
                         const void* weight, const void* group_params, const void* bias, long long out_stride,
                         long long x_stride, int m, int n, int k, int num_groups, int chunk_group_shift,
                         unsigned seed) {
-  const int stretches = k / 128;
-  const int per_split = (stretches + splits - 1) / splits;
-  splits = (stretches + per_split - 1) / per_split;
-  voltllm::QuantStreamParams p{};
-  p.out = out;
-  p.partial = partial;
-  p.split_counters = split_counters;
-  p.x = x;
-  p.weight = static_cast<const uint4*>(weight);
-  p.group_params = static_cast<const unsigned*>(group_params);
-  p.bias = bias;
-  p.out_stride = out_stride;
-  p.x_stride = x_stride;
-  p.m = m;
-  p.n = n;
-  p.k = k;
-  p.num_groups = num_groups;
-  p.chunk_group_shift = chunk_group_shift;
-  p.chunks_per_split = per_split;
+  const voltllm::QuantStreamParams p = split_gemm_params(128, splits, out, partial, split_counters, x, weight,
+                                                        group_params, bias, out_stride, x_stride, m, n, k, num_groups,
+                                                        chunk_group_shift);
   auto run = [&](auto mf_c, auto async_c) {
     constexpr int MF = decltype(mf_c)::value;
     constexpr bool ASYNC = decltype(async_c)::value;
