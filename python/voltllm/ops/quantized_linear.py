@@ -13,8 +13,8 @@ A call with `rows` rows of x runs
   through registers and dequantizes them into its own shared-memory tile, x staged per block in windows,
   fp32 accumulation, k split over blocks whose last one sums the splits; session 11's
   register-dequantizing WMMA variant, which needed a second copy of the weight, was measured and
-  removed: docs/quantization.md), or with `GEMM_KERNEL = "mma"` on SM80+ 4-bit weights the
-  register-dequantizing mma.sync GEMM, which reads the same packed rows;
+  removed: docs/quantization.md); on SM80+ GPUs and 4-bit weights (`GEMM_KERNEL = "mma"`) the
+  register-dequantizing mma.sync GEMM instead, which reads the same packed rows;
 - larger: the whole weight dequantized to fp16 into a transient buffer, then torch's GEMM: at prefill
   sizes the GEMM is compute bound, so one extra pass over the weight costs little
   (`benches/quantization.py` measures all three).
@@ -64,13 +64,16 @@ K_ALIGN = 64
 # Columns of one stretch of the register-dequantizing GEMM (`quant_gemm_mma`): its `in_features` must be
 # a multiple of it.
 MMA_K_ALIGN = 128
-# Which GEMM `CudaQuantizedMatmul` runs between the GEMV and the dense path: "stream" (the streaming
-# WMMA GEMM, every GPU) or "mma" (the register-dequantizing mma.sync GEMM where `mma_gemm_applies`,
-# the streaming one elsewhere). "stream" until benches/quantization.py has timed both on a GPU.
-GEMM_KERNEL = "stream"
-# How `quant_gemm_mma` stages x by default: False, through registers (the streaming GEMM's double
-# buffer); True, by cp.async into a ring of three windows. Not yet timed against each other.
-MMA_ASYNC_X = False
+# Which GEMM `CudaQuantizedMatmul` runs between the GEMV and the dense path: "mma" (the
+# register-dequantizing mma.sync GEMM where `mma_gemm_applies`, the streaming one elsewhere: Volta,
+# 8-bit and fp8 weights) or "stream" (the streaming WMMA GEMM everywhere). H100, AWQ int4, Llama-3-8B
+# projections (benches/RESULTS.md session 17, call 5): the four projections take 94.6 / 179.0 / 305.6 us
+# at 16 / 64 / 128 rows on "mma" against 108.4 / 212.1 / 389.7 on "stream".
+GEMM_KERNEL = "mma"
+# How `quant_gemm_mma` stages x: True, by cp.async into a ring of three windows; False, through
+# registers (the streaming GEMM's double buffer). The same call: cp.async was faster on every
+# projection at 16-128 rows (geometric mean over cuBLAS fp16 at 64 rows 0.79x against 0.70x).
+MMA_ASYNC_X = True
 
 
 def _kind_of(weight: QuantizedWeight) -> int | None:
