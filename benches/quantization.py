@@ -245,31 +245,37 @@ def mma_table() -> None:
     """The SM80 register-dequantizing GEMM (`quant_gemm_mma`) against the streaming WMMA GEMM and cuBLAS
     fp16 at 16-128 rows, at each row-fragment count per block (k split chosen by the glue)."""
     print(f"\n### 3b. {W4A16}: register-dequantizing mma.sync GEMM, streaming WMMA GEMM, cuBLAS fp16 (us)")
+    print("(mma (auto) and its m_frags columns: x through registers; mma (auto) speed-up is that form's)")
     print("| layer | rows | cuBLAS fp16 | streaming (auto) | mma (auto) | mma m_frags 1 | 2 | 3 | 4 | "
-          "mma, x by cp.async | streaming speed-up | mma speed-up |")  # fmt: skip
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "mma, x by cp.async | mma staged | streaming speed-up | mma speed-up |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     totals: dict[int, list[float]] = {}
     async_totals: dict[int, list[float]] = {}
+    staged_totals: dict[int, list[float]] = {}
     for name, (n, k) in LLAMA_SHAPES.items():
         weights, dense = packed_copies(W4A16, n, k), fp16_copies(n, k)
         for rows in (16, 32, 64, 128):
             x = torch.randn(rows, k, device="cuda").half()
             c_us = graph_time_us(lambda i: F.linear(x, dense[i]), len(dense))  # noqa: B023
             s_us = graph_time_us(lambda i: ql.quant_gemm_stream(weights[i], x), len(weights))  # noqa: B023
-            m_us = graph_time_us(lambda i: ql.quant_gemm_mma(weights[i], x), len(weights))  # noqa: B023
-            by_frags = [
-                graph_time_us(lambda i: ql.quant_gemm_mma(weights[i], x, m_frags=mf), len(weights))  # noqa: B023
-                for mf in (1, 2, 3, 4)
-            ]
-            a_us = graph_time_us(lambda i: ql.quant_gemm_mma(weights[i], x, async_x=True), len(weights))  # noqa: B023
+
+            def mma_us(form: str, m_frags: int = 0) -> float:
+                call = lambda i: ql.quant_gemm_mma(weights[i], x, m_frags=m_frags, form=form)  # noqa: B023, E731
+                return graph_time_us(call, len(weights))  # noqa: B023
+
+            m_us = mma_us("registers")
+            by_frags = [mma_us("registers", mf) for mf in (1, 2, 3, 4)]
+            a_us, w_us = mma_us("async_x"), mma_us("staged")
+            staged_totals.setdefault(rows, []).append(c_us / w_us)
             totals.setdefault(rows, []).append(c_us / m_us)
             async_totals.setdefault(rows, []).append(c_us / a_us)
-            times = " | ".join(f"{t:.1f}" for t in (c_us, s_us, m_us, *by_frags, a_us))
+            times = " | ".join(f"{t:.1f}" for t in (c_us, s_us, m_us, *by_frags, a_us, w_us))
             print(f"| {name} | {rows} | {times} | {c_us / s_us:.2f}x | **{c_us / m_us:.2f}x** |", flush=True)
     for rows, ratios in totals.items():
         print(f"mma (auto) over cuBLAS fp16 at {rows} rows, geometric mean of the four projections: "
               f"**{statistics.geometric_mean(ratios):.2f}x**; x by cp.async "
-              f"{statistics.geometric_mean(async_totals[rows]):.2f}x", flush=True)  # fmt: skip
+              f"{statistics.geometric_mean(async_totals[rows]):.2f}x; staged "
+              f"{statistics.geometric_mean(staged_totals[rows]):.2f}x", flush=True)  # fmt: skip
 
 
 def row_fragment_table() -> None:

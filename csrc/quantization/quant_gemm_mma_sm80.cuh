@@ -75,6 +75,40 @@ template <int MF, bool ASYNC>
 __device__ const int quant_gemm_mma_smem_bytes_probe = QuantMmaTiles<MF, ASYNC>::kSmemBytes;
 #endif
 
+// The staged form's tiling (quant_gemm_mma_staged_kernel): 8 warps as 2 row halves x 4 feature groups
+// of 32, MFW row fragments per warp (the block's rows: 32 MFW), 128 features per block; per 128-column
+// stretch one shared-memory stage holds the block's packed weights (128 rows x 64 bytes) and its x
+// (rows kXLd apart), kStages of them in a ring filled by cp.async.
+template <int MFW>
+struct QuantMmaStagedTiles {
+  static_assert(MFW == 1 || MFW == 2, "1 or 2 row fragments per warp");
+  static constexpr int kWarps = 8;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kRows = 32;                      // output features per warp
+  static constexpr int kBlockFeatures = 4 * kRows;
+  static constexpr int kXRows = 2 * 16 * MFW;
+  static constexpr int kBlockK = 128;
+  static constexpr int kStages = 3;
+  static constexpr int kXLd = kBlockK + 32;             // ≡ 32 mod 64 halves: conflict-free A loads
+  static constexpr int kWVectors = kBlockFeatures * 4;  // 16-byte chunks of weights a stage
+  static constexpr int kXVectors = kXRows * kBlockK / 8;
+  static constexpr int kStageBytes = kWVectors * 16 + kXRows * kXLd * 2;
+  static constexpr int kSmemBytes = kStages * kStageBytes;
+  static constexpr int kTileFloats = kXRows * kBlockFeatures;
+  static_assert(kWVectors % kThreads == 0 && kXVectors % kThreads == 0, "every thread copies alike");
+  static_assert(kSmemBytes <= 99 * 1024, "every SM80+ GPU's opt-in shared memory");
+};
+
+template <int MFW>
+__host__ __device__ constexpr int quant_gemm_mma_staged_smem_bytes() {
+  return QuantMmaStagedTiles<MFW>::kSmemBytes;
+}
+
+#ifdef __CUDACC_RTC__
+template <int MFW>
+__device__ const int quant_gemm_mma_staged_smem_bytes_probe = QuantMmaStagedTiles<MFW>::kSmemBytes;
+#endif
+
 #ifdef VOLTLLM_SM80_PATH
 
 // One stretch of a warp's weights in a lane's registers: its chunk of each n-tile's row and the group
@@ -119,6 +153,7 @@ __device__ __forceinline__ void rotate_words(const uint4& raw, int q, unsigned (
 template <typename Tr, int MF>
 __device__ __forceinline__ void mma_stretch(const QuantMmaRegs& regs, const __half* xs, int lane,
                                             float (&acc)[MF][4][4]) {
+  // xs: the warp's first row of x in the stretch's window (rows Tr::kXLd apart).
   const int g = lane >> 2, q = lane & 3;
   unsigned words[4][4];
   GroupParams<kQuantInt4> params[4];
@@ -153,10 +188,12 @@ __device__ __forceinline__ void mma_stretch(const QuantMmaRegs& regs, const __ha
 // After the k loop, every thread of the block: the warp's accumulators go to out (one split) or to its
 // split's partial tile, then the last split of the tile sums the partials (reduce_if_last_split).
 // Accumulator (i, j) holds rows 16 i + g, 16 i + g + 8 and features 8 j + 2q, 8 j + 2q + 1 of the warp's.
+// `warp_row0`: the warp's first row in the block's tile; `warp_slot`: its 32 features' place among the
+// block's.
 template <typename Tr, int MF>
 __device__ __forceinline__ void finish_mma_tile(const QuantStreamParams& p, const float (&acc)[MF][4][4], int* flag,
-                                                int m0, int block_f0, bool active) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+                                                int m0, int block_f0, bool active, int warp_row0, int warp_slot) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
   const bool split = gridDim.z > 1;
   const int tile_index = blockIdx.y * gridDim.x + blockIdx.x;
   float* partial = split ? p.partial + (static_cast<long long>(blockIdx.z) * gridDim.x * gridDim.y + tile_index) *
@@ -170,7 +207,7 @@ __device__ __forceinline__ void finish_mma_tile(const QuantStreamParams& p, cons
       for (int j = 0; j < 4; ++j)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int r = 16 * i + g + 8 * half, f = warp * Tr::kRows + 8 * j + 2 * q;
+          const int r = warp_row0 + 16 * i + g + 8 * half, f = warp_slot * Tr::kRows + 8 * j + 2 * q;
           const float v0 = acc[i][j][2 * half], v1 = acc[i][j][2 * half + 1];
           if (split) {
             *reinterpret_cast<float2*>(partial + r * Tr::kBlockFeatures + f) = make_float2(v0, v1);
@@ -278,7 +315,99 @@ __device__ __forceinline__ void quant_gemm_mma_block(const QuantStreamParams& p)
   if constexpr (ASYNC) sm80::cp_async_wait<0>();  // the trailing (empty) groups, before the smem is reused
   // x is no longer read once every warp has passed the epilogue's first barrier: its buffer holds the
   // last-split flag.
-  finish_mma_tile<Tr, MF>(p, acc, reinterpret_cast<int*>(x_buffers), m0, block_f0, active);
+  finish_mma_tile<Tr, MF>(p, acc, reinterpret_cast<int*>(x_buffers), m0, block_f0, active, 0, warp);
+}
+
+
+// The staged form's stage `stage` filled with stretch `st` (relative to the split's first) by cp.async,
+// one commit group (empty past the split): the block's 128 weight rows' 4 chunks, and its x rows. Rows
+// past n or m copy the last row: their products are never stored.
+template <int MFW>
+__device__ __forceinline__ void issue_staged_stretch(const QuantStreamParams& p, int block_f0, int m0, int st_begin,
+                                                     int num_st, int st, unsigned char* stage) {
+  using Tr = QuantMmaStagedTiles<MFW>;
+  if (st < num_st) {
+    const int chunks = p.k / 32, chunk0 = 4 * (st_begin + st);
+    uint4* w = reinterpret_cast<uint4*>(stage);
+#pragma unroll
+    for (int i = 0; i < Tr::kWVectors / Tr::kThreads; ++i) {
+      const int v = threadIdx.x + i * Tr::kThreads, row = v / 4, c = v % 4;
+      const long long src_row = min(block_f0 + row, p.n - 1);
+      sm80::cp_async16(w + v, p.weight + src_row * chunks + chunk0 + c);
+    }
+    __half* xs = reinterpret_cast<__half*>(stage + Tr::kWVectors * 16);
+    const __half* x = static_cast<const __half*>(p.x) + static_cast<long long>(st_begin + st) * Tr::kBlockK;
+#pragma unroll
+    for (int i = 0; i < Tr::kXVectors / Tr::kThreads; ++i) {
+      const int v = threadIdx.x + i * Tr::kThreads, row = v / 16, c = v % 16;
+      const long long src_row = min(m0 + row, p.m - 1);
+      sm80::cp_async16(xs + row * Tr::kXLd + 8 * c, x + src_row * p.x_stride + 8 * c);
+    }
+  }
+  sm80::cp_async_commit();
+}
+
+// Lane (g, q)'s group words of stretch `st` for its 4 n-tiles' rows (rows past n: the last row's).
+__device__ __forceinline__ void load_staged_groups(const QuantStreamParams& p, int f0, int st, int lane,
+                                                   unsigned (&g)[4]) {
+  const int chunk = 4 * st + (lane & 3);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const long long row = min(f0 + 8 * j + (lane >> 2), p.n - 1);
+    g[j] = load_no_l1(p.group_params + row * p.num_groups + group_of_chunk(chunk, p.chunk_group_shift, p.num_groups));
+  }
+}
+
+template <int MFW>
+__device__ __forceinline__ void quant_gemm_mma_staged_block(const QuantStreamParams& p) {
+  using Tr = QuantMmaStagedTiles<MFW>;
+  constexpr int kS = Tr::kStages;
+  VOLTLLM_DYNAMIC_SMEM(smem);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int row_half = warp / 4, feature_group = warp % 4;
+  const int m0 = blockIdx.x * Tr::kXRows;
+  const int block_f0 = blockIdx.y * Tr::kBlockFeatures;
+  const int f0 = block_f0 + feature_group * Tr::kRows;
+  const int st_begin = blockIdx.z * p.chunks_per_split;
+  const int num_st = min(p.k / Tr::kBlockK, st_begin + p.chunks_per_split) - st_begin;  // >= 1 (host)
+  const bool active = f0 < p.n;
+  // Group words two stretches ahead, in registers (weights are never a kernel's output: before the wait).
+  unsigned groups[4], next_groups[4];  // stretches t and t + 1
+  load_staged_groups(p, f0, st_begin, lane, groups);
+  if (num_st > 1) load_staged_groups(p, f0, st_begin + 1, lane, next_groups);
+  begin_dependent_grid();  // x is the previous kernel's output, and the counters its last writes
+#pragma unroll
+  for (int st = 0; st < kS - 1; ++st) issue_staged_stretch<MFW>(p, block_f0, m0, st_begin, num_st, st, smem + st * Tr::kStageBytes);
+  float acc[MFW][4][4];
+#pragma unroll
+  for (int i = 0; i < MFW; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+  for (int t = 0; t < num_st; ++t) {
+    // Stretch t has landed (t + 1 may still fly); after the barrier every warp is done with stage
+    // (t - 1) % kS, which takes stretch t + kS - 1.
+    sm80::cp_async_wait<kS - 2>();
+    __syncthreads();
+    issue_staged_stretch<MFW>(p, block_f0, m0, st_begin, num_st, t + kS - 1, smem + ((t + kS - 1) % kS) * Tr::kStageBytes);
+    QuantMmaRegs regs;
+    const unsigned char* stage = smem + (t % kS) * Tr::kStageBytes;
+    const uint4* w = reinterpret_cast<const uint4*>(stage);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      regs.w[j] = w[(feature_group * Tr::kRows + 8 * j + (lane >> 2)) * 4 + (lane & 3)];
+      regs.g[j] = groups[j];
+      groups[j] = next_groups[j];
+    }
+    if (t + 2 < num_st) load_staged_groups(p, f0, st_begin + t + 2, lane, next_groups);
+    const __half* xs = reinterpret_cast<const __half*>(stage + Tr::kWVectors * 16) + row_half * 16 * MFW * Tr::kXLd;
+    mma_stretch<Tr, MFW>(regs, xs, lane, acc);
+  }
+  sm80::cp_async_wait<0>();  // the trailing (empty) groups, before the shared memory is reused
+  // Rows of this warp: row_half * 16 MFW + ...: finish_mma_tile's rows are relative to the warp's first.
+  finish_mma_tile<Tr, MFW>(p, acc, reinterpret_cast<int*>(smem), m0, block_f0, active, row_half * 16 * MFW,
+                           feature_group);
 }
 
 #endif  // VOLTLLM_SM80_PATH
@@ -294,6 +423,20 @@ __global__ void __launch_bounds__(256, 1) quant_gemm_mma_sm80_kernel(QuantStream
 #else
   begin_dependent_grid();
   __trap();  // SM80+ only: the Python layer runs the streaming WMMA GEMM on older GPUs
+#endif
+}
+
+// The staged form: grid (ceil(m / (32 MFW)), ceil(n / 128), splits), block 256, dynamic shared memory
+// quant_gemm_mma_staged_smem_bytes<MFW>(); 4-bit weights, k a multiple of 128. The packed weights pass
+// through shared memory (cp.async, no register ring), so a thread holds far fewer registers and two
+// blocks share an SM.
+template <int MFW>
+__global__ void __launch_bounds__(256, 2) quant_gemm_mma_staged_kernel(QuantStreamParams p) {
+#ifdef VOLTLLM_SM80_PATH
+  quant_gemm_mma_staged_block<MFW>(p);
+#else
+  begin_dependent_grid();
+  __trap();  // SM80+ only, as quant_gemm_mma_sm80_kernel
 #endif
 }
 

@@ -411,7 +411,7 @@ void quant_gemm_stream(at::Tensor& out, const at::Tensor& x, const at::Tensor& w
 
 void quant_gemm_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& group_params,
                     const std::optional<at::Tensor>& bias, at::Tensor& split_counters, int64_t kind,
-                    int64_t group_size, int64_t m_frags, int64_t splits, bool async_x) {
+                    int64_t group_size, int64_t m_frags, int64_t splits, int64_t form) {
   const char* op = "quant_gemm_mma";
   const PackedShape shape = check_packed(weight, group_params, kind, group_size, op);
   TORCH_CHECK(kind == kQuantInt4, op, ": 4-bit weights only (kind 0), got kind ", num(kind));
@@ -421,11 +421,24 @@ void quant_gemm_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& weig
   const at::cuda::OptionalCUDAGuard guard(x.device());
   TORCH_CHECK(at::cuda::getCurrentDeviceProperties()->major >= 8, op,
               ": needs SM80 or newer (mma.sync m16n8k16); Volta runs quant_gemm_stream");
-  if (m_frags == 0) m_frags = stream_gemm::default_m_frags(x.size(0));
+  TORCH_CHECK(form >= 0 && form <= 2, op, ": form ", num(form),
+              " is not built (0 x through registers, 1 x by cp.async, 2 weights and x staged by cp.async)");
   QuantStreamParams p{};
   set_packed_fields(p, weight, group_params, shape);
+  if (form == 2) {  // row fragments come in pairs: one per row half of the block's warps
+    if (m_frags == 0) m_frags = x.size(0) <= 32 ? 2 : 4;
+    TORCH_CHECK(m_frags == 2 || m_frags == 4, op, ": the staged form takes m_frags 2 or 4, got ", num(m_frags));
+    dispatch_built<1, 2>(m_frags / 2, op, "m_frags / 2", [&](auto mfw_c) {
+      constexpr int MFW = decltype(mfw_c)::value;
+      using Tr = QuantMmaStagedTiles<MFW>;
+      stream_gemm::launch_stream_gemm<Tr>(quant_gemm_mma_staged_kernel<MFW>, p, p, out, x, bias, split_counters,
+                                          splits, Tr::kSmemBytes, op);
+    });
+    return;
+  }
+  if (m_frags == 0) m_frags = stream_gemm::default_m_frags(x.size(0));
   dispatch_built<1, 2, 3, 4>(m_frags, op, "m_frags", [&](auto mf_c) {
-    dispatch_built<0, 1>(async_x ? 1 : 0, op, "async_x", [&](auto async_c) {
+    dispatch_built<0, 1>(form, op, "form", [&](auto async_c) {
       constexpr int MF = decltype(mf_c)::value;
       constexpr bool ASYNC = decltype(async_c)::value == 1;
       using Tr = QuantMmaTiles<MF, ASYNC>;

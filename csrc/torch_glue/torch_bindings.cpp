@@ -58,7 +58,7 @@ void quant_gemm_stream(at::Tensor& out, const at::Tensor& x, const at::Tensor& w
                        int64_t group_size, int64_t m_frags, int64_t n_frags, int64_t splits);
 void quant_gemm_mma(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& group_params,
                     const std::optional<at::Tensor>& bias, at::Tensor& split_counters, int64_t kind,
-                    int64_t group_size, int64_t m_frags, int64_t splits, bool async_x);
+                    int64_t group_size, int64_t m_frags, int64_t splits, int64_t form);
 void quant_dequantize(at::Tensor& out, const at::Tensor& weight, const at::Tensor& group_params, int64_t kind,
                       int64_t group_size);
 void moe_topk_softmax(at::Tensor& topk_weights, at::Tensor& topk_ids, const at::Tensor& router_logits,
@@ -123,7 +123,7 @@ TORCH_LIBRARY(voltllm_C, m) {
       "Tensor(b!) split_counters, int kind, int group_size, int m_frags, int n_frags, int splits) -> ()");
   m.def(
       "quant_gemm_mma(Tensor(a!) out, Tensor x, Tensor weight, Tensor group_params, Tensor? bias, "
-      "Tensor(b!) split_counters, int kind, int group_size, int m_frags, int splits, bool async_x) -> ()");
+      "Tensor(b!) split_counters, int kind, int group_size, int m_frags, int splits, int form) -> ()");
   m.def(
       "quant_dequantize(Tensor(a!) out, Tensor weight, Tensor group_params, int kind, int group_size) -> ()");
   m.def("moe_topk_softmax(Tensor(a!) topk_weights, Tensor(b!) topk_ids, Tensor router_logits, bool renormalize) -> ()");

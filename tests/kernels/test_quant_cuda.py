@@ -154,8 +154,10 @@ def test_mma_gemm_every_4bit_case_and_fragment_count(case: QuantCase, rows: int)
     for m_frags in (0, 1, 2, 3, 4):
         # one split, the size-based choice, an uneven split of 12 stretches, splits of one stretch
         for splits in (1, 0, 5, 12):
-            for async_x in (False, True):
-                out = ql.quant_gemm_mma(packed, x, bias, m_frags=m_frags, splits=splits, async_x=async_x)
+            for form in ql.MMA_FORMS:
+                if form == "staged" and m_frags not in (0, 2, 4):
+                    continue
+                out = ql.quant_gemm_mma(packed, x, bias, m_frags=m_frags, splits=splits, form=form)
                 _close(out, ref)
                 assert not packed.split_counters.any(), "the last split leaves its tile counter at zero"
 
@@ -171,6 +173,11 @@ def test_mma_gemm_refuses_what_it_cannot_run():
     assert not ql.mma_gemm_applies(packed, x.device)
     with pytest.raises(RuntimeError, match="not a multiple of 128"):
         ql.quant_gemm_mma(packed, x)
+    weight, x, _ = _inputs(QuantCase("int", 4, 128), 16, 256, 512, "mma-refusals")
+    with pytest.raises(RuntimeError, match="staged form takes m_frags 2 or 4"):
+        ql.quant_gemm_mma(ql.pack(weight), x, m_frags=3, form="staged")
+    with pytest.raises(ValueError, match="form 'tiled' is not one of"):
+        ql.quant_gemm_mma(ql.pack(weight), x, form="tiled")
 
 
 @cuda

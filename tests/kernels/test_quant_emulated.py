@@ -165,11 +165,11 @@ def test_stream_gemm_matches_dequantize_then_matmul(emu, case: QuantCase):
 
 
 INT4_CASES = [case for case in CASES if case.kind == "int" and case.bits == 4]
-# (m_frags, splits, async_x): 10 stretches of 128 columns in 3 splits of 4, 4, 2 (past the ring's depth
-# and the x windows, so that both refill), one split, splits of one stretch; every built m_frags, x
-# staged both ways.
-_MMA_SHAPES = [(1, 3, False), (2, 1, False), (3, 10, False), (4, 3, False), (1, 1, True), (2, 3, True),
-               (3, 10, True), (4, 3, True)]  # fmt: skip
+# (m_frags, splits, form): 10 stretches of 128 columns in 3 splits of 4, 4, 2 (past the ring's depth
+# and the x windows, so that both refill), one split, splits of one stretch; every built m_frags in
+# every form (0: x through registers, 1: x by cp.async, 2: weights and x staged, m_frags 2 or 4).
+_MMA_SHAPES = [(1, 3, 0), (2, 1, 0), (3, 10, 0), (4, 3, 0), (1, 1, 1), (2, 3, 1), (3, 10, 1), (4, 3, 1),
+               (2, 3, 2), (4, 1, 2), (4, 10, 2)]  # fmt: skip
 
 
 @pytest.mark.parametrize("case", INT4_CASES, ids=lambda c: c.name)
@@ -187,18 +187,18 @@ def test_mma_gemm_matches_dequantize_then_matmul(emu, case: QuantCase):
     ref = _reference(weight, x, bias)
     xg = _gathered(packed, x)
     counters = torch.zeros(16, dtype=torch.int32)
-    for m_frags, splits, async_x in _MMA_SHAPES:
-        tiles = -(-m // (16 * m_frags)) * -(-n // 256)
-        tile_floats = emu.emu_quant_gemm_mma_tile_floats(ctypes.c_int(m_frags))
+    for m_frags, splits, form in _MMA_SHAPES:
+        tiles = -(-m // (16 * m_frags)) * -(-n // (128 if form == 2 else 256))
+        tile_floats = emu.emu_quant_gemm_mma_tile_floats(ctypes.c_int(m_frags), ctypes.c_int(form))
         out = torch.full((m, n), float("nan"), dtype=torch.float16)
         partial = torch.full((splits * tiles * tile_floats,), float("nan"))
         emu.emu_quant_gemm_mma(
-            ctypes.c_int(m_frags), ctypes.c_int(async_x), ctypes.c_int(splits), ptr(out), ptr(partial),
+            ctypes.c_int(m_frags), ctypes.c_int(form), ctypes.c_int(splits), ptr(out), ptr(partial),
             ptr(counters), ptr(xg), ptr(packed.packed), ptr(packed.group_params), ptr(bias),
             ctypes.c_longlong(out.stride(0)), ctypes.c_longlong(xg.stride(0)), ctypes.c_int(m),
             ctypes.c_int(n), ctypes.c_int(k), *_group_args(packed), ctypes.c_uint(splits + 7 * m_frags),
         )  # fmt: skip
-        shape = f"m_frags {m_frags} splits {splits} async_x {async_x}"
+        shape = f"m_frags {m_frags} splits {splits} form {form}"
         torch.testing.assert_close(out.float(), ref, atol=_tolerance(ref), rtol=0, msg=shape)
         assert not counters.any(), f"{shape}: split counters left at {counters.tolist()}"
 

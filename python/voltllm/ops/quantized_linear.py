@@ -70,10 +70,15 @@ MMA_K_ALIGN = 128
 # projections (benches/RESULTS.md session 17, call 5): the four projections take 94.6 / 179.0 / 305.6 us
 # at 16 / 64 / 128 rows on "mma" against 108.4 / 212.1 / 389.7 on "stream".
 GEMM_KERNEL = "mma"
-# How `quant_gemm_mma` stages x: True, by cp.async into a ring of three windows; False, through
-# registers (the streaming GEMM's double buffer). The same call: cp.async was faster on every
-# projection at 16-128 rows (geometric mean over cuBLAS fp16 at 64 rows 0.79x against 0.70x).
-MMA_ASYNC_X = True
+# The forms of `quant_gemm_mma` (its `form`): the packed weights in a register ring per lane, x through
+# registers (the streaming GEMM's double buffer) or by cp.async into a ring of three windows; or
+# "staged": weights and x of each stretch by cp.async into a shared-memory ring, warps over row halves
+# and feature groups, two blocks an SM.
+MMA_FORMS = {"registers": 0, "async_x": 1, "staged": 2}
+# The form dispatched. H100 (benches/RESULTS.md session 17, call 5): "async_x" was faster than
+# "registers" on every projection at 16-128 rows (geometric mean over cuBLAS fp16 at 64 rows 0.79x
+# against 0.70x). "staged" is new and not yet timed.
+MMA_FORM = "async_x"
 
 
 def _kind_of(weight: QuantizedWeight) -> int | None:
@@ -286,19 +291,22 @@ def quant_gemm_mma(
     bias: torch.Tensor | None = None,
     m_frags: int = 0,
     splits: int = 0,
-    async_x: bool = MMA_ASYNC_X,
+    form: str | None = None,
 ) -> torch.Tensor:
     """`x @ W^T + bias` on the register-dequantizing 4-bit GEMM (SM80+, `mma_gemm_applies`) for up to
     STREAM_MAX_ROWS rows: each lane dequantizes the packed codes it loaded straight into its MMA operand
     (`quant_gemm_mma_sm80.cuh`); `m_frags` (1-4 fragments of 16 rows of x per block) and `splits` of
-    k, 0 = chosen by size; `async_x`: x staged by cp.async instead of through registers."""
+    k, 0 = chosen by size (the "staged" form takes 2 or 4); `form`: one of MMA_FORMS, None = MMA_FORM."""
+    form = MMA_FORM if form is None else form
+    if form not in MMA_FORMS:
+        raise ValueError(f"quant_gemm_mma form {form!r} is not one of {sorted(MMA_FORMS)}")
     if x.shape[0] > STREAM_MAX_ROWS:
         raise ValueError(f"quant_gemm_mma takes at most {STREAM_MAX_ROWS} rows, got {x.shape[0]}")
     x = _gather_columns(x, weight.column_order)
     out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float16, device=x.device)
     kernel_ops().quant_gemm_mma(
         out, x, weight.packed, weight.group_params, bias, weight.split_counters, weight.kind,
-        weight.group_size, m_frags, splits, async_x,
+        weight.group_size, m_frags, splits, MMA_FORMS[form],
     )  # fmt: skip
     return out
 

@@ -152,9 +152,12 @@ def _quant_mma_sm80() -> dict[str, list[str]]:
     """The SM80+ 4-bit GEMM (mma.sync m16n8k16): fp16 only, a trap on sm_70."""
     return {
         "quantization/quant_gemm_mma_sm80.cuh": [
-            f"voltllm::quant_gemm_mma_sm80_kernel<{mf}, {async_x}>"
-            for mf in QUANT_MMA_M_FRAGS
-            for async_x in ("false", "true")
+            *(
+                f"voltllm::quant_gemm_mma_sm80_kernel<{mf}, {async_x}>"
+                for mf in QUANT_MMA_M_FRAGS
+                for async_x in ("false", "true")
+            ),
+            *(f"voltllm::quant_gemm_mma_staged_kernel<{mfw}>" for mfw in (1, 2)),
         ]
     }
 
@@ -268,6 +271,9 @@ def dynamic_smem_probes() -> dict[str, str]:
         for async_x in ("false", "true"):
             probe = f"voltllm::quant_gemm_mma_smem_bytes_probe<{mf}, {async_x}>"
             probes[f"voltllm::quant_gemm_mma_sm80_kernel<{mf}, {async_x}>"] = probe
+    for mfw in (1, 2):
+        probe = f"voltllm::quant_gemm_mma_staged_smem_bytes_probe<{mfw}>"
+        probes[f"voltllm::quant_gemm_mma_staged_kernel<{mfw}>"] = probe
     probes["voltllm::moe_align_kernel"] = "voltllm::moe_align_max_smem_bytes"
     for dtype in DTYPES:
         for chunks in MOE_PAIR_DOWN_STAGED_CHUNKS:

@@ -199,9 +199,10 @@ void emu_quant_gemm_stream(int kind, int m_frags, int n_frags, int splits, void*
 // `partial` with it.
 int emu_quant_gemm_stream_tile_floats(int m_frags, int n_frags) { return 16 * m_frags * 128 * n_frags; }
 
-// The SM80 register-dequantizing 4-bit GEMM at m_frags (1-4), x staged by cp.async if async_x, with
-// `splits` splits of k (k a multiple of 128); `partial` and `split_counters` as for emu_quant_gemm_stream.
-void emu_quant_gemm_mma(int m_frags, int async_x, int splits, void* out, float* partial, unsigned* split_counters, const void* x,
+// The SM80 register-dequantizing 4-bit GEMM in `form` (0: x through registers, 1: x by cp.async, 2:
+// weights and x staged by cp.async, m_frags 2 or 4) at m_frags with `splits` splits of k (k a multiple
+// of 128); `partial` and `split_counters` as for emu_quant_gemm_stream.
+void emu_quant_gemm_mma(int m_frags, int form, int splits, void* out, float* partial, unsigned* split_counters, const void* x,
                         const void* weight, const void* group_params, const void* bias, long long out_stride,
                         long long x_stride, int m, int n, int k, int num_groups, int chunk_group_shift,
                         unsigned seed) {
@@ -224,12 +225,23 @@ void emu_quant_gemm_mma(int m_frags, int async_x, int splits, void* out, float* 
       default: emu::fail("mma m_frags");
     }
   };
-  if (async_x) return with_mf(std::true_type{});
+  if (form == 2) {  // staged: m_frags 2 or 4, two row fragments' halves of the block's warps
+    auto staged = [&](auto mfw_c) {
+      constexpr int MFW = decltype(mfw_c)::value;
+      using Tr = voltllm::QuantMmaStagedTiles<MFW>;
+      const dim3 grid((m + Tr::kXRows - 1) / Tr::kXRows, (n + Tr::kBlockFeatures - 1) / Tr::kBlockFeatures, splits);
+      emu::launch(grid, dim3(256), Tr::kSmemBytes, [&] { voltllm::quant_gemm_mma_staged_kernel<MFW>(p); }, seed);
+    };
+    if (m_frags == 2) return staged(std::integral_constant<int, 1>{});
+    if (m_frags == 4) return staged(std::integral_constant<int, 2>{});
+    emu::fail("staged m_frags");
+  }
+  if (form == 1) return with_mf(std::true_type{});
   with_mf(std::false_type{});
 }
 
-// Floats of one output tile of the register-dequantizing GEMM at m_frags.
-int emu_quant_gemm_mma_tile_floats(int m_frags) { return 16 * m_frags * 256; }
+// Floats of one output tile of the register-dequantizing GEMM at m_frags (the staged form: 128 features).
+int emu_quant_gemm_mma_tile_floats(int m_frags, int form) { return 16 * m_frags * (form == 2 ? 128 : 256); }
 
 void emu_quant_dequantize(int kind, void* out, const void* weight, const void* group_params, int n, int k,
                           int num_groups, int chunk_group_shift, unsigned seed) {
