@@ -249,9 +249,8 @@ def mma_table() -> None:
     print("| layer | rows | cuBLAS fp16 | streaming (auto) | mma (auto) | mma m_frags 1 | 2 | 3 | 4 | "
           "mma, x by cp.async | mma staged | streaming speed-up | mma speed-up |")  # fmt: skip
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    totals: dict[int, list[float]] = {}
-    async_totals: dict[int, list[float]] = {}
-    staged_totals: dict[int, list[float]] = {}
+    # form -> rows -> the projections' speed-ups over cuBLAS fp16
+    ratios: dict[str, dict[int, list[float]]] = {form: {} for form in ql.MMA_FORMS}
     for name, (n, k) in LLAMA_SHAPES.items():
         weights, dense = packed_copies(W4A16, n, k), fp16_copies(n, k)
         for rows in (16, 32, 64, 128):
@@ -266,16 +265,15 @@ def mma_table() -> None:
             m_us = mma_us("registers")
             by_frags = [mma_us("registers", mf) for mf in (1, 2, 3, 4)]
             a_us, w_us = mma_us("async_x"), mma_us("staged")
-            staged_totals.setdefault(rows, []).append(c_us / w_us)
-            totals.setdefault(rows, []).append(c_us / m_us)
-            async_totals.setdefault(rows, []).append(c_us / a_us)
+            for form, us in (("registers", m_us), ("async_x", a_us), ("staged", w_us)):
+                ratios[form].setdefault(rows, []).append(c_us / us)
             times = " | ".join(f"{t:.1f}" for t in (c_us, s_us, m_us, *by_frags, a_us, w_us))
             print(f"| {name} | {rows} | {times} | {c_us / s_us:.2f}x | **{c_us / m_us:.2f}x** |", flush=True)
-    for rows, ratios in totals.items():
+    for rows, registers in ratios["registers"].items():
         print(f"mma (auto) over cuBLAS fp16 at {rows} rows, geometric mean of the four projections: "
-              f"**{statistics.geometric_mean(ratios):.2f}x**; x by cp.async "
-              f"{statistics.geometric_mean(async_totals[rows]):.2f}x; staged "
-              f"{statistics.geometric_mean(staged_totals[rows]):.2f}x", flush=True)  # fmt: skip
+              f"**{statistics.geometric_mean(registers):.2f}x**; x by cp.async "
+              f"{statistics.geometric_mean(ratios['async_x'][rows]):.2f}x; staged "
+              f"{statistics.geometric_mean(ratios['staged'][rows]):.2f}x", flush=True)  # fmt: skip
 
 
 def row_fragment_table() -> None:

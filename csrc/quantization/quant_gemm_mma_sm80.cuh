@@ -38,9 +38,7 @@ struct QuantMmaTiles {
   static_assert(MF >= 1 && MF <= 4, "1-4 fragments of 16 rows of x per block");
   // x staging: ASYNC, cp.async straight into a ring of kXBuffers windows (no registers, issued two
   // windows ahead); else the streaming GEMM's register double buffer.
-  static constexpr bool kAsync = ASYNC;
   static constexpr int kXBuffers = ASYNC ? 3 : 2;
-  static constexpr int kMFrags = MF;
   static constexpr int kNTiles = 4;                     // 8-feature n-tiles per warp
   static constexpr int kWarps = 8;
   static constexpr int kThreads = 32 * kWarps;
@@ -48,7 +46,6 @@ struct QuantMmaTiles {
   static constexpr int kBlockFeatures = kWarps * kRows;
   static constexpr int kXRows = 16 * MF;
   static constexpr int kBlockK = 128;                   // one stretch: 4 chunks of 32 codes per row
-  static constexpr int kChunksPerRow = kBlockK / 32;
   // Stretches of packed loads in flight per lane (64 bytes each): fewer as the accumulators grow.
   static constexpr int kDepth = MF == 1 ? 4 : MF == 2 ? 3 : 2;
   // x windows of stretches (16 KB of x up to 2 fragments, 12 and 16 KB at 3 and 4), two buffers; rows
@@ -63,11 +60,6 @@ struct QuantMmaTiles {
   static_assert(kXLd % 64 == 32, "conflict-free A loads");
   static_assert(kSmemBytes <= 96 * 1024, "shared memory");
 };
-
-template <int MF, bool ASYNC>
-__host__ __device__ constexpr int quant_gemm_mma_smem_bytes() {
-  return QuantMmaTiles<MF, ASYNC>::kSmemBytes;
-}
 
 #ifdef __CUDACC_RTC__
 // The dynamic shared memory each variant launches with, for the sm70 gate (ptxas sees only static).
@@ -89,20 +81,17 @@ struct QuantMmaStagedTiles {
   static constexpr int kXRows = 2 * 16 * MFW;
   static constexpr int kBlockK = 128;
   static constexpr int kStages = 3;
+  static constexpr int kXWindow = 1;                    // stretches of x a stage (copy_x_window_async)
   static constexpr int kXLd = kBlockK + 32;             // ≡ 32 mod 64 halves: conflict-free A loads
   static constexpr int kWVectors = kBlockFeatures * 4;  // 16-byte chunks of weights a stage
   static constexpr int kXVectors = kXRows * kBlockK / 8;
+  static constexpr int kXLoads = kXVectors / kThreads;
   static constexpr int kStageBytes = kWVectors * 16 + kXRows * kXLd * 2;
   static constexpr int kSmemBytes = kStages * kStageBytes;
   static constexpr int kTileFloats = kXRows * kBlockFeatures;
   static_assert(kWVectors % kThreads == 0 && kXVectors % kThreads == 0, "every thread copies alike");
   static_assert(kSmemBytes <= 99 * 1024, "every SM80+ GPU's opt-in shared memory");
 };
-
-template <int MFW>
-__host__ __device__ constexpr int quant_gemm_mma_staged_smem_bytes() {
-  return QuantMmaStagedTiles<MFW>::kSmemBytes;
-}
 
 #ifdef __CUDACC_RTC__
 template <int MFW>
@@ -118,6 +107,22 @@ struct QuantMmaRegs {
   unsigned g[4];
 };
 
+// The group parameter word of chunk `chunk` of weight row `row` (a chunk never spans two groups).
+__device__ __forceinline__ unsigned load_group_word(const QuantStreamParams& p, long long row, int chunk) {
+  return load_no_l1(p.group_params + row * p.num_groups + group_of_chunk(chunk, p.chunk_group_shift, p.num_groups));
+}
+
+// acc = 0 for the MF x 4 accumulators of a warp's tile.
+template <int MF>
+__device__ __forceinline__ void zero_mma_acc(float (&acc)[MF][4][4]) {
+#pragma unroll
+  for (int i = 0; i < MF; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+}
+
 // Lane (g, q)'s loads of stretch `st` (relative to the row's start) for the warp's features f0 ..
 // f0 + 31: chunk 4 st + q of rows f0 + 8 j + g. Rows past n load zeros (a zero scale: weights of 0).
 __device__ __forceinline__ void load_mma_stretch(const QuantStreamParams& p, int f0, int st, int lane,
@@ -131,8 +136,7 @@ __device__ __forceinline__ void load_mma_stretch(const QuantStreamParams& p, int
     regs.g[j] = 0;
     if (row < p.n) {
       regs.w[j] = load_no_l1(p.weight + static_cast<long long>(row) * chunks + chunk);
-      regs.g[j] = load_no_l1(p.group_params + static_cast<long long>(row) * p.num_groups +
-                             group_of_chunk(chunk, p.chunk_group_shift, p.num_groups));
+      regs.g[j] = load_group_word(p, row, chunk);
     }
   }
 }
@@ -223,12 +227,11 @@ __device__ __forceinline__ void finish_mma_tile(const QuantStreamParams& p, cons
 }
 
 // Window `window` of the block's x (rows [m0, m0 + kXRows) over the window's stretches of the split) by
-// cp.async into `buffer`, as one commit group (empty past the split's last window, so that every thread
-// commits a group per window and the waits count alike). Rows past m copy row m - 1: their products are
-// never stored.
+// cp.async into `buffer` (rows kXLd apart); nothing past the split's last window. Rows past m copy row
+// m - 1: their products are never stored. The caller commits the group.
 template <typename Tr>
-__device__ __forceinline__ void issue_x_window_async(const QuantStreamParams& p, int m0, int st_begin, int num_st,
-                                                     int window, __half* buffer) {
+__device__ __forceinline__ void copy_x_window_async(const QuantStreamParams& p, int m0, int st_begin, int num_st,
+                                                    int window, __half* buffer) {
   constexpr int kRowVectors = Tr::kXWindow * Tr::kBlockK / 8;
   const int first = window * Tr::kXWindow;
   if (first < num_st) {
@@ -244,6 +247,14 @@ __device__ __forceinline__ void issue_x_window_async(const QuantStreamParams& p,
       }
     }
   }
+}
+
+// copy_x_window_async as one commit group (empty past the split's last window, so that every thread
+// commits a group per window and the waits count alike).
+template <typename Tr>
+__device__ __forceinline__ void issue_x_window_async(const QuantStreamParams& p, int m0, int st_begin, int num_st,
+                                                     int window, __half* buffer) {
+  copy_x_window_async<Tr>(p, m0, st_begin, num_st, window, buffer);
   sm80::cp_async_commit();
 }
 
@@ -257,7 +268,7 @@ __device__ __forceinline__ void advance_x_window_async(const QuantStreamParams& 
   const int w = t / Tr::kXWindow;
   sm80::cp_async_wait<1>();
   __syncthreads();
-  issue_x_window_async<Tr>(p, m0, st_begin, num_st, w + 2, x_buffers + ((w + 2) % 3) * Tr::kXBufHalves);
+  issue_x_window_async<Tr>(p, m0, st_begin, num_st, w + 2, x_buffers + ((w + 2) % Tr::kXBuffers) * Tr::kXBufHalves);
 }
 
 template <int MF, bool ASYNC>
@@ -266,7 +277,7 @@ __device__ __forceinline__ void quant_gemm_mma_block(const QuantStreamParams& p)
   constexpr int kDepth = Tr::kDepth;
   VOLTLLM_DYNAMIC_SMEM(smem);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  __half* x_buffers = reinterpret_cast<__half*>(smem);  // [2][kXBufHalves]
+  __half* x_buffers = reinterpret_cast<__half*>(smem);  // [kXBuffers][kXBufHalves]
   const int m0 = blockIdx.x * Tr::kXRows;
   const int block_f0 = blockIdx.y * Tr::kBlockFeatures;
   const int f0 = block_f0 + warp * Tr::kRows;
@@ -288,12 +299,7 @@ __device__ __forceinline__ void quant_gemm_mma_block(const QuantStreamParams& p)
     begin_x_windows<Tr>(p, m0, st_begin, num_st, x_buffers, x_regs);
   }
   float acc[MF][4][4];
-#pragma unroll
-  for (int i = 0; i < MF; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+  zero_mma_acc(acc);
   for (int t0 = 0; t0 < num_st; t0 += kDepth) {
 #pragma unroll
     for (int d = 0; d < kDepth; ++d) {
@@ -307,9 +313,7 @@ __device__ __forceinline__ void quant_gemm_mma_block(const QuantStreamParams& p)
       if (!active) continue;
       const QuantMmaRegs regs = ring[d];
       if (t + kDepth < num_st) load_mma_stretch(p, f0, st_begin + t + kDepth, lane, ring[d]);
-      const __half* xs = ASYNC ? x_buffers + ((t / Tr::kXWindow) % 3) * Tr::kXBufHalves + (t % Tr::kXWindow) * Tr::kBlockK
-                               : x_window_chunk<Tr>(x_buffers, t);
-      mma_stretch<Tr, MF>(regs, xs, lane, acc);
+      mma_stretch<Tr, MF>(regs, x_window_chunk<Tr>(x_buffers, t), lane, acc);
     }
   }
   if constexpr (ASYNC) sm80::cp_async_wait<0>();  // the trailing (empty) groups, before the smem is reused
@@ -335,14 +339,7 @@ __device__ __forceinline__ void issue_staged_stretch(const QuantStreamParams& p,
       const long long src_row = min(block_f0 + row, p.n - 1);
       sm80::cp_async16(w + v, p.weight + src_row * chunks + chunk0 + c);
     }
-    __half* xs = reinterpret_cast<__half*>(stage + Tr::kWVectors * 16);
-    const __half* x = static_cast<const __half*>(p.x) + static_cast<long long>(st_begin + st) * Tr::kBlockK;
-#pragma unroll
-    for (int i = 0; i < Tr::kXVectors / Tr::kThreads; ++i) {
-      const int v = threadIdx.x + i * Tr::kThreads, row = v / 16, c = v % 16;
-      const long long src_row = min(m0 + row, p.m - 1);
-      sm80::cp_async16(xs + row * Tr::kXLd + 8 * c, x + src_row * p.x_stride + 8 * c);
-    }
+    copy_x_window_async<Tr>(p, m0, st_begin, num_st, st, reinterpret_cast<__half*>(stage + Tr::kWVectors * 16));
   }
   sm80::cp_async_commit();
 }
@@ -353,8 +350,7 @@ __device__ __forceinline__ void load_staged_groups(const QuantStreamParams& p, i
   const int chunk = 4 * st + (lane & 3);
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    const long long row = min(f0 + 8 * j + (lane >> 2), p.n - 1);
-    g[j] = load_no_l1(p.group_params + row * p.num_groups + group_of_chunk(chunk, p.chunk_group_shift, p.num_groups));
+    g[j] = load_group_word(p, min(f0 + 8 * j + (lane >> 2), p.n - 1), chunk);
   }
 }
 
@@ -377,20 +373,17 @@ __device__ __forceinline__ void quant_gemm_mma_staged_block(const QuantStreamPar
   if (num_st > 1) load_staged_groups(p, f0, st_begin + 1, lane, next_groups);
   begin_dependent_grid();  // x is the previous kernel's output, and the counters its last writes
 #pragma unroll
-  for (int st = 0; st < kS - 1; ++st) issue_staged_stretch<MFW>(p, block_f0, m0, st_begin, num_st, st, smem + st * Tr::kStageBytes);
+  for (int st = 0; st < kS - 1; ++st)
+    issue_staged_stretch<MFW>(p, block_f0, m0, st_begin, num_st, st, smem + st * Tr::kStageBytes);
   float acc[MFW][4][4];
-#pragma unroll
-  for (int i = 0; i < MFW; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+  zero_mma_acc(acc);
   for (int t = 0; t < num_st; ++t) {
     // Stretch t has landed (t + 1 may still fly); after the barrier every warp is done with stage
     // (t - 1) % kS, which takes stretch t + kS - 1.
     sm80::cp_async_wait<kS - 2>();
     __syncthreads();
-    issue_staged_stretch<MFW>(p, block_f0, m0, st_begin, num_st, t + kS - 1, smem + ((t + kS - 1) % kS) * Tr::kStageBytes);
+    const int ahead = t + kS - 1;
+    issue_staged_stretch<MFW>(p, block_f0, m0, st_begin, num_st, ahead, smem + (ahead % kS) * Tr::kStageBytes);
     QuantMmaRegs regs;
     const unsigned char* stage = smem + (t % kS) * Tr::kStageBytes;
     const uint4* w = reinterpret_cast<const uint4*>(stage);
@@ -413,7 +406,7 @@ __device__ __forceinline__ void quant_gemm_mma_staged_block(const QuantStreamPar
 #endif  // VOLTLLM_SM80_PATH
 
 // grid: (ceil(m / (16 MF)), ceil(n / 256), splits), block: 256, dynamic shared memory
-// quant_gemm_mma_smem_bytes<MF, ASYNC>(); 4-bit weights, k a multiple of 128. Row blocks vary fastest,
+// QuantMmaTiles<MF, ASYNC>::kSmemBytes; 4-bit weights, k a multiple of 128. Row blocks vary fastest,
 // so that the blocks reading the same weights run side by side (the second read hits L2). ASYNC: x
 // staged by cp.async (QuantMmaTiles).
 template <int MF, bool ASYNC>
@@ -427,7 +420,7 @@ __global__ void __launch_bounds__(256, 1) quant_gemm_mma_sm80_kernel(QuantStream
 }
 
 // The staged form: grid (ceil(m / (32 MFW)), ceil(n / 128), splits), block 256, dynamic shared memory
-// quant_gemm_mma_staged_smem_bytes<MFW>(); 4-bit weights, k a multiple of 128. The packed weights pass
+// QuantMmaStagedTiles<MFW>::kSmemBytes; 4-bit weights, k a multiple of 128. The packed weights pass
 // through shared memory (cp.async, no register ring), so a thread holds far fewer registers and two
 // blocks share an SM.
 template <int MFW>

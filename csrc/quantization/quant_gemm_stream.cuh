@@ -62,12 +62,13 @@ struct QuantStreamTiles {
   // grow, so that two blocks fit an SM's registers unspilled (128 per thread).
   static constexpr int kLaneBytesInFlight = MF * NF <= 2 ? 128 : MF * NF <= 4 ? 64 : 32;
   // x windows of k-chunks (16 KB of x up to 2 fragments, 12 and 8 KB at 3 and 4), two buffers.
+  static constexpr int kXBuffers = 2;
   static constexpr int kXWindow = MF == 1 ? 8 : MF == 2 ? 4 : MF == 3 ? 2 : 1;
   static constexpr int kXLd = kXWindow * kBlockK + 8;               // 16 bytes of padding: no bank conflicts
   static constexpr int kXBufHalves = kXRows * kXLd;
   static constexpr int kXVectors = kXRows * kXWindow * kBlockK / 8;  // 16-byte vectors per window
   static constexpr int kXLoads = (kXVectors + kThreads - 1) / kThreads;
-  static constexpr int kXSmemBytes = 2 * kXBufHalves * 2;
+  static constexpr int kXSmemBytes = kXBuffers * kXBufHalves * 2;
   static constexpr int kTileFloats = kXRows * kBlockFeatures;       // one block's fp32 partial tile
 };
 
@@ -251,10 +252,11 @@ __device__ __forceinline__ void advance_x_window(const QuantStreamParams& p, int
   }
 }
 
-// The staged x of k-chunk t: [kXRows][kBlockK] halves, rows kXLd apart.
+// The staged x of k-chunk t: [kXRows][kBlockK] halves, rows kXLd apart, in the ring of Tr::kXBuffers
+// windows.
 template <typename Tr>
 __device__ __forceinline__ const __half* x_window_chunk(const __half* x_buffers, int t) {
-  return x_buffers + ((t / Tr::kXWindow) & 1) * Tr::kXBufHalves + (t % Tr::kXWindow) * Tr::kBlockK;
+  return x_buffers + ((t / Tr::kXWindow) % Tr::kXBuffers) * Tr::kXBufHalves + (t % Tr::kXWindow) * Tr::kBlockK;
 }
 
 template <typename Tr>

@@ -252,6 +252,17 @@ def quant_gemm(
     return out
 
 
+def _split_gemm_operands(
+    weight: PackedQuantWeight, x: torch.Tensor, op: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (columns in the packed order) and an empty out for the split-k GEMMs (`quant_gemm_stream`,
+    `quant_gemm_mma`), whose split counters are sized for at most STREAM_MAX_ROWS rows."""
+    if x.shape[0] > STREAM_MAX_ROWS:
+        raise ValueError(f"{op} takes at most {STREAM_MAX_ROWS} rows, got {x.shape[0]}")
+    x = _gather_columns(x, weight.column_order)
+    return x, torch.empty(x.shape[0], weight.shape[0], dtype=torch.float16, device=x.device)
+
+
 def quant_gemm_stream(
     weight: PackedQuantWeight,
     x: torch.Tensor,
@@ -263,10 +274,7 @@ def quant_gemm_stream(
     """`x @ W^T + bias` on the weight-streaming WMMA GEMM for up to STREAM_MAX_ROWS rows; `m_frags` (1-4
     fragments of 16 rows of x per warp), `n_frags` (1-2 fragments of 16 weight rows per warp) and
     `splits` of k, 0 = chosen by size."""
-    if x.shape[0] > STREAM_MAX_ROWS:
-        raise ValueError(f"quant_gemm_stream takes at most {STREAM_MAX_ROWS} rows, got {x.shape[0]}")
-    x = _gather_columns(x, weight.column_order)
-    out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float16, device=x.device)
+    x, out = _split_gemm_operands(weight, x, "quant_gemm_stream")
     kernel_ops().quant_gemm_stream(
         out, x, weight.packed, weight.group_params, bias, weight.split_counters, weight.kind,
         weight.group_size, m_frags, n_frags, splits,
@@ -300,10 +308,7 @@ def quant_gemm_mma(
     form = MMA_FORM if form is None else form
     if form not in MMA_FORMS:
         raise ValueError(f"quant_gemm_mma form {form!r} is not one of {sorted(MMA_FORMS)}")
-    if x.shape[0] > STREAM_MAX_ROWS:
-        raise ValueError(f"quant_gemm_mma takes at most {STREAM_MAX_ROWS} rows, got {x.shape[0]}")
-    x = _gather_columns(x, weight.column_order)
-    out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float16, device=x.device)
+    x, out = _split_gemm_operands(weight, x, "quant_gemm_mma")
     kernel_ops().quant_gemm_mma(
         out, x, weight.packed, weight.group_params, bias, weight.split_counters, weight.kind,
         weight.group_size, m_frags, splits, MMA_FORMS[form],

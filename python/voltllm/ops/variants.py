@@ -146,6 +146,8 @@ def _quantization() -> dict[str, list[str]]:
 # The register-dequantizing 4-bit GEMM's fragments of 16 rows of x per block (its first template argument,
 # csrc/quantization/quant_gemm_mma_sm80.cuh; the second says whether x is staged by cp.async).
 QUANT_MMA_M_FRAGS = (1, 2, 3, 4)
+# Its staged form's row fragments per warp (quant_gemm_mma_staged_kernel<MFW>: 32 MFW rows a block).
+QUANT_MMA_STAGED_ROW_FRAGS = (1, 2)
 
 
 def _quant_mma_sm80() -> dict[str, list[str]]:
@@ -157,7 +159,7 @@ def _quant_mma_sm80() -> dict[str, list[str]]:
                 for mf in QUANT_MMA_M_FRAGS
                 for async_x in ("false", "true")
             ),
-            *(f"voltllm::quant_gemm_mma_staged_kernel<{mfw}>" for mfw in (1, 2)),
+            *(f"voltllm::quant_gemm_mma_staged_kernel<{mfw}>" for mfw in QUANT_MMA_STAGED_ROW_FRAGS),
         ]
     }
 
@@ -271,7 +273,7 @@ def dynamic_smem_probes() -> dict[str, str]:
         for async_x in ("false", "true"):
             probe = f"voltllm::quant_gemm_mma_smem_bytes_probe<{mf}, {async_x}>"
             probes[f"voltllm::quant_gemm_mma_sm80_kernel<{mf}, {async_x}>"] = probe
-    for mfw in (1, 2):
+    for mfw in QUANT_MMA_STAGED_ROW_FRAGS:
         probe = f"voltllm::quant_gemm_mma_staged_smem_bytes_probe<{mfw}>"
         probes[f"voltllm::quant_gemm_mma_staged_kernel<{mfw}>"] = probe
     probes["voltllm::moe_align_kernel"] = "voltllm::moe_align_max_smem_bytes"

@@ -70,6 +70,12 @@ voltllm::QuantStreamParams split_gemm_params(int block_k, int& splits, void* out
   return p;
 }
 
+// The grid of a split GEMM with tiling Tr: row blocks, feature blocks, splits.
+template <typename Tr>
+dim3 split_gemm_grid(int m, int n, int splits) {
+  return dim3((m + Tr::kXRows - 1) / Tr::kXRows, (n + Tr::kBlockFeatures - 1) / Tr::kBlockFeatures, splits);
+}
+
 }  // namespace
 
 extern "C" {
@@ -177,7 +183,7 @@ void emu_quant_gemm_stream(int kind, int m_frags, int n_frags, int splits, void*
   auto run = [&](auto kind_c, auto mf_c, auto nf_c) {
     constexpr int K = decltype(kind_c)::value, MF = decltype(mf_c)::value, NF = decltype(nf_c)::value;
     using Tr = voltllm::QuantStreamTraits<K, MF, NF>;
-    const dim3 grid((m + Tr::kXRows - 1) / Tr::kXRows, (n + Tr::kBlockFeatures - 1) / Tr::kBlockFeatures, splits);
+    const dim3 grid = split_gemm_grid<Tr>(m, n, splits);
     emu::launch(grid, dim3(256), Tr::kSmemBytes, [&] { voltllm::quant_gemm_stream_kernel<K, MF, NF>(p); }, seed);
   };
   using I = std::integral_constant<int, 1>;
@@ -202,10 +208,10 @@ int emu_quant_gemm_stream_tile_floats(int m_frags, int n_frags) { return 16 * m_
 // The SM80 register-dequantizing 4-bit GEMM in `form` (0: x through registers, 1: x by cp.async, 2:
 // weights and x staged by cp.async, m_frags 2 or 4) at m_frags with `splits` splits of k (k a multiple
 // of 128); `partial` and `split_counters` as for emu_quant_gemm_stream.
-void emu_quant_gemm_mma(int m_frags, int form, int splits, void* out, float* partial, unsigned* split_counters, const void* x,
-                        const void* weight, const void* group_params, const void* bias, long long out_stride,
-                        long long x_stride, int m, int n, int k, int num_groups, int chunk_group_shift,
-                        unsigned seed) {
+void emu_quant_gemm_mma(int m_frags, int form, int splits, void* out, float* partial, unsigned* split_counters,
+                        const void* x, const void* weight, const void* group_params, const void* bias,
+                        long long out_stride, long long x_stride, int m, int n, int k, int num_groups,
+                        int chunk_group_shift, unsigned seed) {
   const voltllm::QuantStreamParams p = split_gemm_params(128, splits, out, partial, split_counters, x, weight,
                                                         group_params, bias, out_stride, x_stride, m, n, k, num_groups,
                                                         chunk_group_shift);
@@ -213,7 +219,7 @@ void emu_quant_gemm_mma(int m_frags, int form, int splits, void* out, float* par
     constexpr int MF = decltype(mf_c)::value;
     constexpr bool ASYNC = decltype(async_c)::value;
     using Tr = voltllm::QuantMmaTiles<MF, ASYNC>;
-    const dim3 grid((m + Tr::kXRows - 1) / Tr::kXRows, (n + Tr::kBlockFeatures - 1) / Tr::kBlockFeatures, splits);
+    const dim3 grid = split_gemm_grid<Tr>(m, n, splits);
     emu::launch(grid, dim3(256), Tr::kSmemBytes, [&] { voltllm::quant_gemm_mma_sm80_kernel<MF, ASYNC>(p); }, seed);
   };
   auto with_mf = [&](auto async_c) {
@@ -229,7 +235,7 @@ void emu_quant_gemm_mma(int m_frags, int form, int splits, void* out, float* par
     auto staged = [&](auto mfw_c) {
       constexpr int MFW = decltype(mfw_c)::value;
       using Tr = voltllm::QuantMmaStagedTiles<MFW>;
-      const dim3 grid((m + Tr::kXRows - 1) / Tr::kXRows, (n + Tr::kBlockFeatures - 1) / Tr::kBlockFeatures, splits);
+      const dim3 grid = split_gemm_grid<Tr>(m, n, splits);
       emu::launch(grid, dim3(256), Tr::kSmemBytes, [&] { voltllm::quant_gemm_mma_staged_kernel<MFW>(p); }, seed);
     };
     if (m_frags == 2) return staged(std::integral_constant<int, 1>{});
