@@ -44,6 +44,7 @@ from decode_latency import SHAPES, copy_bandwidth  # noqa: E402
 from graph_timing import copies_for, graph_time_us  # noqa: E402
 from model_shapes import AWQ_CONFIG  # noqa: E402
 
+from voltllm.layers.quantization.quantized_method import QuantizedLinearMethod  # noqa: E402
 from voltllm.layers.quantization.quantized_weight import QuantizedWeight  # noqa: E402
 from voltllm.ops import quantized_linear as ql  # noqa: E402
 from voltllm.ops.activation import silu_and_mul  # noqa: E402
@@ -378,7 +379,14 @@ def engine_table(bandwidth: float) -> None:
     print("| --- | --- | --- | --- | --- | --- | --- |")
     fp16 = decode_row("Llama-3-8B fp16", LLAMA3_8B, bandwidth)
     awq = decode_row("Llama-3-8B AWQ", SHAPES["llama-3-8b-awq"], bandwidth)
+    # The baseline of the fold: each add + RMSNorm as its own kernel, as before session 18.
+    QuantizedLinearMethod.fold_norm_after = False
+    try:
+        apart = decode_row("Llama-3-8B AWQ, norms apart", SHAPES["llama-3-8b-awq"], bandwidth)
+    finally:
+        QuantizedLinearMethod.fold_norm_after = True
     print(f"AWQ / fp16 tokens/s: **{awq['tok_s'] / fp16['tok_s']:.2f}x**", flush=True)
+    print(f"norms folded / apart: {awq['tok_s'] / apart['tok_s']:.3f}x", flush=True)
     if "--skip-32b" not in sys.argv:
         decode_row("Qwen3-32B AWQ", {**QWEN3_32B, "quantization_config": AWQ_CONFIG}, bandwidth)
 

@@ -35,6 +35,14 @@ struct QuantGemvParams {
   int k;                  // a multiple of kChunk
   int num_groups;         // groups per weight row
   int chunk_group_shift;  // log2(chunks per group); unused when num_groups == 1
+  // The add + RMSNorm epilogue (ADD_NORM): out then receives rms_norm(residual_in + the projection) *
+  // norm_weight, the normalized input of the next projection, and residual_out the sum.
+  const void* residual_in;  // [rows, n], rows n apart
+  void* residual_out;       // [rows, n], rows n apart (may be residual_in: each element is read, then written, by one thread)
+  const void* norm_weight;  // [n]
+  float* block_squares;     // [rows, gridDim.x]: each block's sum of squares of its residual_out features
+  unsigned* arrivals;       // 0 at launch; the last block to arrive normalizes the rows and sets it to 0 again
+  float eps;
 };
 
 // The default shape: warps per thread block, weight rows per warp, 16-byte chunks per weight row in
@@ -169,9 +177,11 @@ __device__ __forceinline__ void gemv_step_dot(const QuantGemvParams& p, const __
 }
 
 // Stores row r of a row group's warp-reduced sums (called by one lane): bias added, rounded to fp16 as an
-// unfused projection stores it; SWIGLU then writes silu(gate) * up.
-template <bool SWIGLU, int MATS>
-__device__ __forceinline__ void store_gemv_row(const QuantGemvParams& p, int group, int r, const float (&sum)[MATS]) {
+// unfused projection stores it; SWIGLU then writes silu(gate) * up. ADD_NORM instead adds the rounded
+// projection to the residual, stores the sum rounded to fp16 in residual_out (fused_add_rms_norm's
+// arithmetic) and returns the sum of its squares (0 without ADD_NORM).
+template <bool SWIGLU, int MATS, bool ADD_NORM = false>
+__device__ __forceinline__ float store_gemv_row(const QuantGemvParams& p, int group, int r, const float (&sum)[MATS]) {
   constexpr int kFeats = SWIGLU ? MATS / 2 : MATS;
   __half* out = static_cast<__half*>(p.out);
   const __half* bias = static_cast<const __half*>(p.bias);
@@ -182,22 +192,30 @@ __device__ __forceinline__ void store_gemv_row(const QuantGemvParams& p, int gro
     value[m] = __half2float(__float2half_rn(sum[m] + b));
   }
 #pragma unroll
+  float squares = 0.f;
   for (int f = 0; f < kFeats; ++f) {
     const int feature = group * kFeats + f;
     if (feature >= p.n) break;
-    if constexpr (SWIGLU) {
+    if constexpr (ADD_NORM) {
+      const long long at = static_cast<long long>(r) * p.n + feature;
+      const __half sum_h = __float2half_rn(value[f] + __half2float(static_cast<const __half*>(p.residual_in)[at]));
+      static_cast<__half*>(p.residual_out)[at] = sum_h;
+      const float rounded = __half2float(sum_h);
+      squares += rounded * rounded;
+    } else if constexpr (SWIGLU) {
       out[r * p.out_stride + feature] = __float2half_rn(silu(value[f]) * value[f + kFeats]);
     } else {
       out[r * p.out_stride + feature] = __float2half_rn(value[f]);
     }
   }
+  return squares;
 }
 
-// Reduces a row group's sums over the warp and stores them (store_gemv_row). Leaves acc zeroed for the
-// next group.
-template <int ROWS, bool SWIGLU, int MATS>
+// Reduces a row group's sums over the warp and stores them (store_gemv_row), adding each row's squares
+// (ADD_NORM) into lane 0's `squares`. Leaves acc zeroed for the next group.
+template <int ROWS, bool SWIGLU, int MATS, bool ADD_NORM = false>
 __device__ __forceinline__ void store_gemv_group(const QuantGemvParams& p, int group, int lane,
-                                                 float (&acc)[MATS][ROWS]) {
+                                                 float (&acc)[MATS][ROWS], float (&squares)[ROWS]) {
 #pragma unroll
   for (int r = 0; r < ROWS; ++r) {
     float sum[MATS];
@@ -206,8 +224,15 @@ __device__ __forceinline__ void store_gemv_group(const QuantGemvParams& p, int g
       sum[m] = warp_sum(acc[m][r]);
       acc[m][r] = 0.f;
     }
-    if (lane == 0 && r < p.rows) store_gemv_row<SWIGLU, MATS>(p, group, r, sum);
+    if (lane == 0 && r < p.rows) squares[r] += store_gemv_row<SWIGLU, MATS, ADD_NORM>(p, group, r, sum);
   }
+}
+
+template <int ROWS, bool SWIGLU, int MATS>
+__device__ __forceinline__ void store_gemv_group(const QuantGemvParams& p, int group, int lane,
+                                                 float (&acc)[MATS][ROWS]) {
+  float squares[ROWS] = {};
+  store_gemv_group<ROWS, SWIGLU, MATS, false>(p, group, lane, acc, squares);
 }
 
 // Asks L2 for the 128-byte lines holding bytes [begin, end) past `base`, spread over the warp's lanes.
@@ -248,18 +273,28 @@ __device__ __forceinline__ void prefetch_gemv_steps(const QuantGemvParams& p, in
 constexpr int kQuantGemvPrefetchAll = 1 << 16;
 
 // Shared memory of quant_gemv_kernel: the KSPLIT warps of a row group hand their warp sums to its first
-// warp (none without a k split).
+// warp (none without a k split); then, with ADD_NORM, the norm epilogue's (quant_gemv_norm_smem_floats).
+template <int ROWS, int WARPS>
+__host__ __device__ constexpr int quant_gemv_norm_smem_floats() {
+  return WARPS * ROWS + WARPS + 1;  // the warps' sums of squares, block_sum's scratch, the last-block flag
+}
 template <int ROWS, int MATS, int WARPS, int KSPLIT>
-__host__ __device__ constexpr int quant_gemv_smem_bytes() {
+__host__ __device__ constexpr int quant_gemv_split_smem_bytes() {
   return KSPLIT == 1 ? 0 : WARPS * MATS * ROWS * 4;
+}
+template <int ROWS, int MATS, int WARPS, int KSPLIT, bool ADD_NORM = false>
+__host__ __device__ constexpr int quant_gemv_smem_bytes() {
+  return quant_gemv_split_smem_bytes<ROWS, MATS, WARPS, KSPLIT>() +
+         (ADD_NORM ? quant_gemv_norm_smem_floats<ROWS, WARPS>() * 4 : 0);
 }
 
 // The KSPLIT warps' sums of each row group (acc of every warp) added in part order into its first warp's
-// lane 0, which stores them. Every warp of the block calls this (it holds a barrier); `partial` is
-// shared memory of WARPS * MATS * ROWS floats.
-template <int ROWS, bool SWIGLU, int MATS, int KSPLIT>
+// lane 0, which stores them (and adds each row's squares into `squares`, ADD_NORM). Every warp of the
+// block calls this (it holds a barrier); `partial` is shared memory of WARPS * MATS * ROWS floats.
+template <int ROWS, bool SWIGLU, int MATS, int KSPLIT, bool ADD_NORM = false>
 __device__ __forceinline__ void store_split_gemv_group(const QuantGemvParams& p, int group, bool active, int warp,
-                                                       int lane, const float (&acc)[MATS][ROWS], float* partial) {
+                                                       int lane, const float (&acc)[MATS][ROWS], float* partial,
+                                                       float (&squares)[ROWS]) {
 #pragma unroll
   for (int m = 0; m < MATS; ++m)
 #pragma unroll
@@ -279,8 +314,60 @@ __device__ __forceinline__ void store_split_gemv_group(const QuantGemvParams& p,
 #pragma unroll
       for (int s = 0; s < KSPLIT; ++s) sum[m] += partial[((warp + s) * MATS + m) * ROWS + r];
     }
-    store_gemv_row<SWIGLU, MATS>(p, group, r, sum);
+    squares[r] += store_gemv_row<SWIGLU, MATS, ADD_NORM>(p, group, r, sum);
   }
+}
+
+// The add + RMSNorm epilogue, after the block stored its features' sums (every thread calls it; `squares`
+// holds lane 0's sums of squares per row, 0 elsewhere). Each block writes its per-row sum of squares to
+// block_squares and takes a ticket; the last block adds them up in block order (so the result does not
+// depend on which block finishes last), then writes out = residual_out * rsqrt(mean square + eps) *
+// norm_weight for every row, reading residual_out from L2 (other blocks wrote it), and resets the
+// counter. The next projection reads the normalized rows as they are: at decode batch sizes this costs
+// one block's pass over a few rows where a separate add + RMSNorm kernel cost a launch.
+// `smem`: quant_gemv_norm_smem_floats<ROWS, WARPS>() floats of shared memory.
+template <int ROWS, int WARPS>
+__device__ __forceinline__ void finish_add_rms_norm(const QuantGemvParams& p, const float (&squares)[ROWS],
+                                                    float* smem) {
+  float* warp_squares = smem;                 // [WARPS][ROWS]
+  float* scratch = smem + WARPS * ROWS;       // [WARPS]
+  float* last = scratch + WARPS;              // 1 in the last block to arrive
+  const int warp = threadIdx.x >> 5;
+  if ((threadIdx.x & 31) == 0)
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) warp_squares[warp * ROWS + r] = squares[r];
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int r = 0; r < p.rows; ++r) {
+      float block_total = 0.f;
+      for (int w = 0; w < WARPS; ++w) block_total += warp_squares[w * ROWS + r];
+      p.block_squares[static_cast<long long>(r) * gridDim.x + blockIdx.x] = block_total;
+    }
+    __threadfence();  // the sums and this block's residual_out stores before its ticket
+    *last = atomicAdd(p.arrivals, 1u) == gridDim.x - 1 ? 1.f : 0.f;
+  }
+  __syncthreads();
+  if (*last == 0.f) return;
+  __threadfence();
+  const __half* weight = static_cast<const __half*>(p.norm_weight);
+  for (int r = 0; r < p.rows; ++r) {
+    float total = 0.f;
+    for (int b = threadIdx.x; b < gridDim.x; b += blockDim.x)
+      total += __ldcg(p.block_squares + static_cast<long long>(r) * gridDim.x + b);
+    const float inv_rms = rsqrtf(block_sum(total, scratch) / p.n + p.eps);
+    const __half* sum_row = static_cast<const __half*>(p.residual_out) + static_cast<long long>(r) * p.n;
+    __half* out_row = static_cast<__half*>(p.out) + r * p.out_stride;
+    for (int i = threadIdx.x * 8; i < p.n; i += blockDim.x * 8) {
+      float v[8], w[8];
+      const uint4 sums = __ldcg(reinterpret_cast<const uint4*>(sum_row + i));
+      load_floats(reinterpret_cast<const __half*>(&sums), v);
+      load_floats(weight + i, w);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = v[j] * inv_rms * w[j];
+      store_floats(out_row + i, v);
+    }
+  }
+  if (threadIdx.x == 0) *p.arrivals = 0;
 }
 
 // Where a warp of the one-shot GEMV works: its row group (MATS weight rows) and its part of k (the KSPLIT
@@ -302,7 +389,8 @@ struct OneShotWarp {
 // The one-shot GEMV after its prefetch and the wait: every step of the warp's part of its rows against x,
 // the k split's sums meeting in `partial` (shared memory, see store_split_gemv_group; unused without a
 // split), the result stored.
-template <int KIND, int ROWS, bool SWIGLU, int MATS, int UNROLL, int WARPS, int KSPLIT, bool NO_L1>
+template <int KIND, int ROWS, bool SWIGLU, int MATS, int UNROLL, int WARPS, int KSPLIT, bool NO_L1,
+          bool ADD_NORM = false>
 __device__ __forceinline__ void one_shot_gemv(const QuantGemvParams& p, const OneShotWarp<SWIGLU, MATS, WARPS, KSPLIT>& w,
                                               const __half* x, long long x_stride, float* partial) {
   constexpr int kStep = 32 * UNROLL;
@@ -319,11 +407,15 @@ __device__ __forceinline__ void one_shot_gemv(const QuantGemvParams& p, const On
       gemv_step_dot<KIND, ROWS, MATS, UNROLL>(p, x, x_stride, s, step, w.lane, acc);
     }
   }
+  float squares[ROWS] = {};
   if constexpr (KSPLIT == 1) {
-    if (w.active) store_gemv_group<ROWS, SWIGLU, MATS>(p, w.group, w.lane, acc);
+    if (w.active) store_gemv_group<ROWS, SWIGLU, MATS, ADD_NORM>(p, w.group, w.lane, acc, squares);
   } else {
-    store_split_gemv_group<ROWS, SWIGLU, MATS, KSPLIT>(p, w.group, w.active, w.warp, w.lane, acc, partial);
+    store_split_gemv_group<ROWS, SWIGLU, MATS, KSPLIT, ADD_NORM>(p, w.group, w.active, w.warp, w.lane, acc, partial,
+                                                                 squares);
   }
+  if constexpr (ADD_NORM)
+    finish_add_rms_norm<ROWS, WARPS>(p, squares, partial + quant_gemv_split_smem_bytes<ROWS, MATS, WARPS, KSPLIT>() / 4);
 }
 
 // grid: ceil(n / quant_gemv_features_per_block<SWIGLU, MATS, WARPS / KSPLIT>()), block: 32 * WARPS,
@@ -331,18 +423,20 @@ __device__ __forceinline__ void one_shot_gemv(const QuantGemvParams& p, const On
 // rows) is KSPLIT warps of the block: warp `part` takes steps part, part + KSPLIT, ... of k, a step being
 // UNROLL chunks per row per lane in flight at once; their sums meet in shared memory. Before the wait for
 // the previous kernel every warp asks L2 for its first PREFETCH steps. NO_L1: weights and group words
-// are loaded without allocating in L1 (load_no_l1).
+// are loaded without allocating in L1 (load_no_l1). ADD_NORM: the add + RMSNorm epilogue
+// (finish_add_rms_norm; not with SWIGLU).
 template <int KIND, int ROWS, bool SWIGLU, int MATS = kQuantGemvMats, int UNROLL = kQuantGemvUnroll,
-          int WARPS = kQuantGemvWarps, int KSPLIT = 1, int PREFETCH = 1, bool NO_L1 = false>
+          int WARPS = kQuantGemvWarps, int KSPLIT = 1, int PREFETCH = 1, bool NO_L1 = false, bool ADD_NORM = false>
 __global__ void __launch_bounds__(32 * WARPS) quant_gemv_kernel(QuantGemvParams p) {
   static_assert(!SWIGLU || MATS % 2 == 0, "SWIGLU pairs gate and up rows");
+  static_assert(!(SWIGLU && ADD_NORM), "the norm epilogue follows a plain projection");
   const OneShotWarp<SWIGLU, MATS, WARPS, KSPLIT> w(p.n);
-  if (KSPLIT == 1 && !w.active) return;
+  if (KSPLIT == 1 && !ADD_NORM && !w.active) return;  // the norm epilogue's barriers need every warp
   if (w.active) prefetch_gemv_steps<KIND, SWIGLU, MATS, UNROLL, KSPLIT>(p, w.group, w.part, w.lane, PREFETCH);
   begin_dependent_grid();
   VOLTLLM_DYNAMIC_SMEM(smem);
-  one_shot_gemv<KIND, ROWS, SWIGLU, MATS, UNROLL, WARPS, KSPLIT, NO_L1>(p, w, static_cast<const __half*>(p.x),
-                                                                         p.x_stride, reinterpret_cast<float*>(smem));
+  one_shot_gemv<KIND, ROWS, SWIGLU, MATS, UNROLL, WARPS, KSPLIT, NO_L1, ADD_NORM>(
+      p, w, static_cast<const __half*>(p.x), p.x_stride, reinterpret_cast<float*>(smem));
 }
 
 // The one-row shapes the extension builds, by index (the glue picks one by the layer's size; tests and

@@ -172,17 +172,77 @@ int64_t choose_one_row_shape(int64_t weight_rows, int64_t chunks) {
   return weight_rows * chunks * 16 > kWholePrefetchMaxBytes ? 0 : 1;
 }
 
-// Launches the GEMV kernel of kind K, R rows, the given shape.
-template <int K, int R, int MATS, int UNROLL, int WARPS, int KSPLIT, int PREFETCH, bool NO_L1>
+// Launches the GEMV kernel of kind K, R rows, the given shape; ADD_NORM (never with swiglu): the add +
+// RMSNorm epilogue.
+template <int K, int R, int MATS, int UNROLL, int WARPS, int KSPLIT, int PREFETCH, bool NO_L1, bool ADD_NORM>
 void launch_quant_gemv(const QuantGemvParams& p, bool swiglu, cudaStream_t stream) {
   constexpr int groups_per_block = WARPS / KSPLIT;
-  constexpr int smem = quant_gemv_smem_bytes<R, MATS, WARPS, KSPLIT>();
-  dispatch_built<0, 1>(swiglu, "quant_gemv", "swiglu", [&](auto swiglu_c) {
+  constexpr int smem = quant_gemv_smem_bytes<R, MATS, WARPS, KSPLIT, ADD_NORM>();
+  auto launch_with = [&](auto swiglu_c) {
     constexpr bool SWIGLU = decltype(swiglu_c)::value == 1;
     const int per_block = quant_gemv_features_per_block<SWIGLU, MATS, groups_per_block>();
-    launch(quant_gemv_kernel<K, R, SWIGLU, MATS, UNROLL, WARPS, KSPLIT, PREFETCH, NO_L1>,
+    launch(quant_gemv_kernel<K, R, SWIGLU, MATS, UNROLL, WARPS, KSPLIT, PREFETCH, NO_L1, ADD_NORM>,
            (p.n + per_block - 1) / per_block, 32 * WARPS, smem, stream, p);
+  };
+  if constexpr (ADD_NORM)
+    launch_with(std::integral_constant<int, 0>{});
+  else
+    dispatch_built<0, 1>(swiglu, "quant_gemv", "swiglu", launch_with);
+}
+
+// Most blocks any GEMV grid has for n features: every built shape covers at least this many a block.
+constexpr int64_t kGemvMinFeaturesPerBlock = quant_gemv_features_per_block<false, kQuantGemvMats, kQuantGemvWarps>();
+
+// Checks the GEMV's operands and fills its params, but for the outputs (the caller's).
+QuantGemvParams gemv_params(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& group_params,
+                            const std::optional<at::Tensor>& bias, const PackedShape& packed, int64_t n,
+                            const char* op) {
+  check_activation(x, packed.k, op, "x");
+  const int64_t rows = x.size(0);
+  TORCH_CHECK(rows >= 1 && rows <= 8, op, ": 1 to 8 rows, got ", num(rows));
+  check_bias(bias, packed.n, op);
+  QuantGemvParams p{};
+  p.x = x.data_ptr();
+  set_packed_fields(p, weight, group_params, packed);
+  p.bias = bias ? bias->data_ptr() : nullptr;
+  p.x_stride = x.stride(0);
+  p.rows = static_cast<int>(rows);
+  p.n = static_cast<int>(n);
+  return p;
+}
+
+// Runs the GEMV of `p` (one-row shape `shape`, 0: the glue's choice), with the add + RMSNorm epilogue
+// when ADD_NORM.
+template <bool ADD_NORM>
+void run_quant_gemv(const QuantGemvParams& p, const PackedShape& packed, int64_t kind, bool swiglu, int64_t shape,
+                    const char* op) {
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  dispatch_quant_kind(kind, op, [&](auto kind_c) {
+    constexpr int K = decltype(kind_c)::value;
+    if (p.rows == 1) {
+      const int64_t chunks = packed.k / QuantTraits<K>::kChunk;
+      const int64_t index = shape ? shape - 1 : choose_one_row_shape(packed.n, chunks);
+      static_assert(kQuantGemvOneRowShapes == 2, "one value per built shape");
+      dispatch_built<0, 1>(index, op, "one-row shape index", [&](auto index_c) {
+        using S = QuantGemvOneRowShape<decltype(index_c)::value>;
+        launch_quant_gemv<K, 1, S::kMats, S::kUnroll, S::kWarps, S::kSplit, S::kPrefetch, S::kNoL1, ADD_NORM>(
+            p, swiglu, stream);
+      });
+      return;
+    }
+    dispatch_gemv_rows(p.rows, [&](auto rows_c) {
+      constexpr int R = decltype(rows_c)::value;
+      launch_quant_gemv<K, R, kQuantGemvMats, kQuantGemvUnroll, kQuantGemvWarps, 1, 1, false, ADD_NORM>(p, swiglu,
+                                                                                                     stream);
+    });
   });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void check_shape_arg(int64_t shape, int64_t rows, const char* op) {
+  TORCH_CHECK(shape >= 0 && shape <= kQuantGemvOneRowShapes, op, ": shape ", num(shape), " is not built (0 = choose, 1 to ",
+              num(kQuantGemvOneRowShapes), ")");
+  TORCH_CHECK(shape == 0 || rows == 1, op, ": a shape is chosen for one row only, got ", num(rows), " rows");
 }
 
 }  // namespace
@@ -192,45 +252,57 @@ void quant_gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, 
                 int64_t shape) {
   const char* op = "quant_gemv";
   const PackedShape packed = check_packed(weight, group_params, kind, group_size, op);
-  check_activation(x, packed.k, op, "x");
-  const int64_t rows = x.size(0);
-  TORCH_CHECK(rows >= 1 && rows <= 8, op, ": 1 to 8 rows, got ", num(rows));
   TORCH_CHECK(!swiglu || packed.n % 2 == 0, op, ": swiglu needs a [2n, k] gate/up weight");
-  TORCH_CHECK(shape >= 0 && shape <= kQuantGemvOneRowShapes, op, ": shape ", num(shape), " is not built (0 = choose, 1 to ",
-              num(kQuantGemvOneRowShapes), ")");
-  TORCH_CHECK(shape == 0 || rows == 1, op, ": a shape is chosen for one row only, got ", num(rows), " rows");
   const int64_t n = swiglu ? packed.n / 2 : packed.n;
-  check_out(out, rows, n, op);
-  check_bias(bias, packed.n, op);
-  const at::cuda::OptionalCUDAGuard guard(x.device());
-  QuantGemvParams p{};
+  QuantGemvParams p = gemv_params(x, weight, group_params, bias, packed, n, op);
+  check_shape_arg(shape, p.rows, op);
+  check_out(out, p.rows, n, op);
   p.out = out.data_ptr();
-  p.x = x.data_ptr();
-  set_packed_fields(p, weight, group_params, packed);
-  p.bias = bias ? bias->data_ptr() : nullptr;
   p.out_stride = out.stride(0);
-  p.x_stride = x.stride(0);
-  p.rows = static_cast<int>(rows);
-  p.n = static_cast<int>(n);
-  const auto stream = at::cuda::getCurrentCUDAStream();
-  dispatch_quant_kind(kind, op, [&](auto kind_c) {
-    constexpr int K = decltype(kind_c)::value;
-    if (rows == 1) {
-      const int64_t chunks = packed.k / QuantTraits<K>::kChunk;
-      const int64_t index = shape ? shape - 1 : choose_one_row_shape(packed.n, chunks);
-      static_assert(kQuantGemvOneRowShapes == 2, "one value per built shape");
-      dispatch_built<0, 1>(index, op, "one-row shape index", [&](auto index_c) {
-        using S = QuantGemvOneRowShape<decltype(index_c)::value>;
-        launch_quant_gemv<K, 1, S::kMats, S::kUnroll, S::kWarps, S::kSplit, S::kPrefetch, S::kNoL1>(p, swiglu, stream);
-      });
-      return;
-    }
-    dispatch_gemv_rows(rows, [&](auto rows_c) {
-      constexpr int R = decltype(rows_c)::value;
-      launch_quant_gemv<K, R, kQuantGemvMats, kQuantGemvUnroll, kQuantGemvWarps, 1, 1, false>(p, swiglu, stream);
-    });
-  });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const at::cuda::OptionalCUDAGuard guard(x.device());
+  run_quant_gemv<false>(p, packed, kind, swiglu, shape, op);
+}
+
+void quant_gemv_add_rms_norm(at::Tensor& out, at::Tensor& residual_out, const at::Tensor& x, const at::Tensor& weight,
+                             const at::Tensor& group_params, const std::optional<at::Tensor>& bias,
+                             const at::Tensor& residual_in, const at::Tensor& norm_weight, double eps,
+                             at::Tensor& arrivals, int64_t kind, int64_t group_size, int64_t shape) {
+  const char* op = "quant_gemv_add_rms_norm";
+  const PackedShape packed = check_packed(weight, group_params, kind, group_size, op);
+  QuantGemvParams p = gemv_params(x, weight, group_params, bias, packed, packed.n, op);
+  check_shape_arg(shape, p.rows, op);
+  TORCH_CHECK(packed.n % 8 == 0, op, ": the norm takes 16-byte vectors: n = ", num(packed.n), " is not a multiple of 8");
+  check_out(out, p.rows, packed.n, op);
+  TORCH_CHECK(vec8_ok(out, packed.n), op, ": out rows must be 16-byte aligned");
+  for (const at::Tensor* t : {&residual_out, &residual_in}) {
+    check_cuda(*t, "residual");
+    TORCH_CHECK(t->scalar_type() == at::kHalf && t->dim() == 2 && t->size(0) == p.rows && t->size(1) == packed.n &&
+                    t->is_contiguous() && vec8_ok(*t, packed.n),
+                op, ": residual_in and residual_out must be contiguous, 16-byte aligned float16 [", num(p.rows), ", ",
+                num(packed.n), "]");
+  }
+  TORCH_CHECK(!rows_overlap(residual_out, x), op, ": residual_out must not overlap x (other blocks still read x)");
+  check_cuda(norm_weight, "norm_weight");
+  TORCH_CHECK(norm_weight.scalar_type() == at::kHalf && norm_weight.dim() == 1 && norm_weight.size(0) == packed.n &&
+                  norm_weight.is_contiguous() && reinterpret_cast<uintptr_t>(norm_weight.data_ptr()) % 16 == 0,
+              op, ": norm_weight must be a contiguous, 16-byte aligned float16 [", num(packed.n), "]");
+  check_cuda(arrivals, "arrivals");
+  TORCH_CHECK(arrivals.scalar_type() == at::kInt && arrivals.numel() == 1, op,
+              ": arrivals must be one int32 counter, zero between launches");
+  const at::cuda::OptionalCUDAGuard guard(x.device());
+  // Each block's sums of squares, per row: a slot for every block any shape's grid has.
+  at::Tensor block_squares =
+      at::empty({p.rows * ((packed.n + kGemvMinFeaturesPerBlock - 1) / kGemvMinFeaturesPerBlock)},
+                x.options().dtype(at::kFloat));
+  p.out = out.data_ptr();
+  p.out_stride = out.stride(0);
+  p.residual_in = residual_in.data_ptr();
+  p.residual_out = residual_out.data_ptr();
+  p.norm_weight = norm_weight.data_ptr();
+  p.block_squares = block_squares.data_ptr<float>();
+  p.arrivals = reinterpret_cast<unsigned*>(arrivals.data_ptr<int>());
+  p.eps = static_cast<float>(eps);
+  run_quant_gemv<true>(p, packed, kind, false, shape, op);
 }
 
 void quant_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& group_params,

@@ -50,6 +50,10 @@ void qk_norm_rope_kv_write(at::Tensor& qkv, const at::Tensor& positions, const a
                            double eps, int64_t num_heads, at::Tensor& kv_cache, const at::Tensor& slot_mapping);
 void quant_gemv(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& group_params,
                 const std::optional<at::Tensor>& bias, int64_t kind, int64_t group_size, bool swiglu, int64_t shape);
+void quant_gemv_add_rms_norm(at::Tensor& out, at::Tensor& residual_out, const at::Tensor& x, const at::Tensor& weight,
+                             const at::Tensor& group_params, const std::optional<at::Tensor>& bias,
+                             const at::Tensor& residual_in, const at::Tensor& norm_weight, double eps,
+                             at::Tensor& arrivals, int64_t kind, int64_t group_size, int64_t shape);
 void quant_gemm(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& group_params,
                 const std::optional<at::Tensor>& bias, int64_t kind, int64_t group_size, int64_t block_m,
                 int64_t splits);
@@ -116,6 +120,10 @@ TORCH_LIBRARY(voltllm_C, m) {
       "quant_gemv(Tensor(a!) out, Tensor x, Tensor weight, Tensor group_params, Tensor? bias, int kind, "
       "int group_size, bool swiglu, int shape) -> ()");
   m.def(
+      "quant_gemv_add_rms_norm(Tensor(a!) out, Tensor(b!) residual_out, Tensor x, Tensor weight, "
+      "Tensor group_params, Tensor? bias, Tensor residual_in, Tensor norm_weight, float eps, Tensor(c!) arrivals, "
+      "int kind, int group_size, int shape) -> ()");
+  m.def(
       "quant_gemm(Tensor(a!) out, Tensor x, Tensor weight, Tensor group_params, Tensor? bias, int kind, "
       "int group_size, int block_m, int splits) -> ()");
   m.def(
@@ -154,6 +162,7 @@ TORCH_LIBRARY_IMPL(voltllm_C, CUDA, m) {
   m.impl("add_rms_norm_gemv", &voltllm::add_rms_norm_gemv);
   m.impl("qk_norm_rope_kv_write", &voltllm::qk_norm_rope_kv_write);
   m.impl("quant_gemv", &voltllm::quant_gemv);
+  m.impl("quant_gemv_add_rms_norm", &voltllm::quant_gemv_add_rms_norm);
   m.impl("quant_gemm", &voltllm::quant_gemm);
   m.impl("quant_gemm_stream", &voltllm::quant_gemm_stream);
   m.impl("quant_gemm_mma", &voltllm::quant_gemm_mma);

@@ -1,8 +1,9 @@
 """The quantized kernels on a GPU against `dequantize` then an fp32 product: every kind, bit width, group
-size and act-order, the GEMV at 1..8 rows (plain and SwiGLU), the WMMA GEMM at every row tile with and
-without split k, the weight-streaming GEMM at every fragment count, the SM80 register-dequantizing
-4-bit GEMM, the dense path, the row-count dispatch of `CudaQuantizedMatmul`, CUDA-graph capture, the
-packed memory size and the errors. Inputs are fresh random draws every run (the seed is printed)."""
+size and act-order, the GEMV at 1..8 rows (plain, SwiGLU, and with the add + RMSNorm epilogue), the
+WMMA GEMM at every row tile with and without split k, the weight-streaming GEMM at every fragment count,
+the SM80 register-dequantizing 4-bit GEMM, the dense path, the row-count dispatch of
+`CudaQuantizedMatmul`, CUDA-graph capture, the packed memory size and the errors. Inputs are fresh random
+draws every run (the seed is printed)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from quant_cases import CASES, QuantCase, make_weight
 
 from voltllm.layers.quantization.quantized_weight import QuantizedWeight, dequantize, quantized_matmul_for
 from voltllm.ops import quantized_linear as ql
+from voltllm.ops.norm import fused_add_rms_norm_ref
 
 cuda = pytest.mark.gpu
 SEED = int.from_bytes(os.urandom(4), "little")
@@ -82,6 +84,63 @@ def test_gemv_swiglu_epilogue(case: QuantCase, rows: int):
     out = ql.quant_gemv(ql.pack(weight), x, bias, swiglu=True)
     gate, up = _reference(weight, x, bias).to(torch.float16).float().chunk(2, dim=-1)
     _close(out, F.silu(gate) * up)
+
+
+def _add_norm_reference(weight, x, bias, residual, norm_weight, eps):
+    """The projection rounded to fp16 as the unfused layer stores it, then `fused_add_rms_norm`."""
+    return fused_add_rms_norm_ref(_reference(weight, x, bias).half(), residual, norm_weight, eps)
+
+
+@cuda
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("rows,shape", [(1, 0), (1, 1), (1, 2), (2, 0), (3, 0), (8, 0)])
+def test_gemv_add_norm_epilogue(case: QuantCase, rows: int, shape: int):
+    """The GEMV whose last block adds the projection into the residual and normalizes: every kind, each
+    one-row shape (n = 4,104: a partial last block) and more rows, twice in a row (the arrival counter
+    is back at zero after each launch)."""
+    n, k = 4104, 1024
+    weight, x, bias = _inputs(case, rows, n, k, ("add_norm", shape))
+    gen = _generator(case.name, rows, shape, "residual")
+    residual = torch.randn(rows, n, generator=gen).half().cuda()
+    norm_weight = (1 + 0.1 * torch.randn(n, generator=gen)).half().cuda()
+    packed = ql.pack(weight)
+    ref_normed, ref_residual = _add_norm_reference(weight, x, bias, residual, norm_weight, 1e-5)
+    for _ in range(2):
+        normed, new_residual = ql.quant_gemv_add_rms_norm(packed, x, residual, norm_weight, 1e-5, bias, shape)
+        _close(new_residual, ref_residual.float())
+        _close(normed, ref_normed.float())
+        assert ql.norm_arrivals(x.device).item() == 0
+    exact = fused_add_rms_norm_ref(torch.zeros_like(new_residual), new_residual, norm_weight, 1e-5)[0]
+    torch.testing.assert_close(normed.float(), exact.float(), atol=2e-3, rtol=2e-3)
+
+
+@cuda
+def test_add_norm_method_dispatch_and_graph_replay():
+    """`CudaQuantizedMatmul.add_rms_norm` runs the fused GEMV at decode rows (captured in a CUDA graph,
+    replayed with fresh inputs) and declines above them, where the caller runs the norm apart."""
+    n, k = 4096, 2048
+    weight, x, bias = _inputs(QuantCase("int", 4, 128), 1, n, k, "add_norm_graph")
+    residual = torch.randn(1, n, device="cuda").half()
+    norm_weight = (1 + 0.1 * torch.randn(n, device="cuda")).half()
+    matmul = ql.CudaQuantizedMatmul(weight)
+    assert matmul.add_rms_norm(torch.randn(16, k, device="cuda").half(), residual.expand(16, n).contiguous(),
+                               norm_weight, 1e-5) is None  # fmt: skip
+    static_x, static_residual = x.clone(), residual.clone()
+    matmul.add_rms_norm(static_x, static_residual, norm_weight, 1e-5, bias)  # warm-up
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_normed, static_new = matmul.add_rms_norm(static_x, static_residual, norm_weight, 1e-5, bias)
+    for _ in range(3):
+        fresh_x, fresh_residual = torch.randn_like(x), torch.randn_like(residual)
+        static_x.copy_(fresh_x)
+        static_residual.copy_(fresh_residual)
+        graph.replay()
+        ref_normed, ref_residual = _add_norm_reference(
+            weight, fresh_x, bias, fresh_residual, norm_weight, 1e-5
+        )
+        _close(static_new, ref_residual.float())
+        _close(static_normed, ref_normed.float())
 
 
 @cuda

@@ -1,8 +1,8 @@
-"""The quantized kernels (csrc/quantization/) on the CPU emulator (tests/kernels/emu): the GEMV (plain and
-with the SwiGLU epilogue), the WMMA GEMM (every row tile, with and without split k), the streaming
-GEMM, the SM80 register-dequantizing 4-bit GEMM and the dequantize kernel against `dequantize` then an
-fp32 product, for every kind, bit width, group size and act-order, with weights packed by
-`voltllm.ops.quantized_linear.pack` (the layout the GPU reads)."""
+"""The quantized kernels (csrc/quantization/) on the CPU emulator (tests/kernels/emu): the GEMV (plain,
+with the SwiGLU epilogue and with the add + RMSNorm one), the WMMA GEMM (every row tile, with and without
+split k), the streaming GEMM, the SM80 register-dequantizing 4-bit GEMM and the dequantize kernel against
+`dequantize` then an fp32 product, for every kind, bit width, group size and act-order, with weights
+packed by `voltllm.ops.quantized_linear.pack` (the layout the GPU reads)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from quant_cases import CASES, QuantCase, make_weight
 
 from voltllm.layers.quantization.quantized_weight import dequantize
 from voltllm.ops.activation import silu_and_mul_ref
+from voltllm.ops.norm import fused_add_rms_norm_ref
 from voltllm.ops.quantized_linear import (
     GEMV_ONE_ROW_SHAPES,
     PackedQuantWeight,
@@ -95,6 +96,57 @@ def test_gemv_matches_dequantize_then_matmul(emu, case: QuantCase, rows: int, sw
     # few hundred failed.
     relative = 5e-3 if swiglu else 3e-3
     torch.testing.assert_close(out.float(), ref, atol=_tolerance(ref, relative), rtol=0)
+
+
+# One case per kind and bit width, and act-order: the epilogue does not depend on the group layout.
+NORM_CASES = [c for c in CASES if c.name in {"int4-g128", "int4-g32-sym-actorder", "int8-g128", "fp8-g128"}]
+
+
+@pytest.mark.parametrize("case", NORM_CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("rows,shape", [(1, 0), (1, 1), (3, -1)])
+def test_gemv_add_norm_epilogue_normalizes_the_new_residual(emu, case: QuantCase, rows: int, shape: int):
+    """The GEMV with its add + RMSNorm epilogue equals the projection (rounded to fp16) then
+    `fused_add_rms_norm`, leaves the arrival counter at zero for the next launch, and gives the same
+    bits whichever block finishes last (the emulator's seed orders the blocks)."""
+    gen = torch.Generator().manual_seed(_case_seed(case.name, rows, shape, "norm"))
+    k, n = (2304, 40) if rows == 1 else (256, 40)  # n = 40: three or five blocks, the last one partial
+    weight = make_weight(case, n, k, gen)
+    packed = pack(weight)
+    x = torch.randn(rows, k, generator=gen).to(torch.float16)
+    bias = torch.randn(n, generator=gen).to(torch.float16)
+    residual = torch.randn(rows, n, generator=gen).to(torch.float16)
+    norm_weight = (1 + 0.1 * torch.randn(n, generator=gen)).to(torch.float16)
+    eps = 1e-5
+    projection = _reference(weight, x, bias).to(torch.float16)
+    ref_normed, ref_residual = fused_add_rms_norm_ref(projection, residual, norm_weight, eps)
+    xg = _gathered(packed, x)
+    arrivals = torch.zeros(1, dtype=torch.int32)
+    results = []
+    for seed in (7, 8):
+        normed = torch.full((rows, n), float("nan"), dtype=torch.float16)
+        new_residual = torch.full((rows, n), float("nan"), dtype=torch.float16)
+        block_squares = torch.full((rows * -(-n // 8),), float("nan"))
+        emu.emu_quant_gemv_add_norm(
+            ctypes.c_int(packed.kind), ptr(normed), ptr(new_residual), ptr(xg), ptr(packed.packed),
+            ptr(packed.group_params), ptr(bias), ptr(residual), ptr(norm_weight), ctypes.c_float(eps),
+            ptr(block_squares), ptr(arrivals), ctypes.c_longlong(normed.stride(0)),
+            ctypes.c_longlong(xg.stride(0)), ctypes.c_int(rows), ctypes.c_int(n), ctypes.c_int(k),
+            *_group_args(packed), ctypes.c_int(shape), ctypes.c_uint(seed),
+        )  # fmt: skip
+        assert arrivals.item() == 0, "the last block resets the counter"
+        results.append((normed, new_residual))
+    normed, new_residual = results[0]
+    assert torch.equal(normed, results[1][0]) and torch.equal(new_residual, results[1][1])
+    # The projection's fp16 products may round a sum one ulp apart from the reference's fp32 ones.
+    torch.testing.assert_close(
+        new_residual.float(), ref_residual.float(), atol=_tolerance(ref_residual.float()), rtol=0
+    )
+    torch.testing.assert_close(
+        normed.float(), ref_normed.float(), atol=_tolerance(ref_normed.float()), rtol=0
+    )
+    # Given the kernel's own sum, the norm is fused_add_rms_norm's up to the order of the squares' sum.
+    exact = fused_add_rms_norm_ref(torch.zeros_like(new_residual), new_residual, norm_weight, eps)[0]
+    torch.testing.assert_close(normed.float(), exact.float(), atol=2e-3, rtol=2e-3)
 
 
 # The cases that run every row tile, split k unevenly (the rest run block_m 16 with k split in two).

@@ -15,6 +15,12 @@ arithmetic. Weights are `[out_features, in_features]`, as in `torch.nn.Linear` a
 - `RowParallelLinear`: rank r holds columns (input features) r of tp_size of a sharded input; the
   outputs are summed over the ranks (all-reduce), the bias added once.
 
+Pre-norm blocks pass a `ResidualStream` from one sublayer to the next: the residual and the last
+sublayer's output, which the next norm adds in. A column layer after a norm takes the stream
+(`stream_forward`: its method may fold the add + norm into its kernel); a row layer that ends a block
+puts its output into the stream (`add_to_stream`: its method may run the add and the next norm in its
+own kernel instead, and hands on the normalized rows).
+
 Checkpoints store q/k/v and gate/up as separate matrices; each parameter's `weight_loader` takes one
 with its `shard_id` ("q"/"k"/"v", or the index into `output_sizes`) and copies this rank's slice into
 its rows, so the model's loader never needs to know which layers are fused or sharded. At
@@ -24,6 +30,7 @@ tp_size == 1 every layer is a plain one: no slicing, no collective.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -52,9 +59,21 @@ __all__ = [
     "MergedColumnParallelLinear",
     "QKVParallelLinear",
     "ReplicatedLinear",
+    "ResidualStream",
     "RowParallelLinear",
     "linear",
 ]
+
+
+class ResidualStream(NamedTuple):
+    """What passes between the sublayers of pre-norm blocks. `hidden` is the last sublayer's output, for
+    the next norm to add into `residual` and normalize; or, when `normed`, that norm's result already
+    (the model normalizes its embedding before the first layer; a projection ending a block may run the
+    add and the next norm in its kernel: `RowParallelLinear.add_to_stream`)."""
+
+    hidden: torch.Tensor
+    residual: torch.Tensor
+    normed: bool = False
 
 
 class LinearBase(nn.Module):
@@ -182,6 +201,13 @@ class ColumnParallelLinear(LinearBase):
             self, hidden, residual, norm, self.bias, self.swiglu
         )
         return (tensor_model_parallel_all_gather(out) if self.gather_output else out), residual
+
+    def stream_forward(self, stream: ResidualStream, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+        """`self(norm(hidden + residual))` of the stream (of `hidden` as it is when the stream is
+        normed already) and the new residual."""
+        if stream.normed:
+            return self(stream.hidden), stream.residual
+        return self.add_norm_forward(stream.hidden, stream.residual, norm)
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: int | str | None = None
@@ -354,6 +380,16 @@ class RowParallelLinear(LinearBase):
         if self.reduce_results and self.tp_size > 1:
             out = tensor_model_parallel_all_reduce(out)
         return out
+
+    def add_to_stream(self, x: torch.Tensor, residual: torch.Tensor, next_norm: RMSNorm) -> ResidualStream:
+        """`self(x)`, the output of a block, as the stream's next sublayer output. On one rank, where
+        the method can (`apply_then_add_rms_norm`: quantized GEMVs at decode rows), the projection's
+        kernel also adds it into `residual` and runs `next_norm`, and the stream comes back normed."""
+        if self.tp_size == 1 and self.reduce_results:
+            fused = self.linear_method.apply_then_add_rms_norm(self, x, residual, next_norm, self.bias)
+            if fused is not None:
+                return ResidualStream(*fused, normed=True)
+        return ResidualStream(self(x), residual)
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: int | str | None = None

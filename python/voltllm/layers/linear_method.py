@@ -6,10 +6,12 @@ decides everything about the weights themselves:
   rules (`voltllm.layers.parameter`): which dimension is the output and which the input, what is packed.
   The layer then loads checkpoint tensors into them, fused q/k/v and gate/up shards included, without
   knowing what they hold.
-- `apply` computes `x @ W^T + bias` from them; `apply_swiglu` and `apply_add_rms_norm` are the fused
-  forms the decoder asks for (SiLU-and-mul after a gate/up projection, a pre-norm block's residual add +
-  RMSNorm before one). Their defaults compose `apply` with the plain layers, so a method only
-  overrides what it can fuse.
+- `apply` computes `x @ W^T + bias` from them; `apply_swiglu`, `apply_add_rms_norm` and
+  `apply_then_add_rms_norm` are the fused forms the decoder asks for (SiLU-and-mul after a gate/up
+  projection; a pre-norm block's residual add + RMSNorm run before the projection that follows the
+  norm, or after the projection that ends the block before it). The first two default to composing
+  `apply` with the plain layers, the last to None (not fused: the next projection gets the add), so a
+  method only overrides what it can fuse.
 - `process_weights_after_loading` may repack what was loaded (a kernel's preferred layout).
 
 `UnquantizedLinearMethod` holds one dense `[out, in]` weight and keeps the decode fast paths: the GEMV
@@ -80,6 +82,19 @@ class LinearMethodBase(ABC):
         normed, residual = norm(hidden, residual)
         apply = self.apply_swiglu if swiglu else self.apply
         return apply(layer, normed, bias), residual
+
+    def apply_then_add_rms_norm(
+        self,
+        layer: nn.Module,
+        x: torch.Tensor,  # [T, in]
+        residual: torch.Tensor,  # [T, out]
+        norm: RMSNorm,
+        bias: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """`norm(apply(x) + residual)` and the new residual where the method runs the add and the norm
+        in its projection's kernel (the projection that ends a pre-norm block); None where it does not,
+        and the caller leaves them to the next projection (`apply_add_rms_norm`)."""
+        return None
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:  # noqa: B027 - optional hook
         """Called once after every checkpoint tensor is in place."""

@@ -29,7 +29,12 @@ from torch import nn
 
 from voltllm.layers.attention import Attention, AttentionBackend, AttentionMetadata, AttentionSpec
 from voltllm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from voltllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from voltllm.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    ResidualStream,
+    RowParallelLinear,
+)
 from voltllm.layers.norm import RMSNorm
 from voltllm.layers.quantization import QuantizationConfig
 from voltllm.layers.rotary import RotaryEmbedding, rope_parameters_of
@@ -198,17 +203,7 @@ class DecoderAttention(nn.Module):
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
-        return self.attend(positions, self.qkv_proj(hidden), kv_cache, metadata)
-
-    def attend(
-        self,
-        positions: torch.Tensor,
-        qkv: torch.Tensor,  # [T, q_size + 2 * kv_size]: the qkv projection of the normed hidden rows
-        kv_cache: torch.Tensor,
-        metadata: AttentionMetadata,
-    ) -> torch.Tensor:
-        """Everything after the qkv projection (which a decoder layer may fuse with its input norm)."""
-        return self.o_proj(self.attn(positions, qkv, kv_cache, metadata))
+        return self.o_proj(self.attn(positions, self.qkv_proj(hidden), kv_cache, metadata))
 
 
 class GatedMLP(nn.Module):
@@ -245,13 +240,11 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.gate_up_proj(x))
 
-    def add_norm_forward(
-        self, hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`self(norm(hidden + residual))` with the add and norm folded into gate/up where the method
-        can; returns `(out, new_residual)`."""
-        gated, residual = self.gate_up_proj.add_norm_forward(hidden, residual, norm)
-        return self.down_proj(gated), residual
+    def stream_forward(self, stream: ResidualStream, norm: RMSNorm, next_norm: RMSNorm) -> ResidualStream:
+        """`self(norm(stream))` into the stream: the add and `norm` folded into gate/up, or the add and
+        `next_norm` into down, where the methods can."""
+        gated, residual = self.gate_up_proj.stream_forward(stream, norm)
+        return self.down_proj.add_to_stream(gated, residual, next_norm)
 
 
 def build_mlp(
@@ -282,10 +275,11 @@ def build_mlp(
 class DecoderLayer(nn.Module):
     """Pre-norm block; the residual stream is carried separately so the norms can fuse the add.
 
-    Each norm after the first hands its residual add + RMSNorm to the projection after it
-    (`add_norm_forward`), whose linear method folds them into its GEMV at decode batch sizes on a GPU
-    (qkv, and gate/up with SiLU-and-mul as its epilogue): two launches fewer per layer. The MLP is
-    dense (`GatedMLP`) or, on a mixture-of-experts model's sparse layers, a `SparseMoeBlock`.
+    Each norm's residual add + RMSNorm runs inside a projection at decode batch sizes on a GPU, two
+    launches fewer per layer: the projection after it folds them into its GEMV's prologue (fp16: qkv,
+    and gate/up with SiLU-and-mul as its epilogue), or the projection before it (o and down; quantized
+    GEMVs) runs them after its own, and the stream arrives normed (`ResidualStream`). The MLP is dense
+    (`GatedMLP`) or, on a mixture-of-experts model's sparse layers, a `SparseMoeBlock`.
     """
 
     def __init__(
@@ -311,19 +305,16 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         positions: torch.Tensor,
-        hidden: torch.Tensor,
-        residual: torch.Tensor | None,
+        stream: ResidualStream,
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        next_norm: RMSNorm,  # the next layer's input norm, or the model's final norm
+    ) -> ResidualStream:
         attn = self.self_attn
-        if residual is None:  # the first layer: no residual stream to add yet
-            residual = hidden
-            qkv = attn.qkv_proj(self.input_layernorm(hidden))
-        else:
-            qkv, residual = attn.qkv_proj.add_norm_forward(hidden, residual, self.input_layernorm)
-        hidden = attn.attend(positions, qkv, kv_cache, metadata)
-        return self.mlp.add_norm_forward(hidden, residual, self.post_attention_layernorm)
+        qkv, residual = attn.qkv_proj.stream_forward(stream, self.input_layernorm)
+        attended = attn.attn(positions, qkv, kv_cache, metadata)
+        stream = attn.o_proj.add_to_stream(attended, residual, self.post_attention_layernorm)
+        return self.mlp.stream_forward(stream, self.post_attention_layernorm, next_norm)
 
 
 class DecoderModel(nn.Module):
@@ -368,11 +359,15 @@ class DecoderModel(nn.Module):
         metadata: AttentionMetadata,
         kv_caches: list[torch.Tensor],
     ) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
-        residual = None
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden, residual = layer(positions, hidden, residual, kv_cache, metadata)
-        hidden, _ = self.norm(hidden, residual)
+        embedded = self.embed_tokens(input_ids)
+        # The first layer's input norm has no sublayer output to add: it runs here, on the embedding.
+        stream = ResidualStream(self.layers[0].input_layernorm(embedded), embedded, normed=True)
+        next_norms = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
+        for layer, kv_cache, next_norm in zip(self.layers, kv_caches, next_norms, strict=True):
+            stream = layer(positions, stream, kv_cache, metadata, next_norm)
+        if stream.normed:  # the last projection ran the final norm
+            return stream.hidden
+        hidden, _ = self.norm(stream.hidden, stream.residual)
         return hidden
 
 

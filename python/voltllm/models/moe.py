@@ -26,7 +26,7 @@ from torch import nn
 
 from voltllm.distributed import get_tensor_model_parallel_world_size, tensor_model_parallel_all_reduce
 from voltllm.layers.fused_moe import FusedMoE
-from voltllm.layers.linear import ReplicatedLinear
+from voltllm.layers.linear import ReplicatedLinear, ResidualStream
 from voltllm.layers.norm import RMSNorm
 from voltllm.layers.quantization import QuantizationConfig
 from voltllm.models.checkpoint import ExpertShard, FusedShard
@@ -144,9 +144,10 @@ class SparseMoeBlock(nn.Module):
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return tensor_model_parallel_all_reduce(out) if self.tp_size > 1 else out
 
-    def add_norm_forward(
-        self, hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`self(norm(hidden + residual))` and the new residual (the decoder layer's MLP interface)."""
-        normed, residual = norm(hidden, residual)
-        return self(normed), residual
+    def stream_forward(self, stream: ResidualStream, norm: RMSNorm, next_norm: RMSNorm) -> ResidualStream:
+        """`self(norm(stream))` into the stream (the decoder layer's MLP interface); the norm runs as
+        its own kernel and `next_norm` is left to the next layer."""
+        normed, residual = (
+            (stream.hidden, stream.residual) if stream.normed else norm(stream.hidden, stream.residual)
+        )
+        return ResidualStream(self(normed), residual)

@@ -236,6 +236,57 @@ def quant_gemv(
     return out
 
 
+# One arrival counter per device for the GEMV's add + RMSNorm epilogue: zero between launches (each
+# launch's last block resets it), so every launch on the device's stream can share it.
+_ARRIVALS: dict[torch.device, torch.Tensor] = {}
+
+
+def norm_arrivals(device: torch.device) -> torch.Tensor:
+    """The device's arrival counter for `quant_gemv_add_rms_norm`, made on first use. Make it before a
+    CUDA graph is captured (`CudaQuantizedMatmul` does so when it is built): a counter made during a
+    capture would live in the graph's memory pool."""
+    counter = _ARRIVALS.get(device)
+    if counter is None:
+        counter = _ARRIVALS[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return counter
+
+
+def quant_gemv_add_rms_norm(
+    weight: PackedQuantWeight,
+    x: torch.Tensor,  # [rows, in]
+    residual: torch.Tensor,  # [rows, out]
+    norm_weight: torch.Tensor,  # [out]
+    eps: float,
+    bias: torch.Tensor | None = None,
+    shape: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`rms_norm(residual + (x @ W^T + bias)) * norm_weight` and the new residual, for 1..GEMV_MAX_ROWS
+    rows, in the GEMV's one launch: the last of its blocks normalizes the rows (the projection that
+    ends a pre-norm block hands the next projection its normalized input). `residual` is left as it
+    was. Equals the projection then `fused_add_rms_norm`, but for the order in which the squares are
+    summed."""
+    x = _gather_columns(x, weight.column_order)
+    rows, out_features = x.shape[0], weight.shape[0]
+    normed = torch.empty(rows, out_features, dtype=torch.float16, device=x.device)
+    new_residual = torch.empty_like(residual)
+    kernel_ops().quant_gemv_add_rms_norm(
+        normed,
+        new_residual,
+        x,
+        weight.packed,
+        weight.group_params,
+        bias,
+        residual,
+        norm_weight,
+        eps,
+        norm_arrivals(x.device),
+        weight.kind,
+        weight.group_size,
+        shape,
+    )
+    return normed, new_residual
+
+
 def quant_gemm(
     weight: PackedQuantWeight,
     x: torch.Tensor,
@@ -341,6 +392,7 @@ class CudaQuantizedMatmul:
         load()  # the kernels, built on first use
         self.weight = pack(weight)
         self.mma = mma_gemm_applies(self.weight, weight.codes.device)
+        norm_arrivals(weight.codes.device)  # before any CUDA graph capture
 
     def _check(self, x: torch.Tensor) -> None:
         if x.dtype != torch.float16:
@@ -366,3 +418,29 @@ class CudaQuantizedMatmul:
         if x.shape[0] <= GEMV_DISPATCH_MAX_ROWS:
             return quant_gemv(self.weight, x, bias, swiglu=True)
         return silu_and_mul(self(x, bias))
+
+    def add_rms_norm(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        norm_weight: torch.Tensor,
+        eps: float,
+        bias: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """`rms_norm(residual + self(x, bias)) * norm_weight` and the new residual, in the GEMV's launch
+        (`quant_gemv_add_rms_norm`) for decode rows; None where that kernel does not apply (more rows,
+        or operands it does not take), and the caller runs the projection and the norm apart."""
+        self._check(x)
+        out_features = self.weight.shape[0]
+        if not (
+            x.shape[0] <= GEMV_DISPATCH_MAX_ROWS
+            and out_features % 8 == 0
+            and residual.dtype == torch.float16
+            and residual.shape == (x.shape[0], out_features)
+            and residual.is_contiguous()
+            and norm_weight.dtype == torch.float16
+            and norm_weight.shape == (out_features,)
+            and norm_weight.is_contiguous()
+        ):
+            return None
+        return quant_gemv_add_rms_norm(self.weight, x, residual, norm_weight, eps, bias)

@@ -101,6 +101,12 @@ def _stream_args(kind: int, m_frags: int, n_frags: int) -> str:
     return f"{kind}, {m_frags}, {n_frags}"
 
 
+# quant_gemv_kernel's shape arguments at more than one row (the defaults), spelled out.
+_DEFAULT_GEMV_SHAPE_ARGS = (
+    "voltllm::kQuantGemvMats, voltllm::kQuantGemvUnroll, voltllm::kQuantGemvWarps, 1, 1, false"
+)
+
+
 def _one_row_shape_args(index: int) -> str:
     shape = f"voltllm::QuantGemvOneRowShape<{index}>"
     fields = ("kMats", "kUnroll", "kWarps", "kSplit", "kPrefetch", "kNoL1")
@@ -122,6 +128,17 @@ def _quantization() -> dict[str, list[str]]:
                 f"voltllm::quant_gemv_kernel<{kind}, 1, {swiglu}, {_one_row_shape_args(index)}>"
                 for kind in kinds
                 for swiglu in ("false", "true")
+                for index in range(QUANT_GEMV_ONE_ROW_SHAPES)
+            ),
+            # With the add + RMSNorm epilogue (ADD_NORM, the last template argument).
+            *(
+                f"voltllm::quant_gemv_kernel<{kind}, {rows}, false, {_DEFAULT_GEMV_SHAPE_ARGS}, true>"
+                for kind in kinds
+                for rows in QUANT_GEMV_ROWS
+            ),
+            *(
+                f"voltllm::quant_gemv_kernel<{kind}, 1, false, {_one_row_shape_args(index)}, true>"
+                for kind in kinds
                 for index in range(QUANT_GEMV_ONE_ROW_SHAPES)
             ),
         ],

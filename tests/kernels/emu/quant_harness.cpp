@@ -76,14 +76,10 @@ dim3 split_gemm_grid(int m, int n, int splits) {
   return dim3((m + Tr::kXRows - 1) / Tr::kXRows, (n + Tr::kBlockFeatures - 1) / Tr::kBlockFeatures, splits);
 }
 
-}  // namespace
-
-extern "C" {
-
-// The GEMV at `rows` rows: for one row the built shape QuantGemvOneRowShape<shape>, else the default.
-void emu_quant_gemv(int kind, void* out, const void* x, const void* weight, const void* group_params,
-                    const void* bias, long long out_stride, long long x_stride, int rows, int n, int k,
-                    int num_groups, int chunk_group_shift, int swiglu, int shape, unsigned seed) {
+// The GEMV's params but for the epilogue's fields.
+voltllm::QuantGemvParams gemv_params(void* out, const void* x, const void* weight, const void* group_params,
+                                     const void* bias, long long out_stride, long long x_stride, int rows, int n,
+                                     int k, int num_groups, int chunk_group_shift) {
   voltllm::QuantGemvParams p{};
   p.out = out;
   p.x = x;
@@ -97,27 +93,37 @@ void emu_quant_gemv(int kind, void* out, const void* x, const void* weight, cons
   p.k = k;
   p.num_groups = num_groups;
   p.chunk_group_shift = chunk_group_shift;
+  return p;
+}
+
+enum GemvEpilogue { kPlain = 0, kSwiglu = 1, kAddNorm = 2 };
+
+// Runs the GEMV of `p` with `epilogue`: for one row the built shape QuantGemvOneRowShape<shape>, else
+// the default.
+void run_gemv(const voltllm::QuantGemvParams& p, int kind, int epilogue, int shape, unsigned seed) {
   const auto run = [&](auto kind_c, auto rows_c, auto shape_c) {
     constexpr int K = decltype(kind_c)::value, R = decltype(rows_c)::value;
     using S = decltype(shape_c);
     constexpr int groups_per_block = S::kWarps / S::kSplit;
-    constexpr int smem = voltllm::quant_gemv_smem_bytes<R, S::kMats, S::kWarps, S::kSplit>();
-    if (swiglu) {
-      const int per_block = voltllm::quant_gemv_features_per_block<true, S::kMats, groups_per_block>();
-      emu::launch(dim3((n + per_block - 1) / per_block), dim3(32 * S::kWarps), smem, [&] {
-        voltllm::quant_gemv_kernel<K, R, true, S::kMats, S::kUnroll, S::kWarps, S::kSplit, S::kPrefetch, S::kNoL1>(p);
+    const auto launch = [&](auto swiglu_c, auto add_norm_c) {
+      constexpr bool SWIGLU = decltype(swiglu_c)::value, ADD_NORM = decltype(add_norm_c)::value;
+      constexpr int smem = voltllm::quant_gemv_smem_bytes<R, S::kMats, S::kWarps, S::kSplit, ADD_NORM>();
+      const int per_block = voltllm::quant_gemv_features_per_block<SWIGLU, S::kMats, groups_per_block>();
+      emu::launch(dim3((p.n + per_block - 1) / per_block), dim3(32 * S::kWarps), smem, [&] {
+        voltllm::quant_gemv_kernel<K, R, SWIGLU, S::kMats, S::kUnroll, S::kWarps, S::kSplit, S::kPrefetch, S::kNoL1,
+                                   ADD_NORM>(p);
       }, seed);
-    } else {
-      const int per_block = voltllm::quant_gemv_features_per_block<false, S::kMats, groups_per_block>();
-      emu::launch(dim3((n + per_block - 1) / per_block), dim3(32 * S::kWarps), smem, [&] {
-        voltllm::quant_gemv_kernel<K, R, false, S::kMats, S::kUnroll, S::kWarps, S::kSplit, S::kPrefetch, S::kNoL1>(p);
-      }, seed);
-    }
+    };
+    using Off = std::false_type;
+    using On = std::true_type;
+    if (epilogue == kSwiglu) return launch(On{}, Off{});
+    if (epilogue == kAddNorm) return launch(Off{}, On{});
+    launch(Off{}, Off{});
   };
   using Default = voltllm::QuantGemvShapeOf<voltllm::kQuantGemvMats, voltllm::kQuantGemvUnroll,
                                             voltllm::kQuantGemvWarps, 1, 1, false>;
   dispatch_kind(kind, [&](auto kind_c) {
-    if (rows > 1) return dispatch_rows(rows, [&](auto rows_c) { run(kind_c, rows_c, Default{}); });
+    if (p.rows > 1) return dispatch_rows(p.rows, [&](auto rows_c) { run(kind_c, rows_c, Default{}); });
     const std::integral_constant<int, 1> one{};
     static_assert(voltllm::kQuantGemvOneRowShapes == 2, "one case per built shape");
     switch (shape) {
@@ -126,6 +132,37 @@ void emu_quant_gemv(int kind, void* out, const void* x, const void* weight, cons
       default: emu::fail("one-row GEMV shape");
     }
   });
+}
+
+}  // namespace
+
+extern "C" {
+
+// The GEMV at `rows` rows: for one row the built shape QuantGemvOneRowShape<shape>, else the default.
+void emu_quant_gemv(int kind, void* out, const void* x, const void* weight, const void* group_params,
+                    const void* bias, long long out_stride, long long x_stride, int rows, int n, int k,
+                    int num_groups, int chunk_group_shift, int swiglu, int shape, unsigned seed) {
+  const auto p = gemv_params(out, x, weight, group_params, bias, out_stride, x_stride, rows, n, k, num_groups,
+                             chunk_group_shift);
+  run_gemv(p, kind, swiglu ? kSwiglu : kPlain, shape, seed);
+}
+
+// The GEMV with its add + RMSNorm epilogue: out = rms_norm(residual_in + x @ W^T (+ bias)) * norm_weight,
+// residual_out the sum. block_squares: rows * (blocks of the grid) floats; arrivals: one zeroed counter.
+void emu_quant_gemv_add_norm(int kind, void* out, void* residual_out, const void* x, const void* weight,
+                             const void* group_params, const void* bias, const void* residual_in,
+                             const void* norm_weight, float eps, float* block_squares, unsigned* arrivals,
+                             long long out_stride, long long x_stride, int rows, int n, int k, int num_groups,
+                             int chunk_group_shift, int shape, unsigned seed) {
+  auto p = gemv_params(out, x, weight, group_params, bias, out_stride, x_stride, rows, n, k, num_groups,
+                       chunk_group_shift);
+  p.residual_in = residual_in;
+  p.residual_out = residual_out;
+  p.norm_weight = norm_weight;
+  p.eps = eps;
+  p.block_squares = block_squares;
+  p.arrivals = arrivals;
+  run_gemv(p, kind, kAddNorm, shape, seed);
 }
 
 // `partial`: a zeroed fp32 [m, n] buffer, used (with the finalize kernel) when splits > 1.

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from voltllm.layers.linear_method import LinearMethodBase
+from voltllm.layers.norm import RMSNorm
 from voltllm.layers.parameter import set_weight_attrs
 from voltllm.layers.quantization.quantized_weight import (
     QuantizedMatmul,
@@ -32,7 +33,13 @@ DUMMY_WEIGHT_RANGE = 0.02
 
 
 class QuantizedLinearMethod(LinearMethodBase):
-    """Base of the formats' linear methods; subclasses create their parameters and convert them."""
+    """Base of the formats' linear methods; subclasses create their parameters and convert them.
+
+    `fold_norm_after = False` (on the class, for A/B timing) runs each pre-norm block's residual add +
+    RMSNorm as its own kernel instead of in the GEMV of the projection before it.
+    """
+
+    fold_norm_after = True
 
     def __init__(self) -> None:
         self.checkpoint_params: list[str] = []  # names create_weights registered, dropped after loading
@@ -76,6 +83,19 @@ class QuantizedLinearMethod(LinearMethodBase):
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
         return _matmul_of(layer).swiglu(x, bias)  # the kernels fold SiLU-and-mul into their epilogue
+
+    def apply_then_add_rms_norm(
+        self,
+        layer: nn.Module,
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        norm: RMSNorm,
+        bias: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        # Decode rows on a GPU: the GEMV's last block adds and normalizes (a norm kernel saved per block).
+        if not self.fold_norm_after:
+            return None
+        return _matmul_of(layer).add_rms_norm(x, residual, norm.weight, norm.eps, bias)
 
 
 def _matmul_of(layer: nn.Module) -> QuantizedMatmul:

@@ -109,6 +109,18 @@ class QuantizedMatmul(Protocol):
         `[T, out / 2]`, fused into the kernel's epilogue where it has one."""
         ...
 
+    def add_rms_norm(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        norm_weight: torch.Tensor,
+        eps: float,
+        bias: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """`rms_norm(residual + self(x, bias)) * norm_weight` and the new residual where the kernel runs
+        the add and the norm in its epilogue; None where it does not (the caller runs them apart)."""
+        ...
+
 
 class TorchQuantizedMatmul:
     """The reference: dequantize in the activation's dtype, then a torch GEMM (CPU, and GPUs without a
@@ -122,6 +134,16 @@ class TorchQuantizedMatmul:
 
     def swiglu(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return swiglu(self(x, bias))
+
+    def add_rms_norm(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        norm_weight: torch.Tensor,
+        eps: float,
+        bias: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return None  # no fused form: the norm runs as the next projection's
 
 
 def quantized_matmul_for(weight: QuantizedWeight) -> QuantizedMatmul:
