@@ -191,8 +191,8 @@ __device__ __forceinline__ float store_gemv_row(const QuantGemvParams& p, int gr
     const float b = bias ? __half2float(bias[gemv_row_of<SWIGLU, MATS>(group, m, p.n)]) : 0.f;
     value[m] = __half2float(__float2half_rn(sum[m] + b));
   }
-#pragma unroll
   float squares = 0.f;
+#pragma unroll
   for (int f = 0; f < kFeats; ++f) {
     const int feature = group * kFeats + f;
     if (feature >= p.n) break;
@@ -333,9 +333,10 @@ __device__ __forceinline__ void finish_add_rms_norm(const QuantGemvParams& p, co
   float* scratch = smem + WARPS * ROWS;       // [WARPS]
   float* last = scratch + WARPS;              // 1 in the last block to arrive
   const int warp = threadIdx.x >> 5;
-  if ((threadIdx.x & 31) == 0)
+  if ((threadIdx.x & 31) == 0) {
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) warp_squares[warp * ROWS + r] = squares[r];
+  }
   __syncthreads();
   if (threadIdx.x == 0) {
     for (int r = 0; r < p.rows; ++r) {

@@ -274,13 +274,15 @@ void quant_gemv_add_rms_norm(at::Tensor& out, at::Tensor& residual_out, const at
   TORCH_CHECK(packed.n % 8 == 0, op, ": the norm takes 16-byte vectors: n = ", num(packed.n), " is not a multiple of 8");
   check_out(out, p.rows, packed.n, op);
   TORCH_CHECK(vec8_ok(out, packed.n), op, ": out rows must be 16-byte aligned");
-  for (const at::Tensor* t : {&residual_out, &residual_in}) {
-    check_cuda(*t, "residual");
-    TORCH_CHECK(t->scalar_type() == at::kHalf && t->dim() == 2 && t->size(0) == p.rows && t->size(1) == packed.n &&
-                    t->is_contiguous() && vec8_ok(*t, packed.n),
-                op, ": residual_in and residual_out must be contiguous, 16-byte aligned float16 [", num(p.rows), ", ",
-                num(packed.n), "]");
-  }
+  const auto check_residual = [&](const at::Tensor& t, const char* name) {
+    check_cuda(t, name);
+    TORCH_CHECK(t.scalar_type() == at::kHalf && t.dim() == 2 && t.size(0) == p.rows && t.size(1) == packed.n &&
+                    t.is_contiguous() && vec8_ok(t, packed.n),
+                op, ": ", name, " must be a contiguous, 16-byte aligned float16 [", num(p.rows), ", ", num(packed.n),
+                "]");
+  };
+  check_residual(residual_in, "residual_in");
+  check_residual(residual_out, "residual_out");
   TORCH_CHECK(!rows_overlap(residual_out, x), op, ": residual_out must not overlap x (other blocks still read x)");
   check_cuda(norm_weight, "norm_weight");
   TORCH_CHECK(norm_weight.scalar_type() == at::kHalf && norm_weight.dim() == 1 && norm_weight.size(0) == packed.n &&
