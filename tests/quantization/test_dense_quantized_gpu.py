@@ -8,13 +8,10 @@ to shapes the kernels take (head size 64, hidden and intermediate sizes multiple
 from __future__ import annotations
 
 import pytest
-import torch
 from checkpoints import Format, save_quantized_model
-from test_moe_quantized_gpu import _engine
-from tiny_models import engine_prompts
+from test_moe_quantized_gpu import assert_graphs_match_eager
 
 from voltllm.layers.quantization.quantized_method import QuantizedLinearMethod
-from voltllm.protocol import EngineCoreRequest, EngineSamplingParams
 
 pytestmark = pytest.mark.gpu
 
@@ -26,8 +23,10 @@ FORMATS = {
 }
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
-@pytest.mark.parametrize("fmt_name", list(FORMATS))
+CASES = [("llama", "awq-g32"), ("qwen3", "gptq-8bit-g32-act_order"), ("llama", "fp8-block32")]
+
+
+@pytest.mark.parametrize(("arch", "fmt_name"), CASES, ids=[f"{a}-{f}" for a, f in CASES])
 def test_block_ends_fold_the_next_norm_and_graphs_match_eager(
     arch: str, fmt_name: str, tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -41,23 +40,6 @@ def test_block_ends_fold_the_next_norm_and_graphs_match_eager(
         return result
 
     monkeypatch.setattr(QuantizedLinearMethod, "apply_then_add_rms_norm", counting)
-    outputs = []
-    for eager in (True, False):
-        engine = _engine(tmp_path, eager)
-        prompts = engine_prompts(engine.vocab_size, 12)
-        requests = [
-            EngineCoreRequest(
-                str(i), p, EngineSamplingParams(temperature=0.0, max_tokens=8 + 2 * i, ignore_eos=True), 0.0
-            )
-            for i, p in enumerate(prompts)
-        ]
-        out = engine.generate_token_ids(requests)
-        outputs.append({rid: o.new_token_ids for rid, o in out.items()})
-        del engine
-        torch.cuda.empty_cache()
+    assert_graphs_match_eager(tmp_path)
     # Decode steps of up to 3 rows took the fused GEMV; prefill chunks and larger batches did not.
     assert any(fused_calls) and not all(fused_calls)
-    differing = {
-        rid: (outputs[0][rid], outputs[1][rid]) for rid in outputs[0] if outputs[0][rid] != outputs[1][rid]
-    }
-    assert not differing, f"eager vs graphs differ: {differing}"

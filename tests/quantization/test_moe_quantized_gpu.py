@@ -6,6 +6,8 @@ hidden size and expert width multiples of 64)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from checkpoints import Format
@@ -47,22 +49,16 @@ def _engine(model_dir, eager: bool) -> LLMEngine:
     )
 
 
-@pytest.mark.parametrize(("model", "fmt_name"), CASES, ids=[f"{m}-{f}" for m, f in CASES])
-def test_quantized_experts_run_the_kernels_and_graphs_match_eager(
-    model: str, fmt_name: str, tmp_path
+def assert_graphs_match_eager(
+    model_dir, check_engine: Callable[[LLMEngine], None] = lambda engine: None
 ) -> None:
-    if GPU_FORMATS[fmt_name].method == "compressed-tensors":
-        pytest.importorskip("compressed_tensors")  # the checkpoint writer packs with the reference library
-    save_quantized_moe(model, _routers_kept_dense(model, GPU_FORMATS[fmt_name]), tmp_path, sizes=SIZES)
+    """The engine's greedy outputs on `engine_prompts` are the same eager and with CUDA graphs, token for
+    token; `check_engine` looks at each engine before it runs."""
     outputs = []
     for eager in (True, False):
-        engine = _engine(tmp_path, eager)
-        experts = [m for m in engine.core.runner.model.modules() if isinstance(m, FusedMoE)]
-        assert experts
-        for layer in experts:
-            assert layer.quantized_kernels_unsupported is None, layer.quantized_kernels_unsupported
-            assert hasattr(layer, "w13_packed") and not hasattr(layer, "w13_experts")
+        engine = _engine(model_dir, eager)
         assert (engine.core.runner.graphs is None) == eager
+        check_engine(engine)
         prompts = engine_prompts(engine.vocab_size, 12)
         requests = [
             EngineCoreRequest(
@@ -78,3 +74,21 @@ def test_quantized_experts_run_the_kernels_and_graphs_match_eager(
         rid: (outputs[0][rid], outputs[1][rid]) for rid in outputs[0] if outputs[0][rid] != outputs[1][rid]
     }
     assert not differing, f"eager vs graphs differ: {differing}"
+
+
+@pytest.mark.parametrize(("model", "fmt_name"), CASES, ids=[f"{m}-{f}" for m, f in CASES])
+def test_quantized_experts_run_the_kernels_and_graphs_match_eager(
+    model: str, fmt_name: str, tmp_path
+) -> None:
+    if GPU_FORMATS[fmt_name].method == "compressed-tensors":
+        pytest.importorskip("compressed_tensors")  # the checkpoint writer packs with the reference library
+    save_quantized_moe(model, _routers_kept_dense(model, GPU_FORMATS[fmt_name]), tmp_path, sizes=SIZES)
+
+    def experts_on_the_kernels(engine: LLMEngine) -> None:
+        experts = [m for m in engine.core.runner.model.modules() if isinstance(m, FusedMoE)]
+        assert experts
+        for layer in experts:
+            assert layer.quantized_kernels_unsupported is None, layer.quantized_kernels_unsupported
+            assert hasattr(layer, "w13_packed") and not hasattr(layer, "w13_experts")
+
+    assert_graphs_match_eager(tmp_path, experts_on_the_kernels)
