@@ -336,6 +336,7 @@ __device__ __forceinline__ void finish_add_rms_norm(const QuantGemvParams& p, co
   if ((threadIdx.x & 31) == 0) {
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) warp_squares[warp * ROWS + r] = squares[r];
+    __threadfence();  // this lane's residual_out stores, device-wide, before the block's ticket
   }
   __syncthreads();
   if (threadIdx.x == 0) {
