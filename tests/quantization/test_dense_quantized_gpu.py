@@ -40,6 +40,7 @@ def test_block_ends_fold_the_next_norm_and_graphs_match_eager(
         return result
 
     monkeypatch.setattr(QuantizedLinearMethod, "apply_then_add_rms_norm", counting)
+    monkeypatch.setattr(QuantizedLinearMethod, "fold_norm_after", True)
     assert_graphs_match_eager(tmp_path)
     # Decode steps of up to 3 rows took the fused GEMV; prefill chunks and larger batches did not.
     assert any(fused_calls) and not all(fused_calls)

@@ -35,11 +35,13 @@ DUMMY_WEIGHT_RANGE = 0.02
 class QuantizedLinearMethod(LinearMethodBase):
     """Base of the formats' linear methods; subclasses create their parameters and convert them.
 
-    `fold_norm_after = False` (on the class, for A/B timing) runs each pre-norm block's residual add +
-    RMSNorm as its own kernel instead of in the GEMV of the projection before it.
+    `fold_norm_after` (on the class) runs each pre-norm block's residual add + RMSNorm in the GEMV of the
+    projection before it (`quant_gemv_add_rms_norm`) instead of as a kernel of its own. Off until it has
+    run on a GPU: built and tested on the CPU emulator in session 18, when no GPU was lent
+    (`tools/gpu_requests/norm_fold.sh` runs its GPU tests and times it against the norms apart).
     """
 
-    fold_norm_after = True
+    fold_norm_after = False
 
     def __init__(self) -> None:
         self.checkpoint_params: list[str] = []  # names create_weights registered, dropped after loading
