@@ -345,7 +345,7 @@ __device__ __forceinline__ void finish_add_rms_norm(const QuantGemvParams& p, co
       for (int w = 0; w < WARPS; ++w) block_total += warp_squares[w * ROWS + r];
       p.block_squares[static_cast<long long>(r) * gridDim.x + blockIdx.x] = block_total;
     }
-    __threadfence();  // the sums and this block's residual_out stores before its ticket
+    __threadfence();  // the block's sums of squares before its ticket
     *last = atomicAdd(p.arrivals, 1u) == gridDim.x - 1 ? 1.f : 0.f;
   }
   __syncthreads();

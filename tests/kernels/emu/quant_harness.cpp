@@ -41,6 +41,27 @@ void dispatch_block_m(int block_m, Fn&& fn) {
   }
 }
 
+// The fields every quantized kernel's params name alike (QuantGemvParams, QuantStreamParams): the
+// operands, their strides and the packed weight's shape.
+template <typename Params>
+Params packed_operand_params(void* out, const void* x, const void* weight, const void* group_params,
+                             const void* bias, long long out_stride, long long x_stride, int n, int k,
+                             int num_groups, int chunk_group_shift) {
+  Params p{};
+  p.out = out;
+  p.x = x;
+  p.weight = static_cast<const uint4*>(weight);
+  p.group_params = static_cast<const unsigned*>(group_params);
+  p.bias = bias;
+  p.out_stride = out_stride;
+  p.x_stride = x_stride;
+  p.n = n;
+  p.k = k;
+  p.num_groups = num_groups;
+  p.chunk_group_shift = chunk_group_shift;
+  return p;
+}
+
 // The streaming and mma GEMMs' parameters, k cut into `splits` splits of whole `block_k`-column chunks
 // (as the glue cuts it: no empty split, so `splits` may shrink).
 voltllm::QuantStreamParams split_gemm_params(int block_k, int& splits, void* out, float* partial,
@@ -51,21 +72,11 @@ voltllm::QuantStreamParams split_gemm_params(int block_k, int& splits, void* out
   const int chunks = k / block_k;
   const int per_split = (chunks + splits - 1) / splits;
   splits = (chunks + per_split - 1) / per_split;
-  voltllm::QuantStreamParams p{};
-  p.out = out;
+  auto p = packed_operand_params<voltllm::QuantStreamParams>(out, x, weight, group_params, bias, out_stride,
+                                                              x_stride, n, k, num_groups, chunk_group_shift);
   p.partial = partial;
   p.split_counters = split_counters;
-  p.x = x;
-  p.weight = static_cast<const uint4*>(weight);
-  p.group_params = static_cast<const unsigned*>(group_params);
-  p.bias = bias;
-  p.out_stride = out_stride;
-  p.x_stride = x_stride;
   p.m = m;
-  p.n = n;
-  p.k = k;
-  p.num_groups = num_groups;
-  p.chunk_group_shift = chunk_group_shift;
   p.chunks_per_split = per_split;
   return p;
 }
@@ -80,19 +91,9 @@ dim3 split_gemm_grid(int m, int n, int splits) {
 voltllm::QuantGemvParams gemv_params(void* out, const void* x, const void* weight, const void* group_params,
                                      const void* bias, long long out_stride, long long x_stride, int rows, int n,
                                      int k, int num_groups, int chunk_group_shift) {
-  voltllm::QuantGemvParams p{};
-  p.out = out;
-  p.x = x;
-  p.weight = static_cast<const uint4*>(weight);
-  p.group_params = static_cast<const unsigned*>(group_params);
-  p.bias = bias;
-  p.out_stride = out_stride;
-  p.x_stride = x_stride;
+  auto p = packed_operand_params<voltllm::QuantGemvParams>(out, x, weight, group_params, bias, out_stride,
+                                                            x_stride, n, k, num_groups, chunk_group_shift);
   p.rows = rows;
-  p.n = n;
-  p.k = k;
-  p.num_groups = num_groups;
-  p.chunk_group_shift = chunk_group_shift;
   return p;
 }
 
