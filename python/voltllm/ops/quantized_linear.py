@@ -441,6 +441,8 @@ class CudaQuantizedMatmul:
             and norm_weight.dtype == torch.float16
             and norm_weight.shape == (out_features,)
             and norm_weight.is_contiguous()
+            and residual.data_ptr() % 16 == 0  # the epilogue reads and writes 8 halves at a time
+            and norm_weight.data_ptr() % 16 == 0
         ):
             return None
         return quant_gemv_add_rms_norm(self.weight, x, residual, norm_weight, eps, bias)
