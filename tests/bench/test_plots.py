@@ -167,7 +167,7 @@ def _wait_listening(port: int, proc: subprocess.Popen, timeout: float = 60) -> N
 
 def _built(name: str) -> Path | None:
     root = Path(os.environ.get("CARGO_TARGET_DIR", Path(__file__).resolve().parents[2] / "target"))
-    for profile in ("release", "debug"):
+    for profile in ("release-tests", "release", "debug"):  # release-tests: tools/test.sh's cargo test
         if (root / profile / name).is_file():
             return root / profile / name
     return None
