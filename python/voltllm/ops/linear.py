@@ -77,6 +77,17 @@ def _rows_ok(t: torch.Tensor, like: torch.Tensor) -> bool:
     )
 
 
+def norm_weight_ok(norm_weight: torch.Tensor, size: int, dtype: torch.dtype) -> bool:
+    """`norm_weight` is a contiguous, 16-byte aligned `[size]` vector of `dtype`, as the fused norm
+    epilogues read it (8 halves at a time)."""
+    return (
+        norm_weight.dtype == dtype
+        and norm_weight.shape == (size,)
+        and norm_weight.is_contiguous()
+        and norm_weight.data_ptr() % 16 == 0
+    )
+
+
 def add_rms_norm_gemv_applies(
     hidden: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor
 ) -> bool:
@@ -87,10 +98,7 @@ def add_rms_norm_gemv_applies(
         gemv_applies(hidden, weight)
         and hidden.shape[1] <= NORM_GEMV_MAX_HIDDEN
         and _rows_ok(residual, hidden)
-        and norm_weight.dtype == hidden.dtype
-        and norm_weight.shape == (hidden.shape[1],)
-        and norm_weight.is_contiguous()
-        and norm_weight.data_ptr() % 16 == 0
+        and norm_weight_ok(norm_weight, hidden.shape[1], hidden.dtype)
     )
 
 

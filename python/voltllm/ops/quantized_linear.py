@@ -33,6 +33,7 @@ import torch
 from voltllm.ops._dispatch import kernel_ops as _kernel_ops
 from voltllm.ops.activation import silu_and_mul
 from voltllm.ops.build import load
+from voltllm.ops.linear import norm_weight_ok
 
 if TYPE_CHECKING:  # the seam's type only: ops sit below layers and take the weight as it comes
     from voltllm.layers.quantization.quantized_weight import QuantizedWeight
@@ -438,11 +439,8 @@ class CudaQuantizedMatmul:
             and residual.dtype == torch.float16
             and residual.shape == (x.shape[0], out_features)
             and residual.is_contiguous()
-            and norm_weight.dtype == torch.float16
-            and norm_weight.shape == (out_features,)
-            and norm_weight.is_contiguous()
             and residual.data_ptr() % 16 == 0  # the epilogue reads and writes 8 halves at a time
-            and norm_weight.data_ptr() % 16 == 0
+            and norm_weight_ok(norm_weight, out_features, torch.float16)
         ):
             return None
         return quant_gemv_add_rms_norm(self.weight, x, residual, norm_weight, eps, bias)
