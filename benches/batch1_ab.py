@@ -16,7 +16,10 @@ steps (`--api engine`). Variants:
   under 512 tokens is never split); `fold+ticket/64`: splits of 64 tokens (more blocks at batch 1, each
   warp one KV block; the default since call 3 of session 10: `DECODE_MIN_SPLIT`);
 * `fold+ticket/64+lm32`: that, with the lm_head's GEMV storing the fp32 logits itself
-  (`ParallelLMHead.fp32_gemv`), so the decode graph has no cast kernel after it (main).
+  (`ParallelLMHead.fp32_gemv`), so the decode graph has no cast kernel after it (main);
+* `fold+ticket/64+lm32+l2`: that, with the decode kernel asking L2 for the layer's next weights (o_proj
+  and the dense MLP's weights, or the MoE router) through the TMA's bulk prefetch while it attends
+  (`l2_prefetch_max_seqs` 8; SM90+), so the GEMVs after it read them from L2.
 
 `--models qwen3-30b-a3b` times the MoE step too; its floor counts the experts a token is routed to
 (`benches/moe.py`'s `touched_bytes`), `llama-3-8b-awq` (dummy AWQ weights, issue 16) the packed weights
@@ -26,8 +29,10 @@ and one embedding row, the dense models' every weight.
 128-token splits: 1.016x and 1.039x the step of `fold+ticket/64+lm32`, so "auto" keeps the merge
 kernel past `TICKET_MERGE_MAX_SPLITS`; those variants were removed.)
 
-(Session 16 measured the decode kernel asking L2 for the layer's next weights while it attends, and a
-MoE block's add + RMSNorm folded into its router's GEMV: both slower, both removed; RESULTS "Session 16".)
+(Session 16 measured the decode kernel asking L2 for the layer's next weights while it attends with a
+`prefetch.global.L2` per line, and a MoE block's add + RMSNorm folded into its router's GEMV: both
+slower, both removed; RESULTS "Session 16". `+l2` is the first of them again, asked in 32 KB bulk
+requests.)
 
 (Session 10's GEMV switches, whole-row L2 prefetch and a first-chunk register preload, measured no gain
 and were removed.)
@@ -70,16 +75,17 @@ from voltllm import LLM  # noqa: E402
 from voltllm.layers.fused_moe import FusedMoE  # noqa: E402
 from voltllm.ops.sampling import METHOD_CHOICES  # noqa: E402
 
-# name -> the SM70AttentionBackend switches (fold_prologue, decode_merge, decode_min_split) and
-# ParallelLMHead.fp32_gemv
+# name -> the SM70AttentionBackend switches (fold_prologue, decode_merge, decode_min_split,
+# l2_prefetch_max_seqs) and ParallelLMHead.fp32_gemv
 VARIANTS = {
-    "unfused": (False, "kernel", 256, False),
-    "fold": (True, "kernel", 256, False),
-    "fold+ticket": (True, "auto", 256, False),
-    "fold/512": (True, "kernel", 512, False),
-    "fold+ticket/512": (True, "auto", 512, False),
-    "fold+ticket/64": (True, "auto", 64, False),
-    "fold+ticket/64+lm32": (True, "auto", 64, True),
+    "unfused": (False, "kernel", 256, 0, False),
+    "fold": (True, "kernel", 256, 0, False),
+    "fold+ticket": (True, "auto", 256, 0, False),
+    "fold/512": (True, "kernel", 512, 0, False),
+    "fold+ticket/512": (True, "auto", 512, 0, False),
+    "fold+ticket/64": (True, "auto", 64, 0, False),
+    "fold+ticket/64+lm32": (True, "auto", 64, 0, True),
+    "fold+ticket/64+lm32+l2": (True, "auto", 64, 8, True),
 }
 
 
@@ -94,8 +100,9 @@ def set_variant(llm: LLM, variant: str) -> None:
     """The variant's switches on the attention backend and the lm_head; graphs captured again."""
     runner = llm.engine.core.runner
     backend = runner.model.attn_backend
-    fold, merge, min_split, lm32 = VARIANTS[variant]
+    fold, merge, min_split, l2_seqs, lm32 = VARIANTS[variant]
     backend.fold_prologue, backend.decode_merge, backend.decode_min_split = fold, merge, min_split
+    backend.l2_prefetch_max_seqs = l2_seqs
     runner.model.lm_head.fp32_gemv = lm32
     runner.capture_cuda_graphs()
 

@@ -6,6 +6,44 @@
 
 namespace voltllm {
 
+// Weights a kernel asks L2 for on behalf of the kernels after it (up to kMaxRanges byte ranges). A
+// latency-bound kernel that leaves the memory idle (decode attention at small batches) brings the layer's
+// next weights into L2 that way, so the GEMVs that read them stream from L2 instead of memory. Weights are
+// never written by a kernel, so asking early is always safe. count 0: nothing.
+//
+// SM90+ only, through the TMA's bulk prefetch (cp.async.bulk.prefetch.L2: one instruction per kChunkBytes,
+// no register, nothing waited for). Session 15's form, a `prefetch.global.L2` per 128-byte line from
+// every thread (~180k instructions a layer at Qwen3-0.6B), lengthened the attention kernel by more than
+// the GEMVs gained (docs/kernels.md); earlier GPUs have no bulk form, so there the ranges are ignored.
+struct L2Prefetch {
+  static constexpr int kMaxRanges = 4;
+  static constexpr long long kChunkBytes = 32 * 1024;
+  const char* base[kMaxRanges];  // 16-byte aligned
+  long long bytes[kMaxRanges];   // multiples of 16
+  int count;
+};
+
+// This warp's share of `pf`: the grid's warps take the kChunkBytes chunks of each range in turn, lane 0
+// asking for each (so a chunk is asked for once).
+__device__ __forceinline__ void prefetch_l2_ranges(const L2Prefetch& pf) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(VOLTLLM_EMULATE)
+  if (pf.count == 0 || (threadIdx.x & 31) != 0) return;
+  const long long warps = static_cast<long long>(gridDim.x) * gridDim.y * gridDim.z * (blockDim.x >> 5);
+  const long long block = (static_cast<long long>(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+  const long long first = block * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  for (int r = 0; r < L2Prefetch::kMaxRanges && r < pf.count; ++r) {
+    for (long long offset = first * L2Prefetch::kChunkBytes; offset < pf.bytes[r];
+         offset += warps * L2Prefetch::kChunkBytes) {
+      const long long left = pf.bytes[r] - offset;
+      const unsigned size = static_cast<unsigned>(left < L2Prefetch::kChunkBytes ? left : L2Prefetch::kChunkBytes);
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(pf.base[r] + offset), "r"(size) : "memory");
+    }
+  }
+#else
+  (void)pf;
+#endif
+}
+
 // The attention prologue folded into the decode kernel (positions != nullptr): `query` then points at the
 // layer's qkv projection rows [q heads | k heads | v heads], before q/k norm and rotary; each block
 // normalises and rotates its query heads while staging them, and the block whose split holds the newest
@@ -36,6 +74,10 @@ struct DecodeParams {
   // merges the splits and sets its counter back to 0. nullptr: the split merge kernel merges.
   int* merge_tickets;
   DecodePrologue prologue;
+  // The layer's next weights (o_proj, then the MLP's up to its first input-dependent read), asked of L2
+  // by every block once the kernel before has finished (so the request does not slow that kernel's own
+  // weight stream): at small batches this kernel is latency-bound and the memory idle.
+  L2Prefetch l2_prefetch;
   long long query_stride;       // elements between sequences of query
   long long out_stride;         // elements between sequences of out
   int num_heads;                // query heads

@@ -162,7 +162,15 @@ __device__ __forceinline__ void paged_decode_wmma_block(const DecodeParams& p) {
   const int base = decode_base(seq_len, p.sliding_window);
   const DecodeSplit plan = decode_split(seq_len - base, p.max_splits, p.min_split);
   const int start = base + split * plan.partition;
-  if (split >= plan.count) return;
+  if (split >= plan.count) {
+    // A split past this sequence's own count has no keys to read; its threads still take their share
+    // of the layer's next weights, after the kernel before (whose weights streaming they would slow).
+    if (p.l2_prefetch.count != 0) {
+      wait_for_previous_grid();
+      prefetch_l2_ranges(p.l2_prefetch);
+    }
+    return;
+  }
   const int end = min(start + plan.partition, seq_len);
   const int num_splits = plan.count;
   const int first_block = start / kBlockSize + warp;
@@ -213,6 +221,7 @@ __device__ __forceinline__ void paged_decode_wmma_block(const DecodeParams& p) {
     next_id = second_id;
   }
   begin_dependent_grid();
+  prefetch_l2_ranges(p.l2_prefetch);
   VOLTLLM_DYNAMIC_SMEM(smem);
   T* q_s = reinterpret_cast<T*>(smem);  // [16][kLdKV]
   unsigned char* warp_base = smem + Tr::kQBytes + warp * Tr::kWarpBytes;

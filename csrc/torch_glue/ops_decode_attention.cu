@@ -2,6 +2,7 @@
 #include "torch_glue/torch_glue.h"
 
 #include <cmath>
+#include <cstdint>
 #include <optional>
 #include <utility>
 
@@ -75,6 +76,31 @@ DecodeParams decode_params(at::Tensor& out, const at::Tensor& query, const at::T
   return p;
 }
 
+// The weights the kernel asks L2 for (DecodeParams::l2_prefetch): CUDA tensors on the op's device, in
+// order, each a contiguous 16-byte aligned range, up to half of the L2 (the rest holds what the step reads
+// beside them); the range that crosses that budget is cut, later ones are left out, and each is asked
+// for in whole 16-byte units (the bulk prefetch's, so up to 15 trailing bytes are not).
+L2Prefetch l2_prefetch_ranges(at::TensorList tensors, const at::Tensor& query, const char* op) {
+  L2Prefetch pf{};
+  TORCH_CHECK(tensors.size() <= static_cast<size_t>(L2Prefetch::kMaxRanges), op, ": at most ",
+              num(L2Prefetch::kMaxRanges), " l2_prefetch tensors, got ", num(static_cast<int64_t>(tensors.size())));
+  long long budget = at::cuda::getCurrentDeviceProperties()->l2CacheSize / 2;
+  for (const at::Tensor& t : tensors) {
+    check_cuda(t, "l2_prefetch tensor");
+    TORCH_CHECK(t.device() == query.device(), op, ": l2_prefetch tensors must be on the query's device");
+    TORCH_CHECK(t.is_contiguous(), op, ": l2_prefetch tensors must be contiguous");
+    TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, op,
+                ": l2_prefetch tensors must start 16-byte aligned");
+    const long long bytes = std::min<long long>(t.numel() * t.element_size(), budget) / 16 * 16;
+    if (bytes <= 0) continue;
+    pf.base[pf.count] = static_cast<const char*>(t.data_ptr());
+    pf.bytes[pf.count] = bytes;
+    ++pf.count;
+    budget -= bytes;
+  }
+  return pf;
+}
+
 // Sets the grid's split count, and with more than one split allocates the partials (returned: they must
 // live until the launches that use them are enqueued).
 std::pair<at::Tensor, at::Tensor> set_splits(DecodeParams& p, const at::Tensor& query, const AttentionShape& shape,
@@ -133,13 +159,15 @@ void launch_decode(DecodeParams& p, const at::Tensor& query, const AttentionShap
 void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
                             const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t max_seq_len,
                             double scale, int64_t sliding_window, int64_t min_split,
-                            const std::optional<at::Tensor>& merge_tickets, int64_t ticket_max_splits) {
+                            const std::optional<at::Tensor>& merge_tickets, int64_t ticket_max_splits,
+                            at::TensorList l2_prefetch) {
   const char* op = "paged_decode_attention";
   const auto shape = check_decode(out, query, kv_cache, block_tables, seq_lens, max_seq_len, min_split, op);
   check_merge_tickets(merge_tickets, query.size(0), shape, op);
   if (query.size(0) == 0) return;
   DecodeParams p =
       decode_params(out, query, kv_cache, block_tables, seq_lens, shape, scale, sliding_window, min_split);
+  p.l2_prefetch = l2_prefetch_ranges(l2_prefetch, query, op);
   launch_decode(p, query, shape, max_seq_len, sliding_window, merge_tickets, ticket_max_splits, op);
 }
 
@@ -149,7 +177,8 @@ void paged_decode_attention_prologue(at::Tensor& out, const at::Tensor& qkv, con
                                      const at::Tensor& slot_mapping, const at::Tensor& block_tables,
                                      const at::Tensor& seq_lens, int64_t max_seq_len, double scale,
                                      int64_t sliding_window, int64_t min_split,
-                                     const std::optional<at::Tensor>& merge_tickets, int64_t ticket_max_splits) {
+                                     const std::optional<at::Tensor>& merge_tickets, int64_t ticket_max_splits,
+                                     at::TensorList l2_prefetch) {
   const char* op = "paged_decode_attention_prologue";
   check_rows(out, "out");
   check_cuda(qkv, "qkv");
@@ -175,6 +204,7 @@ void paged_decode_attention_prologue(at::Tensor& out, const at::Tensor& qkv, con
   p.prologue.max_position = cos_sin_cache.size(0);
   p.prologue.num_slots = kv_cache.size(1) * kBlockSize;
   p.prologue.eps = static_cast<float>(eps);
+  p.l2_prefetch = l2_prefetch_ranges(l2_prefetch, query, op);
   launch_decode(p, query, shape, max_seq_len, sliding_window, merge_tickets, ticket_max_splits, op);
 }
 

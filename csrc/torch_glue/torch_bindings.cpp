@@ -10,14 +10,16 @@ void kv_cache_write(const at::Tensor& key, const at::Tensor& value, at::Tensor& 
 void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
                             const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t max_seq_len,
                             double scale, int64_t sliding_window, int64_t min_split,
-                            const std::optional<at::Tensor>& merge_tickets, int64_t ticket_max_splits);
+                            const std::optional<at::Tensor>& merge_tickets, int64_t ticket_max_splits,
+                            at::TensorList l2_prefetch);
 void paged_decode_attention_prologue(at::Tensor& out, const at::Tensor& qkv, const at::Tensor& positions,
                                      const at::Tensor& cos_sin_cache, const std::optional<at::Tensor>& q_weight,
                                      const std::optional<at::Tensor>& k_weight, double eps, at::Tensor& kv_cache,
                                      const at::Tensor& slot_mapping, const at::Tensor& block_tables,
                                      const at::Tensor& seq_lens, int64_t max_seq_len, double scale,
                                      int64_t sliding_window, int64_t min_split,
-                                     const std::optional<at::Tensor>& merge_tickets, int64_t ticket_max_splits);
+                                     const std::optional<at::Tensor>& merge_tickets, int64_t ticket_max_splits,
+                                     at::TensorList l2_prefetch);
 void paged_prefill_attention_mma_sm80(at::Tensor& out, const at::Tensor& query, const at::Tensor& kv_cache,
                                 const at::Tensor& block_tables, const at::Tensor& seq_lens,
                                 const at::Tensor& query_start_loc, int64_t num_row_tiles, double scale,
@@ -81,12 +83,12 @@ TORCH_LIBRARY(voltllm_C, m) {
   m.def(
       "paged_decode_attention(Tensor(a!) out, Tensor query, Tensor kv_cache, Tensor block_tables, "
       "Tensor seq_lens, int max_seq_len, float scale, int sliding_window, int min_split, "
-      "Tensor(b!)? merge_tickets, int ticket_max_splits) -> ()");
+      "Tensor(b!)? merge_tickets, int ticket_max_splits, Tensor[] l2_prefetch) -> ()");
   m.def(
       "paged_decode_attention_prologue(Tensor(a!) out, Tensor qkv, Tensor positions, Tensor cos_sin_cache, "
       "Tensor? q_weight, Tensor? k_weight, float eps, Tensor(b!) kv_cache, Tensor slot_mapping, "
       "Tensor block_tables, Tensor seq_lens, int max_seq_len, float scale, int sliding_window, int min_split, "
-      "Tensor(c!)? merge_tickets, int ticket_max_splits) -> ()");
+      "Tensor(c!)? merge_tickets, int ticket_max_splits, Tensor[] l2_prefetch) -> ()");
   m.def(
       "paged_prefill_attention_mma_sm80(Tensor(a!) out, Tensor query, Tensor kv_cache, Tensor block_tables, "
       "Tensor seq_lens, Tensor query_start_loc, int num_row_tiles, float scale, int sliding_window) -> ()");

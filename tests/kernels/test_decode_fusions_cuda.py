@@ -91,6 +91,7 @@ class DecodeLayer:
         merge: str = "auto",
         out: torch.Tensor | None = None,
         max_len: int | None = None,
+        l2_prefetch: tuple[torch.Tensor, ...] = (),
     ) -> torch.Tensor:
         out = torch.full((len(self.seq_lens), self.num_heads, self.head), float("nan"), device=DEVICE,
                          dtype=self.qkv.dtype) if out is None else out  # fmt: skip
@@ -98,6 +99,7 @@ class DecodeLayer:
             self.qkv, self.positions, self.cos_sin, self.q_weight, self.k_weight, 1e-6, self.num_heads,
             kv_cache, self.slot_mapping, self.block_tables, self.seq_lens_t,
             [max_len] if max_len else self.seq_lens, self.scale, out=out, merge=merge,
+            l2_prefetch=l2_prefetch,
         )  # fmt: skip
 
 
@@ -198,7 +200,7 @@ def test_bad_merge_and_tickets_are_refused() -> None:
     with pytest.raises(RuntimeError, match="merge_tickets"):
         torch.ops.voltllm_C.paged_decode_attention(
             torch.empty_like(query), query, layer.kv_cache, layer.block_tables, layer.seq_lens_t, 40, 0.1, 0,
-            256, short, TICKET_MERGE_MAX_SPLITS,
+            256, short, TICKET_MERGE_MAX_SPLITS, [],
         )  # fmt: skip
     with pytest.raises(RuntimeError, match="min_split must be"):
         ops.paged_decode_attention(
@@ -209,3 +211,46 @@ def test_bad_merge_and_tickets_are_refused() -> None:
             layer.qkv[:, :-8], layer.positions, layer.cos_sin, None, None, 0.0, 16, layer.kv_cache,
             layer.slot_mapping, layer.block_tables, layer.seq_lens_t, [40], 0.1,
         )  # fmt: skip
+
+
+def _weights(*sizes: int) -> tuple[torch.Tensor, ...]:
+    """fp16 tensors of these many elements (odd sizes: a last partial 128-byte line)."""
+    return tuple(torch.randn(n, device=DEVICE).half() for n in sizes)
+
+
+@pytest.mark.parametrize("seq_lens", [[265], [1, 17, 4000, 33], [8192]])
+def test_l2_prefetch_changes_nothing_but_the_cache(seq_lens: list[int]) -> None:
+    """Asking L2 for the next weights (a 17 MB o_proj-sized tensor, a small one of a partial line, and one
+    past half the L2, which the glue cuts) leaves the output and the cache writes bit for bit as they
+    were, eagerly and in a CUDA graph, on idle and working splits alike."""
+    weights = _weights(8_388_608, 1_000_003, 64 << 20)
+    layer = DecodeLayer(seq_lens, 32, 4, 128, torch.float16, True, seed=11)
+    plain_cache = layer.kv_cache.clone()
+    longest = layer.block_tables.shape[1] * 16  # a graph's grid: captured for the longest context
+    plain = layer.fused(plain_cache, max_len=longest).clone()
+    cache = layer.kv_cache.clone()
+    assert torch.equal(layer.fused(cache, max_len=longest, l2_prefetch=weights), plain)
+    assert torch.equal(cache.nan_to_num(), plain_cache.nan_to_num())
+    out = torch.full_like(plain, float("nan"))
+    graph_cache = layer.kv_cache.clone()
+    layer.fused(graph_cache, out=out, max_len=longest, l2_prefetch=weights)  # warm-up, as the engine does
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        layer.fused(graph_cache, out=out, max_len=longest, l2_prefetch=weights)
+    out.fill_(float("nan"))
+    graph.replay()
+    assert torch.equal(out, plain)
+
+
+def test_bad_l2_prefetch_is_refused() -> None:
+    """More tensors than the kernel takes, a host tensor, a strided one or one not 16-byte aligned: a
+    RuntimeError naming it."""
+    layer = DecodeLayer([40], 16, 8, 128, torch.float16, True, seed=3)
+    with pytest.raises(RuntimeError, match="at most 4 l2_prefetch tensors, got 5"):
+        layer.fused(layer.kv_cache.clone(), l2_prefetch=_weights(*[256] * 5))
+    with pytest.raises(RuntimeError, match="l2_prefetch tensor must be a CUDA tensor"):
+        layer.fused(layer.kv_cache.clone(), l2_prefetch=(torch.zeros(64),))
+    with pytest.raises(RuntimeError, match="l2_prefetch tensors must be contiguous"):
+        layer.fused(layer.kv_cache.clone(), l2_prefetch=(torch.zeros(64, 64, device=DEVICE).t(),))
+    with pytest.raises(RuntimeError, match="l2_prefetch tensors must start 16-byte aligned"):
+        layer.fused(layer.kv_cache.clone(), l2_prefetch=(torch.zeros(64, device=DEVICE).half()[1:],))

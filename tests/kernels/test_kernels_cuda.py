@@ -348,6 +348,31 @@ def test_sm70_backend_matches_torch_backend(
     assert rel_err(out, expected.float()) < REL_TOL[torch.float16]
 
 
+def test_sm70_backend_asks_l2_for_the_next_weights_only_at_small_decode_batches() -> None:
+    """`l2_prefetch_max_seqs` bounds the decode batches whose kernel asks L2 for `next_weights`: the
+    contiguous, 16-byte aligned CUDA tensors among them, at most four, on an SM90+ GPU; none on larger
+    batches, prefill steps, at 0 or before SM90."""
+    from voltllm.layers.attention.sm70 import L2_PREFETCH_MIN_CAPABILITY, SM70AttentionBackend
+
+    weights = [torch.zeros(64, 64, device=DEVICE) for _ in range(5)]
+    strided, host, unaligned = weights[0].t(), torch.zeros(8), weights[0].view(-1)[1:]
+    backend = SM70AttentionBackend(DEVICE, l2_prefetch_max_seqs=8)
+    decode8 = PagedBatch([1] * 8, [40] * 8, 16, 2, 128, torch.float16, 1).metadata()
+    decode9 = PagedBatch([1] * 9, [40] * 9, 16, 2, 128, torch.float16, 1).metadata()
+    prefill = PagedBatch([3], [40], 16, 2, 128, torch.float16, 1).metadata()
+    asked = backend._l2_prefetch(decode8, 8, [strided, weights[1], host, unaligned, *weights[2:]])
+    if torch.cuda.get_device_capability(DEVICE) < L2_PREFETCH_MIN_CAPABILITY:
+        assert asked == ()
+        return
+    assert len(asked) == 4 and all(a is w for a, w in zip(asked, weights[1:], strict=True))
+    assert backend._l2_prefetch(decode9, 9, weights) == ()
+    assert backend._l2_prefetch(prefill, 3, weights) == ()
+    backend.l2_prefetch_max_seqs = 0
+    assert backend._l2_prefetch(decode8, 8, weights) == ()
+    with pytest.raises(ValueError, match="l2_prefetch_max_seqs must be >= 0"):
+        SM70AttentionBackend(DEVICE, l2_prefetch_max_seqs=-1)
+
+
 # ---------------------------------------------------------------- KV write and element-wise ops
 
 

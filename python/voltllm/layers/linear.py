@@ -136,6 +136,10 @@ class LinearBase(nn.Module):
         dst = param.data.narrow(dim, packed_units(param, dim, offset), packed_units(param, dim, size))
         copy_checked(dst, rank_slice(loaded_weight, dim, index, num_parts, dst.shape[dim]))
 
+    def streamed_weights(self) -> tuple[torch.Tensor, ...]:
+        """The tensors a forward of this layer streams from memory (`LinearMethodBase.streamed_weights`)."""
+        return self.linear_method.streamed_weights(self)
+
     def extra_repr(self) -> str:
         return (
             f"in={self.input_size_per_partition}, out={self.output_size_per_partition}, "

@@ -99,6 +99,12 @@ class LinearMethodBase(ABC):
     def process_weights_after_loading(self, layer: nn.Module) -> None:  # noqa: B027 - optional hook
         """Called once after every checkpoint tensor is in place."""
 
+    def streamed_weights(self, layer: nn.Module) -> tuple[torch.Tensor, ...]:
+        """The tensors `apply` streams from memory, largest first: what a kernel running just before
+        the layer may ask the GPU's L2 to hold for it (`AttentionBackend.forward_qkv`'s `next_weights`).
+        None by default: a method names its own."""
+        return ()
+
 
 class UnquantizedLinearMethod(LinearMethodBase):
     """A dense `weight: [out, in]` in the model's dtype, as in checkpoints and `torch.nn.Linear`.
@@ -126,6 +132,9 @@ class UnquantizedLinearMethod(LinearMethodBase):
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return linear(x, layer.weight, bias)
+
+    def streamed_weights(self, layer: nn.Module) -> tuple[torch.Tensor, ...]:
+        return (layer.weight,)
 
     def apply_swiglu(
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None

@@ -246,6 +246,11 @@ class GatedMLP(nn.Module):
         gated, residual = self.gate_up_proj.stream_forward(stream, norm)
         return self.down_proj.add_to_stream(gated, residual, next_norm)
 
+    def leading_weights(self) -> tuple[torch.Tensor, ...]:
+        """The weights a forward reads, in order, before any read that depends on its input: all of
+        them (gate/up, then down)."""
+        return (*self.gate_up_proj.streamed_weights(), *self.down_proj.streamed_weights())
+
 
 def build_mlp(
     hf_config: Any,
@@ -312,7 +317,10 @@ class DecoderLayer(nn.Module):
     ) -> ResidualStream:
         attn = self.self_attn
         qkv, residual = attn.qkv_proj.stream_forward(stream, self.input_layernorm)
-        attended = attn.attn(positions, qkv, kv_cache, metadata)
+        # What the layer reads right after attention: a backend may bring it into the GPU's cache while
+        # it attends (AttentionBackend.forward_qkv).
+        next_weights = (*attn.o_proj.streamed_weights(), *self.mlp.leading_weights())
+        attended = attn.attn(positions, qkv, kv_cache, metadata, next_weights)
         stream = attn.o_proj.add_to_stream(attended, residual, self.post_attention_layernorm)
         return self.mlp.stream_forward(stream, self.post_attention_layernorm, next_norm)
 

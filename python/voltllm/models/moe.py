@@ -139,6 +139,11 @@ class SparseMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._with_shared_expert(x, self.experts(x, self.gate(x)))
 
+    def leading_weights(self) -> tuple[torch.Tensor, ...]:
+        """The weights a forward reads, in order, before any read that depends on its input: the
+        router's (which experts are read depends on it; the shared expert comes after them)."""
+        return self.gate.streamed_weights()
+
     def _with_shared_expert(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)

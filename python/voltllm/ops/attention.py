@@ -47,6 +47,8 @@ TICKET_MERGE_MAX_SPLITS = 16
 # batch-1 decode 0.804 -> 0.780 ms of device time per step against 256-token splits (benches/RESULTS.md,
 # "Batch-1 decode (issue 21)", call 3). Long contexts split by the grid's wave either way.
 DECODE_MIN_SPLIT = 64
+# Tensors the decode kernel asks L2 for at most (L2Prefetch::kMaxRanges in csrc/common.cuh).
+L2_PREFETCH_MAX_TENSORS = 4
 # Every ticket buffer ever handed out, per device: a CUDA graph keeps using the one it was captured with.
 _TICKET_BUFFERS: dict[torch.device, list[torch.Tensor]] = {}
 
@@ -229,10 +231,14 @@ def paged_decode_attention(
     out: torch.Tensor | None = None,
     merge: str = "auto",
     min_split: int = DECODE_MIN_SPLIT,
+    l2_prefetch: Sequence[torch.Tensor] = (),
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_size]
     """Attention of each sequence's newest token over its whole paged context (split-K on long ones,
     each sequence split by its own length into splits of at least `min_split` tokens; `merge` says who
     merges the splits, DECODE_MERGES).
+
+    `l2_prefetch`: up to four contiguous tensors on the device (the layer's next weights) the kernel asks
+    L2 for while it runs, up to half of the L2; the result does not depend on them.
 
     CUDA-graph safe: per-sequence lengths come from `seq_lens` on the device, `seq_lens_cpu` only bounds
     them. On SM90+ the kernel starts reading old K/V while the kernel queued just before it finishes, so that
@@ -259,6 +265,7 @@ def paged_decode_attention(
         min_split,
         tickets,
         ticket_max_splits,
+        list(l2_prefetch),
     )
     return out
 

@@ -95,12 +95,14 @@ def paged_decode_attention_prologue(
     out: torch.Tensor | None = None,
     merge: str = "auto",
     min_split: int = DECODE_MIN_SPLIT,
+    l2_prefetch: Sequence[torch.Tensor] = (),
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_size]
     """`qk_norm_rope_kv_write` then `paged_decode_attention` of the normalised, rotated query, in one
     kernel on CUDA: each block normalises and rotates its query heads as it stages them, and the block
     whose context split holds the newest position writes that token's key and value into the cache
     before reading it. Unlike `qk_norm_rope_kv_write`, `qkv` is left as it was (nothing reads the
-    rotated q and k but attention). Off CUDA, the two reference ops on a copy of `qkv`."""
+    rotated q and k but attention). `l2_prefetch` as in `paged_decode_attention`. Off CUDA, the two
+    reference ops on a copy of `qkv`."""
     window = kernel_window(sliding_window)
     if not use_kernels(qkv):
         check_decode_merge(merge)
@@ -143,5 +145,6 @@ def paged_decode_attention_prologue(
         min_split,
         tickets,
         ticket_max_splits,
+        list(l2_prefetch),
     )
     return out

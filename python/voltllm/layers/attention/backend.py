@@ -21,6 +21,7 @@ A token at position p of a sequence lives in block `block_table[p // block_size]
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -127,9 +128,15 @@ class AttentionBackend(ABC):
         qkv: torch.Tensor,  # [num_tokens, (num_heads + 2 * num_kv_heads) * head_size], updated in place
         kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_size]
         metadata: AttentionMetadata,
+        next_weights: Sequence[torch.Tensor] = (),
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_size]
         """Apply `prologue` to the q and k heads of `qkv`, then `forward`. Backends with a fused
-        prologue override this."""
+        prologue override this.
+
+        `next_weights` are the weights the layer reads right after attention, in order (its o_proj,
+        then the MLP's until one depends on the input): a backend may bring them into the GPU's cache
+        while it attends (the CUDA backend does at small decode batches, where attention leaves the
+        memory idle). A hint only: the result never depends on it, and this reference form ignores it."""
         query, key, value = split_qkv(spec, qkv)
         query, key = prologue(positions, query, key)
         return self.forward(spec, query, key, value, kv_cache, metadata)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
@@ -46,8 +48,10 @@ class Attention(nn.Module):
         qkv: torch.Tensor,  # [num_tokens, (num_heads + 2 * num_kv_heads) * head_size], updated in place
         kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_size]
         metadata: AttentionMetadata,
+        next_weights: Sequence[torch.Tensor] = (),  # read after attention (AttentionBackend.forward_qkv)
     ) -> torch.Tensor:  # [num_tokens, num_heads * head_size]
-        out = self.backend.forward_qkv(self.spec, self.prologue, positions, qkv, kv_cache, metadata)
+        backend = self.backend
+        out = backend.forward_qkv(self.spec, self.prologue, positions, qkv, kv_cache, metadata, next_weights)
         return out.reshape(out.shape[0], -1)
 
     def extra_repr(self) -> str:

@@ -11,6 +11,8 @@ as `TorchAttentionBackend`, which is its test oracle.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from voltllm import ops
@@ -25,6 +27,13 @@ from voltllm.ops.build import KernelBuildError, load
 from voltllm.ops.variants import HEAD_SIZES
 
 SUPPORTED_HEAD_SIZES = HEAD_SIZES  # what the kernels are built for
+# Decode batches up to this many sequences have the decode kernel ask L2 for the layer's next weights
+# (o_proj, then the MLP's leading weights) while it attends: there attention is latency-bound and the
+# memory idle, so the GEMVs after it read those weights from L2. Larger batches stream K/V at bandwidth.
+# SM90+ only (the kernel asks through the TMA's bulk prefetch, which earlier GPUs lack). 0 until the A/B
+# (`benches/batch1_ab.py`, variant `+l2`) has measured it on a GPU.
+L2_PREFETCH_MAX_SEQS = 0
+L2_PREFETCH_MIN_CAPABILITY = (9, 0)
 
 
 class SM70AttentionBackend(AttentionBackend):
@@ -39,18 +48,24 @@ class SM70AttentionBackend(AttentionBackend):
         fold_prologue: bool = True,
         decode_merge: str = "auto",
         decode_min_split: int = attn_ops.DECODE_MIN_SPLIT,
+        l2_prefetch_max_seqs: int = L2_PREFETCH_MAX_SEQS,
     ) -> None:
         """`fold_prologue=False` runs the prologue kernel before the decode kernel instead of inside it,
-        `decode_merge` says who merges the decode kernel's splits (`ops.attention.DECODE_MERGES`) and
-        `decode_min_split` how many tokens a split covers at least: the A/B switches
-        `benches/batch1_ab.py` times (set them before CUDA graphs are captured)."""
+        `decode_merge` says who merges the decode kernel's splits (`ops.attention.DECODE_MERGES`),
+        `decode_min_split` how many tokens a split covers at least and `l2_prefetch_max_seqs` up to which
+        decode batch size the decode kernel asks L2 for the layer's next weights (0: never): the A/B
+        switches `benches/batch1_ab.py` times (set them before CUDA graphs are captured)."""
         attn_ops.check_decode_merge(decode_merge)
+        if l2_prefetch_max_seqs < 0:
+            raise ValueError(f"l2_prefetch_max_seqs must be >= 0, got {l2_prefetch_max_seqs}")
         self.fold_prologue = fold_prologue
         self.decode_merge = decode_merge
         self.decode_min_split = decode_min_split
+        self.l2_prefetch_max_seqs = l2_prefetch_max_seqs
         device = torch.device(device)
         if device.type != "cuda" or not torch.cuda.is_available():
             raise RuntimeError(f"the sm70 attention backend needs a CUDA device, got {device}")
+        self._has_bulk_prefetch = torch.cuda.get_device_capability(device) >= L2_PREFETCH_MIN_CAPABILITY
         try:
             load()
         except KernelBuildError as err:
@@ -64,9 +79,11 @@ class SM70AttentionBackend(AttentionBackend):
         qkv: torch.Tensor,
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
+        next_weights: Sequence[torch.Tensor] = (),
     ) -> torch.Tensor:
         if not self._fused_prologue_applies(spec, prologue, qkv, kv_cache):
             return super().forward_qkv(spec, prologue, positions, qkv, kv_cache, metadata)
+        prefetch = self._l2_prefetch(metadata, qkv.shape[0], next_weights)
         q_norm, k_norm = prologue.q_norm, prologue.k_norm
         # What the prologue takes, whether it runs inside the decode kernel or as its own launch.
         prologue_args = (
@@ -91,11 +108,25 @@ class SM70AttentionBackend(AttentionBackend):
                 spec.sliding_window,
                 merge=self.decode_merge,
                 min_split=self.decode_min_split,
+                l2_prefetch=prefetch,
             )
         # q/k norm, rotary and the KV-cache write in one kernel, in place on qkv.
         ops.qk_norm_rope_kv_write(*prologue_args)
         query = qkv[:, : spec.num_heads * spec.head_size].view(qkv.shape[0], spec.num_heads, spec.head_size)
-        return self._attend(spec, query, kv_cache, metadata)
+        return self._attend(spec, query, kv_cache, metadata, prefetch)
+
+    def _l2_prefetch(
+        self, metadata: AttentionMetadata, num_tokens: int, next_weights: Sequence[torch.Tensor]
+    ) -> tuple[torch.Tensor, ...]:
+        """What the decode kernel asks L2 for: the next weights (the contiguous, 16-byte aligned CUDA ones,
+        at most the kernel's four) on decode batches of at most `l2_prefetch_max_seqs` sequences on an
+        SM90+ GPU, else nothing."""
+        if not next_weights or not self._has_bulk_prefetch or metadata.num_seqs > self.l2_prefetch_max_seqs:
+            return ()
+        if not self._is_decode(metadata, num_tokens):
+            return ()
+        usable = (w for w in next_weights if w.is_cuda and w.is_contiguous() and w.data_ptr() % 16 == 0)
+        return tuple(usable)[: attn_ops.L2_PREFETCH_MAX_TENSORS]
 
     @staticmethod
     def _fused_prologue_applies(
@@ -137,9 +168,15 @@ class SM70AttentionBackend(AttentionBackend):
         return metadata.is_pure_decode and num_tokens == metadata.num_seqs
 
     def _attend(
-        self, spec: AttentionSpec, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
+        self,
+        spec: AttentionSpec,
+        query: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        l2_prefetch: Sequence[torch.Tensor] = (),
     ) -> torch.Tensor:
-        """Attention of `query` over the cache, which already holds the step's keys/values."""
+        """Attention of `query` over the cache, which already holds the step's keys/values (`l2_prefetch`:
+        weights the decode kernel asks L2 for)."""
         self._check_head_size(spec)
         if self._is_decode(metadata, query.shape[0]):
             return attn_ops.paged_decode_attention(
@@ -152,6 +189,7 @@ class SM70AttentionBackend(AttentionBackend):
                 spec.sliding_window,
                 merge=self.decode_merge,
                 min_split=self.decode_min_split,
+                l2_prefetch=l2_prefetch,
             )
         return attn_ops.paged_prefill_attention(
             query,

@@ -26,6 +26,7 @@ from voltllm.layers.quantization.quantized_weight import (
     QuantizedWeight,
     quantized_matmul_for,
 )
+from voltllm.ops.quantized_linear import PackedQuantWeight
 
 # Dummy weights stay within +-this (dense ones uniform, quantized ones dequantized): small, bounded
 # values keep fp16 activations finite through any depth.
@@ -80,6 +81,13 @@ class QuantizedLinearMethod(LinearMethodBase):
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return _matmul_of(layer)(x, bias)
+
+    def streamed_weights(self, layer: nn.Module) -> tuple[torch.Tensor, ...]:
+        """The kernels' packed codes and group parameters (none on the torch fallback)."""
+        packed = getattr(getattr(layer, "quantized_matmul", None), "weight", None)
+        if isinstance(packed, PackedQuantWeight):
+            return (packed.packed, packed.group_params)
+        return ()
 
     def apply_swiglu(
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
