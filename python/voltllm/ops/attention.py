@@ -47,7 +47,8 @@ TICKET_MERGE_MAX_SPLITS = 16
 # batch-1 decode 0.804 -> 0.780 ms of device time per step against 256-token splits (benches/RESULTS.md,
 # "Batch-1 decode (issue 21)", call 3). Long contexts split by the grid's wave either way.
 DECODE_MIN_SPLIT = 64
-# Tensors the decode kernel asks L2 for at most (L2Prefetch::kMaxRanges in csrc/common.cuh).
+# Tensors the decode kernel asks L2 for at most (L2Prefetch::kMaxRanges in
+# csrc/attention/paged_decode_common.cuh).
 L2_PREFETCH_MAX_TENSORS = 4
 # Every ticket buffer ever handed out, per device: a CUDA graph keeps using the one it was captured with.
 _TICKET_BUFFERS: dict[torch.device, list[torch.Tensor]] = {}
@@ -237,8 +238,9 @@ def paged_decode_attention(
     each sequence split by its own length into splits of at least `min_split` tokens; `merge` says who
     merges the splits, DECODE_MERGES).
 
-    `l2_prefetch`: up to four contiguous tensors on the device (the layer's next weights) the kernel asks
-    L2 for while it runs, up to half of the L2; the result does not depend on them.
+    `l2_prefetch`: up to four contiguous, 16-byte aligned tensors on the device (the layer's next weights)
+    the kernel asks L2 for while it runs, up to half of the L2 (SM90+; ignored before); the result does
+    not depend on them.
 
     CUDA-graph safe: per-sequence lengths come from `seq_lens` on the device, `seq_lens_cpu` only bounds
     them. On SM90+ the kernel starts reading old K/V while the kernel queued just before it finishes, so that
